@@ -1,0 +1,97 @@
+#include "common/kv_store.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace baton {
+
+absl::Status KeyValueStore::ValidateKey(const std::string& key) const {
+  if (key.empty()) return absl::InvalidArgumentError("empty rendezvous key");
+  if (key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous key of ", key.size(), " bytes exceeds ", kMaxKeyBytes));
+  }
+  return absl::OkStatus();
+}
+
+bool KeyValueStore::HasAll(const std::vector<std::string>& keys) const {
+  for (const auto& k : keys) {
+    if (data_.find(k) == data_.end()) return false;
+  }
+  return true;
+}
+
+absl::Status KeyValueStore::Set(const std::string& key, const std::string& value) {
+  if (auto s = ValidateKey(key); !s.ok()) return s;
+  if (value.size() > kMaxValueBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous value of ", value.size(), " bytes exceeds ", kMaxValueBytes));
+  }
+  absl::MutexLock lock(&mu_);
+  if (data_.size() >= kMaxKeys && data_.find(key) == data_.end()) {
+    return absl::ResourceExhaustedError("rendezvous store is full");
+  }
+  data_[key] = value;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> KeyValueStore::Get(const std::string& key, absl::Duration timeout) {
+  if (auto s = Wait({key}, timeout); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto it = data_.find(key);
+  if (it == data_.end()) return absl::NotFoundError(absl::StrCat("key \"", key, "\" was deleted"));
+  return it->second;
+}
+
+absl::StatusOr<int64_t> KeyValueStore::Add(const std::string& key, int64_t delta) {
+  if (auto s = ValidateKey(key); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  int64_t value = 0;
+  auto it = data_.find(key);
+  if (it != data_.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key \"", key, "\" does not hold an integer"));
+  }
+  value += delta;
+  data_[key] = absl::StrCat(value);
+  return value;
+}
+
+absl::Status KeyValueStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  for (const auto& k : keys) {
+    if (auto s = ValidateKey(k); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return HasAll(keys); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    std::vector<std::string> missing;
+    for (const auto& k : keys) {
+      if (data_.find(k) == data_.end()) missing.push_back(k);
+    }
+    return absl::DeadlineExceededError(absl::StrCat("rendezvous keys [", absl::StrJoin(missing, ", "),
+                                                    "] not set within ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> KeyValueStore::Check(const std::vector<std::string>& keys,
+                                          int64_t* num_keys) {
+  absl::MutexLock lock(&mu_);
+  if (num_keys != nullptr) *num_keys = static_cast<int64_t>(data_.size());
+  return HasAll(keys);
+}
+
+absl::StatusOr<int64_t> KeyValueStore::Delete(const std::string& key, bool prefix) {
+  absl::MutexLock lock(&mu_);
+  if (!prefix) return static_cast<int64_t>(data_.erase(key));
+  int64_t n = 0;
+  for (auto it = data_.lower_bound(key); it != data_.end() && it->first.rfind(key, 0) == 0;) {
+    it = data_.erase(it);
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace baton

@@ -1,0 +1,63 @@
+// KeyValueStore: the rendezvous store. The controller serves one over gRPC
+// (Registry.Set/Get/Add/Wait); tests use one in-process. Thread-safe: every
+// method may be called from any thread; waiters block on a condition variable
+// and always return by their deadline.
+#ifndef BATON_COMMON_KV_STORE_H_
+#define BATON_COMMON_KV_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace baton {
+
+// What a communicator needs from a rendezvous service. Implemented by
+// KeyValueStore (in-process) and by the worker's gRPC client of the
+// controller's Registry.
+class Rendezvous {
+ public:
+  virtual ~Rendezvous() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits up to `timeout` for the key; DEADLINE_EXCEEDED naming it otherwise.
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+  // Adds `delta` to the integer stored at key (missing = 0); returns the sum.
+  virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  // Whether all keys exist (no waiting), and how many keys the store holds.
+  virtual absl::StatusOr<bool> Check(const std::vector<std::string>& keys,
+                                     int64_t* num_keys) = 0;
+  // Deletes `key`, or with prefix=true every key that starts with it.
+  virtual absl::StatusOr<int64_t> Delete(const std::string& key, bool prefix) = 0;
+};
+
+class KeyValueStore : public Rendezvous {
+ public:
+  // Bounds that keep one client from exhausting the controller's memory.
+  static constexpr size_t kMaxKeyBytes = 4096;
+  static constexpr size_t kMaxValueBytes = 1 << 20;
+  static constexpr size_t kMaxKeys = 1 << 20;
+
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys, int64_t* num_keys) override;
+  absl::StatusOr<int64_t> Delete(const std::string& key, bool prefix) override;
+
+ private:
+  absl::Status ValidateKey(const std::string& key) const;
+  bool HasAll(const std::vector<std::string>& keys) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_KV_STORE_H_

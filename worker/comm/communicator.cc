@@ -1,0 +1,133 @@
+#include "worker/comm/communicator.h"
+
+#include <ATen/ops/empty.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+class DoneHandle : public CommHandle {
+ public:
+  explicit DoneHandle(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait() override { return status_; }
+
+ private:
+  absl::Status status_;
+};
+
+std::string ShapeString(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) absl::StrAppend(&s, i ? ", " : "", t.size(i));
+  return s + "]";
+}
+
+}  // namespace
+
+std::unique_ptr<CommHandle> CompletedHandle(absl::Status status) {
+  return std::make_unique<DoneHandle>(std::move(status));
+}
+
+CommStats Communicator::stats() const {
+  CommStats s;
+  s.bytes_sent = bytes_sent_.load();
+  s.bytes_received = bytes_received_.load();
+  s.operations = operations_.load();
+  return s;
+}
+
+void Communicator::ResetStats() {
+  bytes_sent_ = 0;
+  bytes_received_ = 0;
+  operations_ = 0;
+}
+
+void Communicator::CountBytes(int64_t sent, int64_t received) {
+  bytes_sent_ += sent;
+  bytes_received_ += received;
+  operations_ += 1;
+}
+
+absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& output, int size) {
+  if (!input.is_contiguous() || !output.is_contiguous()) {
+    return absl::InvalidArgumentError("all-gather needs contiguous tensors");
+  }
+  if (input.scalar_type() != output.scalar_type()) {
+    return absl::InvalidArgumentError("all-gather input and output dtypes differ");
+  }
+  if (output.numel() != input.numel() * size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "all-gather output has ", output.numel(), " elements ", ShapeString(output),
+        "; expected group size ", size, " x input ", input.numel(), " ", ShapeString(input)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& output, int size) {
+  if (!input.is_contiguous() || !output.is_contiguous()) {
+    return absl::InvalidArgumentError("reduce-scatter needs contiguous tensors");
+  }
+  if (input.scalar_type() != output.scalar_type()) {
+    return absl::InvalidArgumentError("reduce-scatter input and output dtypes differ");
+  }
+  if (input.numel() != output.numel() * size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce-scatter input has ", input.numel(), " elements ", ShapeString(input),
+        "; expected group size ", size, " x output ", output.numel(), " ", ShapeString(output)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPeer(int peer, int rank, int size, const char* op) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " peer ", peer, " is invalid for rank ", rank, " in a group of ", size));
+  }
+  return absl::OkStatus();
+}
+
+int64_t RingAllGatherBytes(int64_t chunk_numel, int64_t elem_bytes, int size) {
+  return chunk_numel * elem_bytes * (size - 1);
+}
+
+int64_t RingAllReduceBytes(int64_t numel, int64_t elem_bytes, int size) {
+  // Reduce-scatter then all-gather of ceil(numel / size)-element chunks.
+  ChunkGeometry g(numel, size);
+  return 2 * RingAllGatherBytes(g.chunk(), elem_bytes, size);
+}
+
+absl::Status AllGatherShards(Communicator& comm, const at::Tensor& local,
+                             const ChunkGeometry& geometry, const at::Tensor& full,
+                             Milliseconds timeout) {
+  const int n = comm.size();
+  if (geometry.world() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("shard geometry is for ", geometry.world(),
+                                                   " ranks but the group has ", n));
+  }
+  if (full.dim() == 0 || full.size(0) != geometry.extent() || !full.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat("all-gather target ", ShapeString(full),
+                                                   " must be contiguous with ", geometry.extent(),
+                                                   " rows"));
+  }
+  const int64_t rows = geometry.length(comm.rank());
+  if (local.dim() != full.dim() || local.size(0) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("local shard ", ShapeString(local),
+                                                   " should have ", rows, " rows"));
+  }
+  const int64_t row_numel = geometry.extent() > 0 ? full.numel() / geometry.extent() : 0;
+  const int64_t chunk_numel = geometry.chunk() * row_numel;
+  // Pad this rank's piece to the uniform chunk; padding stays unset.
+  at::Tensor send = at::empty({chunk_numel}, full.options());
+  if (rows > 0) send.narrow(0, 0, rows * row_numel).copy_(local.reshape({-1}));
+  at::Tensor recv = at::empty({chunk_numel * n}, full.options());
+  if (auto s = comm.AllGather(send, recv, timeout); !s.ok()) return s;
+  at::Tensor flat = full.view({-1});
+  for (int r = 0; r < n; ++r) {
+    const int64_t len = geometry.length(r) * row_numel;
+    if (len == 0) continue;
+    flat.narrow(0, geometry.offset(r) * row_numel, len).copy_(recv.narrow(0, r * chunk_numel, len));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,160 @@
+// Communicator: the collectives one group of ranks runs among themselves
+// (one per mesh-axis group, plus one for the whole mesh). Backends fill in
+// the same interface: gloo/ (CPU, LibTorch's c10d) and nccl/ (GPU, the NCCL
+// C API). The contract, checked for every backend by
+// communicator_contract_test.cc:
+//
+//   AllGather(in[k], out[k*n])        out[r*k .. (r+1)*k) = in of rank r
+//   ReduceScatter(in[k*n], out[k], op) out = op over ranks of in[rank*k ..)
+//   AllReduce(t[k], op)               t = op over ranks of t, in place
+//   Broadcast(t, root)                t = t of root
+//   Send(t, peer) / Recv(t, peer)     point to point, matched in order
+//   Barrier()
+//
+// Tensors must be contiguous, of one dtype across ranks, and sized as above
+// on every rank (uneven shards are padded by the caller; see AllGatherShards).
+// AVG is always computed as SUM followed by our own division by the group
+// size: a backend's AVG is never trusted (see the gloo AVG->SUM lesson).
+//
+// Every operation has an async form returning a CommHandle (to overlap with
+// compute) and a blocking form; both end by `timeout`. After any failure the
+// communicator is broken: later calls fail at once with FAILED_PRECONDITION,
+// and the owner must build a new one (as after an Abort).
+//
+// Byte counters record per-rank traffic of the bandwidth-optimal ring
+// algorithms, padding included:
+//   all-gather, reduce-scatter  (n-1)*k elements sent and received
+//   all-reduce                  2*(n-1)/n * k (a reduce-scatter + an all-gather)
+//   broadcast                   k received by non-roots; root sends k
+//   send / recv                 k
+//
+// Thread-safety: the issuing methods may be called from one thread at a time
+// (collectives must be issued in the same order on every rank); handles may be
+// waited on from any thread; counters are atomic.
+#ifndef BATON_WORKER_COMM_COMMUNICATOR_H_
+#define BATON_WORKER_COMM_COMMUNICATOR_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "mesh/placement.h"
+#include "mesh/shard_geometry.h"
+
+namespace baton {
+
+using Milliseconds = std::chrono::milliseconds;
+
+// Default for one collective: long enough for a large all-gather on a slow
+// link, short enough that a dead peer surfaces well within a step timeout.
+inline constexpr Milliseconds kDefaultCollectiveTimeout{30000};
+
+struct CommStats {
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t operations = 0;
+};
+
+// An operation in flight. Wait() blocks until it completed, failed or timed
+// out, then returns the same status on every later call.
+class CommHandle {
+ public:
+  virtual ~CommHandle() = default;
+  virtual absl::Status Wait() = 0;
+};
+
+// A handle that is already done (e.g. a no-op on a group of one, or an
+// argument error detected before anything was issued).
+std::unique_ptr<CommHandle> CompletedHandle(absl::Status status);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  virtual std::unique_ptr<CommHandle> AllGatherAsync(const at::Tensor& input,
+                                                     const at::Tensor& output,
+                                                     Milliseconds timeout) = 0;
+  virtual std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input,
+                                                         const at::Tensor& output, ReduceOp op,
+                                                         Milliseconds timeout) = 0;
+  virtual std::unique_ptr<CommHandle> AllReduceAsync(const at::Tensor& tensor, ReduceOp op,
+                                                     Milliseconds timeout) = 0;
+  virtual std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
+                                                     Milliseconds timeout) = 0;
+  virtual std::unique_ptr<CommHandle> SendAsync(const at::Tensor& tensor, int peer,
+                                                Milliseconds timeout) = 0;
+  virtual std::unique_ptr<CommHandle> RecvAsync(const at::Tensor& tensor, int peer,
+                                                Milliseconds timeout) = 0;
+  virtual std::unique_ptr<CommHandle> BarrierAsync(Milliseconds timeout) = 0;
+
+  absl::Status AllGather(const at::Tensor& input, const at::Tensor& output,
+                         Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return AllGatherAsync(input, output, timeout)->Wait();
+  }
+  absl::Status ReduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                             Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return ReduceScatterAsync(input, output, op, timeout)->Wait();
+  }
+  absl::Status AllReduce(const at::Tensor& tensor, ReduceOp op,
+                         Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return AllReduceAsync(tensor, op, timeout)->Wait();
+  }
+  absl::Status Broadcast(const at::Tensor& tensor, int root,
+                         Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return BroadcastAsync(tensor, root, timeout)->Wait();
+  }
+  absl::Status Send(const at::Tensor& tensor, int peer,
+                    Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return SendAsync(tensor, peer, timeout)->Wait();
+  }
+  absl::Status Recv(const at::Tensor& tensor, int peer,
+                    Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return RecvAsync(tensor, peer, timeout)->Wait();
+  }
+  absl::Status Barrier(Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return BarrierAsync(timeout)->Wait();
+  }
+
+  CommStats stats() const;
+  void ResetStats();
+
+ protected:
+  void CountBytes(int64_t sent, int64_t received);
+
+ private:
+  std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> bytes_received_{0};
+  std::atomic<int64_t> operations_{0};
+};
+
+// Shape checks shared by every backend; an error names the operation and what
+// was expected.
+absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& output, int size);
+absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& output, int size);
+absl::Status CheckPeer(int peer, int rank, int size, const char* op);
+
+// Per-rank ring traffic of each operation, in bytes, for `numel` elements of
+// `elem_bytes` each (numel = the per-rank chunk k for all-gather and
+// reduce-scatter, the whole tensor for all-reduce).
+int64_t RingAllGatherBytes(int64_t chunk_numel, int64_t elem_bytes, int size);
+int64_t RingAllReduceBytes(int64_t numel, int64_t elem_bytes, int size);
+
+// All-gathers uneven Shard(0) pieces of a 1-D or N-D tensor with torch.chunk
+// geometry: `local` holds this rank's rows (possibly 0), `full` receives all
+// `geometry.extent()` rows. Pads to the uniform chunk for the wire.
+absl::Status AllGatherShards(Communicator& comm, const at::Tensor& local,
+                             const ChunkGeometry& geometry, const at::Tensor& full,
+                             Milliseconds timeout = kDefaultCollectiveTimeout);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_COMM_COMMUNICATOR_H_

@@ -1,0 +1,283 @@
+// One contract for every Communicator backend, parameterised over
+// backend x group size x element count (0-element and uneven shards
+// included). Every rank runs in its own thread of this process, each result is
+// compared with an expectation computed locally from the deterministic inputs.
+// Values are small integers stored as fp32, so every sum is exact and any
+// reduction order must give the same bits.
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/kv_store.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/nccl/nccl_communicator.h"
+
+namespace baton {
+namespace {
+
+using CreateFn = std::function<absl::StatusOr<std::unique_ptr<Communicator>>(
+    Rendezvous*, const std::string&, int, int)>;
+
+struct Backend {
+  std::string name;
+  CreateFn create;
+  // Empty when the backend can run here; else why the test is skipped.
+  std::function<std::string(int world)> unavailable;
+};
+
+std::vector<Backend> Backends() {
+  return {
+      {"gloo",
+       [](Rendezvous* r, const std::string& prefix, int rank, int size) {
+         return CreateGlooCommunicator(r, prefix, rank, size, GlooOptions{});
+       },
+       [](int) { return std::string(); }},
+      {"nccl",
+       [](Rendezvous* r, const std::string& prefix, int rank, int size) {
+         NcclOptions options;
+         options.device_index = rank;  // NCCL needs one GPU per rank
+         return CreateNcclCommunicator(r, prefix, rank, size, options);
+       },
+       [](int world) { return NcclUnavailableReason(world); }},
+  };
+}
+
+// Input element i of rank r.
+float Value(int rank, int64_t i) { return static_cast<float>((rank + 1) * 1000 + i % 977); }
+
+at::Tensor Input(int rank, int64_t numel) {
+  at::Tensor t = at::empty({numel}, at::kFloat);
+  float* p = t.data_ptr<float>();
+  for (int64_t i = 0; i < numel; ++i) p[i] = Value(rank, i);
+  return t;
+}
+
+struct Param {
+  int backend;
+  int world;
+  int64_t numel;
+};
+
+class CommunicatorContractTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    backend_ = Backends()[GetParam().backend];
+    std::string why = backend_.unavailable(GetParam().world);
+    if (!why.empty()) GTEST_SKIP() << backend_.name << " skipped: " << why;
+  }
+
+  // Builds one communicator per rank (concurrently: rendezvous blocks) and
+  // runs `body` on every rank in its own thread.
+  void RunOnAllRanks(const std::function<void(Communicator&)>& body) {
+    const int n = GetParam().world;
+    std::vector<std::unique_ptr<Communicator>> comms(n);
+    std::vector<std::thread> threads;
+    std::string prefix = absl::StrCat("test/", ++group_counter_, "/");
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        auto c = backend_.create(&kv_, prefix, r, n);
+        ASSERT_TRUE(c.ok()) << c.status();
+        comms[r] = std::move(*c);
+      });
+    }
+    for (auto& t : threads) t.join();
+    threads.clear();
+    for (int r = 0; r < n; ++r) ASSERT_NE(comms[r], nullptr);
+    for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(*comms[r]); });
+    for (auto& t : threads) t.join();
+  }
+
+  Backend backend_;
+  KeyValueStore kv_;
+  int group_counter_ = 0;
+};
+
+TEST_P(CommunicatorContractTest, AllGatherConcatenatesInRankOrder) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    at::Tensor out = at::full({n * k}, -1.0f);
+    CommStats before = c.stats();
+    ASSERT_TRUE(c.AllGather(Input(c.rank(), k), out).ok());
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(out.narrow(0, r * k, k).equal(Input(r, k))) << "rank " << c.rank() << " chunk " << r;
+    }
+    // P = n*k elements gathered: each rank moves P*(n-1)/n elements.
+    EXPECT_EQ(c.stats().bytes_sent - before.bytes_sent, k * (n - 1) * 4);
+    EXPECT_EQ(c.stats().bytes_received - before.bytes_received, k * (n - 1) * 4);
+  });
+}
+
+TEST_P(CommunicatorContractTest, AllGatherShardsHandlesUnevenAndEmptyChunks) {
+  // Extent n*k+1 rows of width 3: torch.chunk makes the last chunks short or
+  // empty; the gathered tensor must equal the original.
+  const int64_t extent = GetParam().numel + 1;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    ChunkGeometry g(extent, n);
+    at::Tensor whole = at::arange(extent * 3, at::kFloat).view({extent, 3});
+    at::Tensor local = whole.narrow(0, g.offset(c.rank()), g.length(c.rank())).contiguous();
+    at::Tensor full = at::zeros({extent, 3});
+    ASSERT_TRUE(AllGatherShards(c, local, g, full).ok());
+    EXPECT_TRUE(full.equal(whole)) << "rank " << c.rank() << " extent " << extent;
+  });
+}
+
+TEST_P(CommunicatorContractTest, ReduceScatterSumAvgMax) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    at::Tensor sum = at::empty({k}), avg = at::empty({k}), max = at::empty({k});
+    CommStats before = c.stats();
+    ASSERT_TRUE(c.ReduceScatter(Input(c.rank(), n * k), sum, ReduceOp::kSum).ok());
+    EXPECT_EQ(c.stats().bytes_sent - before.bytes_sent, k * (n - 1) * 4);
+    ASSERT_TRUE(c.ReduceScatter(Input(c.rank(), n * k), avg, ReduceOp::kAvg).ok());
+    ASSERT_TRUE(c.ReduceScatter(Input(c.rank(), n * k), max, ReduceOp::kMax).ok());
+    for (int64_t j = 0; j < k; ++j) {
+      float expect = 0;
+      for (int r = 0; r < n; ++r) expect += Value(r, c.rank() * k + j);
+      ASSERT_EQ(sum[j].item<float>(), expect) << "j=" << j;
+      ASSERT_EQ(avg[j].item<float>(), expect / n) << "avg must be sum / n exactly";
+      ASSERT_EQ(max[j].item<float>(), Value(n - 1, c.rank() * k + j));
+      if (j > 64) break;  // the rest is checked in bulk below
+    }
+    EXPECT_TRUE(avg.equal(sum.div(n)));
+  });
+}
+
+TEST_P(CommunicatorContractTest, AllReduceSumAvgMax) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    at::Tensor expect_sum = at::zeros({k});
+    for (int r = 0; r < n; ++r) expect_sum += Input(r, k);
+    at::Tensor t = Input(c.rank(), k);
+    ASSERT_TRUE(c.AllReduce(t, ReduceOp::kSum).ok());
+    EXPECT_TRUE(t.equal(expect_sum));
+    t = Input(c.rank(), k);
+    ASSERT_TRUE(c.AllReduce(t, ReduceOp::kAvg).ok());
+    EXPECT_TRUE(t.equal(expect_sum.div(n)));
+    t = Input(c.rank(), k);
+    ASSERT_TRUE(c.AllReduce(t, ReduceOp::kMax).ok());
+    EXPECT_TRUE(t.equal(Input(n - 1, k)));
+  });
+}
+
+TEST_P(CommunicatorContractTest, BroadcastFromLastRank) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int root = c.size() - 1;
+    at::Tensor t = Input(c.rank(), k);
+    ASSERT_TRUE(c.Broadcast(t, root).ok());
+    EXPECT_TRUE(t.equal(Input(root, k)));
+  });
+}
+
+TEST_P(CommunicatorContractTest, SendRecvRingAndBarrier) {
+  if (GetParam().world < 2) GTEST_SKIP() << "a ring needs two ranks";
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    const int next = (c.rank() + 1) % n, prev = (c.rank() + n - 1) % n;
+    at::Tensor got = at::full({k}, -1.0f);
+    auto recv = c.RecvAsync(got, prev, kDefaultCollectiveTimeout);
+    auto send = c.SendAsync(Input(c.rank(), k), next, kDefaultCollectiveTimeout);
+    ASSERT_TRUE(send->Wait().ok());
+    ASSERT_TRUE(recv->Wait().ok());
+    EXPECT_TRUE(got.equal(Input(prev, k)));
+    EXPECT_TRUE(c.Barrier().ok());
+  });
+}
+
+TEST_P(CommunicatorContractTest, AsyncOperationsOverlap) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    at::Tensor a = Input(c.rank(), k), gathered = at::empty({n * k});
+    auto h1 = c.AllReduceAsync(a, ReduceOp::kSum, kDefaultCollectiveTimeout);
+    auto h2 = c.AllGatherAsync(Input(c.rank(), k), gathered, kDefaultCollectiveTimeout);
+    ASSERT_TRUE(h2->Wait().ok());
+    ASSERT_TRUE(h1->Wait().ok());
+    ASSERT_TRUE(h1->Wait().ok());  // waiting twice returns the same status
+    at::Tensor expect = at::zeros({k});
+    for (int r = 0; r < n; ++r) expect += Input(r, k);
+    EXPECT_TRUE(a.equal(expect));
+    EXPECT_TRUE(gathered.narrow(0, 0, k).equal(Input(0, k)));
+  });
+}
+
+TEST_P(CommunicatorContractTest, WrongShapesAreRejectedWithoutBreakingTheGroup) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    auto s = c.AllGather(at::empty({k + 1}), at::empty({n * k}));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    s = c.ReduceScatter(at::empty({n * k + 1}), at::empty({k}), ReduceOp::kSum);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(c.Send(at::empty({1}), c.rank()).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(c.Broadcast(at::empty({1}), n).code(), absl::StatusCode::kInvalidArgument);
+    // The group still works.
+    at::Tensor t = at::full({3}, 1.0f);
+    ASSERT_TRUE(c.AllReduce(t, ReduceOp::kSum).ok());
+    EXPECT_EQ(t[0].item<float>(), static_cast<float>(n));
+  });
+}
+
+std::vector<Param> AllParams() {
+  std::vector<Param> params;
+  for (int b = 0; b < static_cast<int>(Backends().size()); ++b) {
+    for (int world : {1, 2, 3, 4}) {
+      for (int64_t numel : {0, 1, 5, 4099, 1 << 18}) params.push_back({b, world, numel});
+    }
+  }
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CommunicatorContractTest, ::testing::ValuesIn(AllParams()),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return absl::StrCat(Backends()[info.param.backend].name, "_world",
+                                               info.param.world, "_numel", info.param.numel);
+                         });
+
+// A peer that disappears mid-collective must surface as an error on the
+// others within the timeout, and break the group for later calls.
+TEST(CommunicatorFailureTest, DeadPeerFailsWithinTimeoutAndBreaksGroup) {
+  KeyValueStore kv;
+  std::unique_ptr<Communicator> comms[2];
+  std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "dead/", 0, 2, GlooOptions{}); });
+  std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "dead/", 1, 2, GlooOptions{}); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(comms[0] && comms[1]);
+  comms[1].reset();  // rank 1 leaves: its sockets close
+  at::Tensor t = at::full({1024}, 1.0f);
+  absl::Time start = absl::Now();
+  absl::Status s = comms[0]->AllReduce(t, ReduceOp::kSum, Milliseconds(2000));
+  double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("dead peer detected after %.3f s: %s\n", seconds, s.ToString().c_str());
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_EQ(comms[0]->AllReduce(t, ReduceOp::kSum).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CommunicatorFailureTest, RendezvousWithAMissingRankTimesOut) {
+  KeyValueStore kv;
+  GlooOptions options;
+  options.rendezvous_timeout = Milliseconds(500);
+  absl::Time start = absl::Now();
+  auto c = CreateGlooCommunicator(&kv, "lonely/", 0, 2, options);
+  EXPECT_FALSE(c.ok());
+  std::printf("rendezvous without rank 1 failed after %.3f s: %s\n",
+              absl::ToDoubleSeconds(absl::Now() - start), c.status().ToString().c_str());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,336 @@
+#include "worker/comm/gloo/gloo_communicator.h"
+
+#include <ATen/ops/amax.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <functional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+namespace {
+
+// c10d's Store on top of a Rendezvous. c10d expects exceptions, so failures
+// are thrown as c10::Error; CreateGlooCommunicator turns them back into a
+// Status.
+class RendezvousStore : public c10d::Store {
+ public:
+  RendezvousStore(Rendezvous* rendezvous, std::string prefix, Milliseconds timeout)
+      : c10d::Store(timeout), rendezvous_(rendezvous), prefix_(std::move(prefix)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    Throw(rendezvous_->Set(prefix_ + key, std::string(value.begin(), value.end())));
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    auto v = rendezvous_->Get(prefix_ + key, absl::FromChrono(timeout_));
+    Throw(v.status());
+    return std::vector<uint8_t>(v->begin(), v->end());
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    auto v = rendezvous_->Add(prefix_ + key, value);
+    Throw(v.status());
+    return *v;
+  }
+  bool deleteKey(const std::string& key) override {
+    auto v = rendezvous_->Delete(prefix_ + key, /*prefix=*/false);
+    Throw(v.status());
+    return *v > 0;
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    auto v = rendezvous_->Check(Prefixed(keys), nullptr);
+    Throw(v.status());
+    return *v;
+  }
+  int64_t getNumKeys() override {
+    int64_t n = 0;
+    Throw(rendezvous_->Check({}, &n).status());
+    return n;
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const Milliseconds& timeout) override {
+    Throw(rendezvous_->Wait(Prefixed(keys), absl::FromChrono(timeout)));
+  }
+
+ private:
+  static void Throw(const absl::Status& s) {
+    TORCH_CHECK(s.ok(), "rendezvous: ", s.ToString());
+  }
+  std::vector<std::string> Prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+
+  Rendezvous* rendezvous_;
+  std::string prefix_;
+};
+
+// Failure of one operation breaks the whole group (a peer is gone or out of
+// step); the flag is shared with handles that may outlive the communicator.
+using BrokenFlag = std::shared_ptr<std::atomic<bool>>;
+
+absl::Status FromException(const std::string& op, const std::exception& e) {
+  std::string what = e.what();
+  // Keep the first line: c10 appends a C++ backtrace.
+  if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+  std::string msg = absl::StrCat("gloo ", op, " failed: ", what);
+  if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout") ||
+      absl::StrContains(what, "DEADLINE_EXCEEDED")) {
+    return absl::DeadlineExceededError(msg);
+  }
+  return absl::UnavailableError(msg);
+}
+
+class GlooHandle : public CommHandle {
+ public:
+  GlooHandle(std::string op, c10::intrusive_ptr<c10d::Work> work, Milliseconds timeout,
+             std::function<void()> finish, BrokenFlag broken)
+      : op_(std::move(op)),
+        work_(std::move(work)),
+        timeout_(timeout),
+        finish_(std::move(finish)),
+        broken_(std::move(broken)) {}
+
+  absl::Status Wait() override {
+    if (done_) return status_;
+    done_ = true;
+    try {
+      // gloo enforces `timeout_` itself; the extra second only guards
+      // against a wait that would otherwise outlive it.
+      if (!work_->wait(timeout_ + Milliseconds(1000))) {
+        status_ = absl::DeadlineExceededError(absl::StrCat("gloo ", op_, " timed out"));
+      } else if (finish_) {
+        finish_();
+      }
+    } catch (const std::exception& e) {
+      status_ = FromException(op_, e);
+    }
+    if (!status_.ok()) broken_->store(true);
+    work_.reset();
+    finish_ = nullptr;
+    return status_;
+  }
+
+ private:
+  std::string op_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  Milliseconds timeout_;
+  std::function<void()> finish_;
+  BrokenFlag broken_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+c10d::ReduceOp ToC10d(ReduceOp op) {
+  return op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<RendezvousStore> store,
+                   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size)
+      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "gloo"; }
+
+  std::unique_ptr<CommHandle> AllGatherAsync(const at::Tensor& input, const at::Tensor& output,
+                                             Milliseconds timeout) override {
+    if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
+    if (auto s = CheckAllGatherArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
+    const int64_t k = input.numel();
+    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+               RingAllGatherBytes(k, input.element_size(), size_));
+    if (k == 0) return CompletedHandle(absl::OkStatus());
+    if (size_ == 1) {
+      output.view({-1}).copy_(input.view({-1}));
+      return CompletedHandle(absl::OkStatus());
+    }
+    std::vector<at::Tensor> inputs{input.view({-1})};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    at::Tensor flat = output.view({-1});
+    for (int r = 0; r < size_; ++r) outputs[0].push_back(flat.narrow(0, r * k, k));
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout;
+    return Issue("all-gather", timeout, [&] { return pg_->allgather(outputs, inputs, opts); });
+  }
+
+  std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input, const at::Tensor& output,
+                                                 ReduceOp op, Milliseconds timeout) override {
+    if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
+    if (auto s = CheckReduceScatterArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
+    const int64_t k = output.numel();
+    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+               RingAllGatherBytes(k, input.element_size(), size_));
+    if (k == 0) return CompletedHandle(absl::OkStatus());
+    // received[j] = rank j's piece destined for this rank.
+    at::Tensor received = at::empty({size_, k}, input.options());
+    const int n = size_;
+    auto reduce = [received, output, op, n]() {
+      at::Tensor out = output.view({-1});
+      if (op == ReduceOp::kMax) {
+        out.copy_(at::amax(received, {0}));
+      } else {
+        out.copy_(at::sum(received, {0}));
+        if (op == ReduceOp::kAvg) out.div_(n);
+      }
+    };
+    if (size_ == 1) {
+      received.view({-1}).copy_(input.view({-1}));
+      reduce();
+      return CompletedHandle(absl::OkStatus());
+    }
+    at::Tensor in = input.view({-1});
+    at::Tensor recv_flat = received.view({-1});
+    c10d::AllToAllOptions opts;
+    opts.timeout = timeout;
+    return Issue(
+        "reduce-scatter", timeout,
+        [&] {
+          std::vector<int64_t> equal_splits;  // empty = equal splits
+          std::vector<int64_t> equal_splits_in;
+          return pg_->alltoall_base(recv_flat, in, equal_splits, equal_splits_in, opts);
+        },
+        reduce);
+  }
+
+  std::unique_ptr<CommHandle> AllReduceAsync(const at::Tensor& tensor, ReduceOp op,
+                                             Milliseconds timeout) override {
+    if (auto s = Precheck({tensor}); !s.ok()) return CompletedHandle(s);
+    if (!tensor.is_contiguous()) {
+      return CompletedHandle(absl::InvalidArgumentError("all-reduce needs a contiguous tensor"));
+    }
+    const int64_t bytes = RingAllReduceBytes(tensor.numel(), tensor.element_size(), size_);
+    CountBytes(bytes, bytes);
+    if (tensor.numel() == 0 || size_ == 1) return CompletedHandle(absl::OkStatus());
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = ToC10d(op);
+    opts.timeout = timeout;
+    std::function<void()> finish;
+    if (op == ReduceOp::kAvg) {
+      const int n = size_;
+      finish = [tensor, n]() mutable { tensor.div_(n); };
+    }
+    return Issue("all-reduce", timeout, [&] { return pg_->allreduce(tensors, opts); }, finish);
+  }
+
+  std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
+                                             Milliseconds timeout) override {
+    if (auto s = Precheck({tensor}); !s.ok()) return CompletedHandle(s);
+    if (root < 0 || root >= size_) {
+      return CompletedHandle(absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " outside group of ", size_)));
+    }
+    const int64_t bytes = tensor.numel() * tensor.element_size();
+    CountBytes(rank_ == root ? bytes * (size_ - 1) : 0, rank_ == root ? 0 : bytes);
+    if (tensor.numel() == 0 || size_ == 1) return CompletedHandle(absl::OkStatus());
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    opts.timeout = timeout;
+    return Issue("broadcast", timeout, [&] { return pg_->broadcast(tensors, opts); });
+  }
+
+  std::unique_ptr<CommHandle> SendAsync(const at::Tensor& tensor, int peer,
+                                        Milliseconds timeout) override {
+    return PointToPoint(tensor, peer, timeout, /*send=*/true);
+  }
+
+  std::unique_ptr<CommHandle> RecvAsync(const at::Tensor& tensor, int peer,
+                                        Milliseconds timeout) override {
+    return PointToPoint(tensor, peer, timeout, /*send=*/false);
+  }
+
+  std::unique_ptr<CommHandle> BarrierAsync(Milliseconds timeout) override {
+    if (auto s = Precheck({}); !s.ok()) return CompletedHandle(s);
+    CountBytes(0, 0);
+    if (size_ == 1) return CompletedHandle(absl::OkStatus());
+    c10d::BarrierOptions opts;
+    opts.timeout = timeout;
+    return Issue("barrier", timeout, [&] { return pg_->barrier(opts); });
+  }
+
+ private:
+  absl::Status Precheck(std::initializer_list<at::Tensor> tensors) const {
+    if (broken_->load()) {
+      return absl::FailedPreconditionError(
+          "gloo communicator is broken by an earlier failure; configure the mesh again");
+    }
+    for (const auto& t : tensors) {
+      if (!t.defined() || !t.device().is_cpu()) {
+        return absl::InvalidArgumentError("gloo communicator needs defined CPU tensors");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<CommHandle> PointToPoint(const at::Tensor& tensor, int peer,
+                                           Milliseconds timeout, bool send) {
+    if (auto s = Precheck({tensor}); !s.ok()) return CompletedHandle(s);
+    if (auto s = CheckPeer(peer, rank_, size_, send ? "send" : "recv"); !s.ok()) {
+      return CompletedHandle(s);
+    }
+    if (!tensor.is_contiguous()) {
+      return CompletedHandle(absl::InvalidArgumentError("send/recv needs a contiguous tensor"));
+    }
+    const int64_t bytes = tensor.numel() * tensor.element_size();
+    CountBytes(send ? bytes : 0, send ? 0 : bytes);
+    if (tensor.numel() == 0) return CompletedHandle(absl::OkStatus());
+    std::vector<at::Tensor> tensors{tensor};
+    // c10d's gloo send/recv has no per-op timeout; the handle's wait bounds it.
+    (void)timeout;
+    return Issue(send ? "send" : "recv", timeout, [&] {
+      return send ? pg_->send(tensors, peer, /*tag=*/0) : pg_->recv(tensors, peer, /*tag=*/0);
+    });
+  }
+
+  std::unique_ptr<CommHandle> Issue(const char* op, Milliseconds timeout,
+                                    const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                                    std::function<void()> finish = nullptr) {
+    try {
+      return std::make_unique<GlooHandle>(op, start(), timeout, std::move(finish), broken_);
+    } catch (const std::exception& e) {
+      broken_->store(true);
+      return CompletedHandle(FromException(op, e));
+    }
+  }
+
+  c10::intrusive_ptr<RendezvousStore> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  const int rank_;
+  const int size_;
+  BrokenFlag broken_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    Rendezvous* rendezvous, const std::string& key_prefix, int rank, int size,
+    const GlooOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " out of range for a group of ", size));
+  }
+  try {
+    auto store = c10::make_intrusive<RendezvousStore>(rendezvous, key_prefix,
+                                                      options.rendezvous_timeout);
+    auto pg_options = c10d::ProcessGroupGloo::Options::create(options.rendezvous_timeout);
+    pg_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_host));
+    pg_options->threads = options.threads;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, pg_options);
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(std::move(store), std::move(pg), rank, size));
+  } catch (const std::exception& e) {
+    absl::Status s = FromException("rendezvous", e);
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (group ", key_prefix, ", rank ",
+                                               rank, " of ", size, ")"));
+  }
+}
+
+}  // namespace baton

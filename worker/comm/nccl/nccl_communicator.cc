@@ -1,0 +1,368 @@
+#include "worker/comm/nccl/nccl_communicator.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace baton {
+namespace {
+
+constexpr char kUniqueIdKey[] = "nccl_unique_id";
+
+absl::Status CudaError(cudaError_t e, const char* what) {
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::Status NcclError(ncclResult_t r, const char* what) {
+  return absl::UnavailableError(absl::StrCat("nccl ", what, ": ", ncclGetErrorString(r)));
+}
+
+absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kHalf: return ncclFloat16;
+    case at::kDouble: return ncclFloat64;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("nccl cannot reduce dtype ", c10::toString(t)));
+  }
+}
+
+// Polls a non-blocking communicator until it leaves ncclInProgress.
+absl::Status AwaitComm(ncclComm_t comm, absl::Time deadline, const char* what) {
+  ncclResult_t state = ncclInProgress;
+  while (true) {
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return NcclError(r, what);
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) return NcclError(state, what);
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("nccl ", what, " timed out"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+using BrokenFlag = std::shared_ptr<std::atomic<bool>>;
+
+// A device view of a tensor: the tensor's own memory when it is on the GPU,
+// else a device buffer filled from (and copied back to) the CPU tensor.
+struct DeviceBuffer {
+  at::Tensor host;  // defined when staged
+  void* device = nullptr;
+  size_t bytes = 0;
+  bool owned = false;
+};
+
+// Everything one operation needs until it completes.
+struct Operation {
+  std::vector<DeviceBuffer> buffers;
+  std::vector<int> copy_back;  // indices of buffers copied to host at the end
+  std::function<void()> finish;
+  cudaEvent_t done = nullptr;
+};
+
+class NcclHandle : public CommHandle {
+ public:
+  NcclHandle(std::string op, std::unique_ptr<Operation> operation, int device, ncclComm_t comm,
+             Milliseconds timeout, BrokenFlag broken)
+      : op_(std::move(op)),
+        operation_(std::move(operation)),
+        device_(device),
+        comm_(comm),
+        deadline_(absl::Now() + absl::FromChrono(timeout)),
+        broken_(std::move(broken)) {}
+  ~NcclHandle() override { Wait(); }
+
+  absl::Status Wait() override {
+    if (!operation_) return status_;
+    cudaSetDevice(device_);
+    while (true) {
+      cudaError_t e = cudaEventQuery(operation_->done);
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) {
+        status_ = CudaError(e, op_.c_str());
+        break;
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        status_ = NcclError(async, op_.c_str());
+        break;
+      }
+      if (absl::Now() > deadline_) {
+        status_ = absl::DeadlineExceededError(absl::StrCat("nccl ", op_, " timed out"));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    if (status_.ok() && operation_->finish) operation_->finish();
+    if (!status_.ok()) {
+      // A timed-out or failed collective leaves the communicator unusable;
+      // abort it so no kernel keeps waiting on a dead peer.
+      if (!broken_->exchange(true)) ncclCommAbort(comm_);
+    } else {
+      cudaEventDestroy(operation_->done);
+      for (auto& b : operation_->buffers) {
+        if (b.owned) cudaFree(b.device);
+      }
+    }
+    operation_.reset();
+    return status_;
+  }
+
+ private:
+  std::string op_;
+  std::unique_ptr<Operation> operation_;
+  int device_;
+  ncclComm_t comm_;
+  absl::Time deadline_;
+  BrokenFlag broken_;
+  absl::Status status_;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size)
+      : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {}
+
+  ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    if (!broken_->load()) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+
+  std::unique_ptr<CommHandle> AllGatherAsync(const at::Tensor& input, const at::Tensor& output,
+                                             Milliseconds timeout) override {
+    if (auto s = CheckAllGatherArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
+    const int64_t k = input.numel();
+    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+               RingAllGatherBytes(k, input.element_size(), size_));
+    return Run("all-gather", {input, output}, {1}, timeout, nullptr,
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 return ncclAllGather(b[0].device, b[1].device, k, t, comm_, stream_);
+               });
+  }
+
+  std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input, const at::Tensor& output,
+                                                 ReduceOp op, Milliseconds timeout) override {
+    if (auto s = CheckReduceScatterArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
+    const int64_t k = output.numel();
+    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+               RingAllGatherBytes(k, input.element_size(), size_));
+    return Run("reduce-scatter", {input, output}, {1}, timeout, AvgFinish(output, op),
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 return ncclReduceScatter(b[0].device, b[1].device, k, t, NcclOp(op), comm_,
+                                          stream_);
+               });
+  }
+
+  std::unique_ptr<CommHandle> AllReduceAsync(const at::Tensor& tensor, ReduceOp op,
+                                             Milliseconds timeout) override {
+    const int64_t bytes = RingAllReduceBytes(tensor.numel(), tensor.element_size(), size_);
+    CountBytes(bytes, bytes);
+    return Run("all-reduce", {tensor}, {0}, timeout, AvgFinish(tensor, op),
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 return ncclAllReduce(b[0].device, b[0].device, tensor.numel(), t, NcclOp(op),
+                                      comm_, stream_);
+               });
+  }
+
+  std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
+                                             Milliseconds timeout) override {
+    if (root < 0 || root >= size_) {
+      return CompletedHandle(absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " outside group of ", size_)));
+    }
+    const int64_t bytes = tensor.numel() * tensor.element_size();
+    CountBytes(rank_ == root ? bytes * (size_ - 1) : 0, rank_ == root ? 0 : bytes);
+    return Run("broadcast", {tensor}, {0}, timeout, nullptr,
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 return ncclBroadcast(b[0].device, b[0].device, tensor.numel(), t, root, comm_,
+                                      stream_);
+               });
+  }
+
+  std::unique_ptr<CommHandle> SendAsync(const at::Tensor& tensor, int peer,
+                                        Milliseconds timeout) override {
+    if (auto s = CheckPeer(peer, rank_, size_, "send"); !s.ok()) return CompletedHandle(s);
+    CountBytes(tensor.numel() * tensor.element_size(), 0);
+    return Run("send", {tensor}, {}, timeout, nullptr,
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 return ncclSend(b[0].device, tensor.numel(), t, peer, comm_, stream_);
+               });
+  }
+
+  std::unique_ptr<CommHandle> RecvAsync(const at::Tensor& tensor, int peer,
+                                        Milliseconds timeout) override {
+    if (auto s = CheckPeer(peer, rank_, size_, "recv"); !s.ok()) return CompletedHandle(s);
+    CountBytes(0, tensor.numel() * tensor.element_size());
+    return Run("recv", {tensor}, {0}, timeout, nullptr,
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 return ncclRecv(b[0].device, tensor.numel(), t, peer, comm_, stream_);
+               });
+  }
+
+  std::unique_ptr<CommHandle> BarrierAsync(Milliseconds timeout) override {
+    CountBytes(0, 0);
+    return Run("barrier", {at::zeros({1})}, {}, timeout, nullptr,
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 return ncclAllReduce(b[0].device, b[0].device, 1, t, ncclSum, comm_, stream_);
+               });
+  }
+
+ private:
+  static ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : ncclSum; }
+
+  std::function<void()> AvgFinish(const at::Tensor& t, ReduceOp op) const {
+    if (op != ReduceOp::kAvg) return nullptr;
+    const int n = size_;
+    return [t, n]() mutable { t.div_(n); };
+  }
+
+  // Stages tensors onto the device, enqueues `call`, copies results back and
+  // records the completion event. Buffer i is tensors[i].
+  std::unique_ptr<CommHandle> Run(
+      const char* op, const std::vector<at::Tensor>& tensors, const std::vector<int>& copy_back,
+      Milliseconds timeout, std::function<void()> finish,
+      const std::function<ncclResult_t(const std::vector<DeviceBuffer>&, ncclDataType_t)>& call) {
+    if (broken_->load()) {
+      return CompletedHandle(absl::FailedPreconditionError(
+          "nccl communicator is broken by an earlier failure; configure the mesh again"));
+    }
+    for (const auto& t : tensors) {
+      if (!t.defined() || !t.is_contiguous()) {
+        return CompletedHandle(
+            absl::InvalidArgumentError(absl::StrCat("nccl ", op, " needs contiguous tensors")));
+      }
+    }
+    auto type = NcclType(tensors[0].scalar_type());
+    if (!type.ok()) return CompletedHandle(type.status());
+    if (tensors[0].numel() == 0 && tensors.back().numel() == 0) {
+      return CompletedHandle(absl::OkStatus());
+    }
+    cudaSetDevice(device_);
+    auto operation = std::make_unique<Operation>();
+    operation->finish = std::move(finish);
+    operation->copy_back = copy_back;
+    for (const auto& t : tensors) {
+      DeviceBuffer b;
+      b.bytes = t.numel() * t.element_size();
+      if (t.device().is_cuda()) {
+        b.device = t.data_ptr();
+      } else {
+        b.host = t;
+        b.owned = true;
+        if (cudaError_t e = cudaMalloc(&b.device, std::max<size_t>(b.bytes, 1)); e != cudaSuccess) {
+          return CompletedHandle(CudaError(e, "cudaMalloc"));
+        }
+        cudaMemcpyAsync(b.device, t.data_ptr(), b.bytes, cudaMemcpyHostToDevice, stream_);
+      }
+      operation->buffers.push_back(b);
+    }
+    ncclResult_t r = call(operation->buffers, *type);
+    absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+    absl::Status s = (r == ncclSuccess || r == ncclInProgress) ? AwaitComm(comm_, deadline, op)
+                                                               : NcclError(r, op);
+    if (!s.ok()) {
+      if (!broken_->exchange(true)) ncclCommAbort(comm_);
+      return CompletedHandle(s);
+    }
+    for (int i : copy_back) {
+      const DeviceBuffer& b = operation->buffers[i];
+      if (b.host.defined()) {
+        cudaMemcpyAsync(b.host.data_ptr(), b.device, b.bytes, cudaMemcpyDeviceToHost, stream_);
+      }
+    }
+    cudaEventCreateWithFlags(&operation->done, cudaEventDisableTiming);
+    cudaEventRecord(operation->done, stream_);
+    return std::make_unique<NcclHandle>(op, std::move(operation), device_, comm_, timeout, broken_);
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  const int device_;
+  const int rank_;
+  const int size_;
+  BrokenFlag broken_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+}  // namespace
+
+std::string NcclUnavailableReason(int world) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    return absl::StrCat("no usable CUDA device (cudaGetDeviceCount: ", cudaGetErrorString(e), ")");
+  }
+  if (count < world) {
+    return absl::StrCat("NCCL needs one GPU per rank: ", world, " ranks, ", count,
+                        " CUDA device(s) present");
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    Rendezvous* rendezvous, const std::string& key_prefix, int rank, int size,
+    const NcclOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " out of range for a group of ", size));
+  }
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(NcclUnavailableReason(1));
+  }
+  const int device = options.device_index >= 0 ? options.device_index : rank % count;
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaError(e, "cudaSetDevice");
+  const absl::Duration timeout = absl::FromChrono(options.rendezvous_timeout);
+  ncclUniqueId id;
+  const std::string key = key_prefix + kUniqueIdKey;
+  if (rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) return NcclError(r, "unique id");
+    absl::Status s = rendezvous->Set(key, std::string(id.internal, sizeof(id.internal)));
+    if (!s.ok()) return s;
+  } else {
+    auto value = rendezvous->Get(key, timeout);
+    if (!value.ok()) return value.status();
+    if (value->size() != sizeof(id.internal)) {
+      return absl::DataLossError("malformed NCCL unique id in the rendezvous store");
+    }
+    std::copy(value->begin(), value->end(), id.internal);
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) return NcclError(r, "init");
+  absl::Status s = AwaitComm(comm, absl::Now() + timeout, "init");
+  if (!s.ok()) {
+    ncclCommAbort(comm);
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (group ", key_prefix, ", rank ",
+                                               rank, " of ", size, ")"));
+  }
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  auto c = std::make_unique<NcclCommunicator>(comm, stream, device, rank, size);
+  return std::unique_ptr<Communicator>(std::move(c));
+}
+
+}  // namespace baton

@@ -1,0 +1,39 @@
+// NCCL backend on the NCCL C API (GPU). The unique id travels through the
+// controller's rendezvous KV. CUDA and NCCL headers stay in the .cc file.
+//
+// Tensors may live on the GPU (a CUDA LibTorch) or on the CPU (Debian's CPU
+// LibTorch): CPU tensors are staged through device buffers on the
+// communicator's stream, so the same contract test runs with either.
+//
+// Timeouts: the communicator is created non-blocking and every wait polls
+// with a deadline; on timeout the communicator is aborted (ncclCommAbort) and
+// marked broken, so no call waits forever on a dead peer.
+#ifndef BATON_WORKER_COMM_NCCL_NCCL_COMMUNICATOR_H_
+#define BATON_WORKER_COMM_NCCL_NCCL_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/kv_store.h"
+#include "worker/comm/communicator.h"
+
+namespace baton {
+
+struct NcclOptions {
+  // CUDA device of this rank; -1 = rank modulo the number of devices.
+  int device_index = -1;
+  Milliseconds rendezvous_timeout{30000};
+};
+
+// Empty when NCCL can run `world` ranks of one group on this machine (one GPU
+// per rank); otherwise a sentence saying why not, for skip messages.
+std::string NcclUnavailableReason(int world = 1);
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    Rendezvous* rendezvous, const std::string& key_prefix, int rank, int size,
+    const NcclOptions& options);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_COMM_NCCL_NCCL_COMMUNICATOR_H_
