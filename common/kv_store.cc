@@ -63,8 +63,18 @@ absl::Status KeyValueStore::Wait(const std::vector<std::string>& keys, absl::Dur
     if (auto s = ValidateKey(k); !s.ok()) return s;
   }
   absl::MutexLock lock(&mu_);
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return HasAll(keys); };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+  const std::string* aborted = nullptr;
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& k : keys) {
+      if ((aborted = AbortedReason(k)) != nullptr) return true;
+    }
+    return HasAll(keys);
+  };
+  const bool done = mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (aborted != nullptr) {
+    return absl::AbortedError(absl::StrCat("rendezvous aborted: ", *aborted));
+  }
+  if (!done) {
     std::vector<std::string> missing;
     for (const auto& k : keys) {
       if (data_.find(k) == data_.end()) missing.push_back(k);
@@ -74,6 +84,18 @@ absl::Status KeyValueStore::Wait(const std::vector<std::string>& keys, absl::Dur
                                                     absl::FormatDuration(timeout)));
   }
   return absl::OkStatus();
+}
+
+const std::string* KeyValueStore::AbortedReason(const std::string& key) const {
+  for (const auto& [prefix, reason] : aborted_prefixes_) {
+    if (key.rfind(prefix, 0) == 0) return &reason;
+  }
+  return nullptr;
+}
+
+void KeyValueStore::AbortPrefix(const std::string& prefix, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  aborted_prefixes_[prefix] = reason;
 }
 
 absl::StatusOr<bool> KeyValueStore::Check(const std::vector<std::string>& keys,

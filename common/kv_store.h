@@ -50,12 +50,21 @@ class KeyValueStore : public Rendezvous {
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys, int64_t* num_keys) override;
   absl::StatusOr<int64_t> Delete(const std::string& key, bool prefix) override;
 
+  // Ends every current and future wait on keys under `prefix` with ABORTED
+  // and `reason`: a rendezvous of an abandoned mesh returns at once instead
+  // of running into its timeout.
+  void AbortPrefix(const std::string& prefix, const std::string& reason);
+
  private:
+  // The abort reason for `key`, or nullptr.
+  const std::string* AbortedReason(const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateKey(const std::string& key) const;
   bool HasAll(const std::vector<std::string>& keys) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> aborted_prefixes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

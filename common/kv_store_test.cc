@@ -55,6 +55,22 @@ TEST(KeyValueStoreTest, CheckAndPrefixDelete) {
   EXPECT_EQ(n, 1);
 }
 
+TEST(KeyValueStoreTest, AbortPrefixEndsWaitsAtOnce) {
+  KeyValueStore kv;
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    kv.AbortPrefix("mesh/7/", "worker-2 died");
+  });
+  absl::Time start = absl::Now();
+  auto v = kv.Get("mesh/7/world/0", absl::Seconds(30));
+  aborter.join();
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(v.status().message().find("worker-2 died"), std::string::npos);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(kv.Get("mesh/8/x", absl::Milliseconds(1)).status().code() ==
+              absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(KeyValueStoreTest, RejectsBadKeysAndValues) {
   KeyValueStore kv;
   EXPECT_EQ(kv.Set("", "v").code(), absl::StatusCode::kInvalidArgument);

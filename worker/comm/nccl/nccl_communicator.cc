@@ -307,6 +307,11 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace
 
+int CudaDeviceCount() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
 std::string NcclUnavailableReason(int world) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);

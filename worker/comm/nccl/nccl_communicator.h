@@ -30,6 +30,9 @@ struct NcclOptions {
 // per rank); otherwise a sentence saying why not, for skip messages.
 std::string NcclUnavailableReason(int world = 1);
 
+// Number of usable CUDA devices (0 without a driver or GPU).
+int CudaDeviceCount();
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     Rendezvous* rendezvous, const std::string& key_prefix, int rank, int size,
     const NcclOptions& options);

@@ -1,0 +1,186 @@
+// baton-worker: serves baton.v1.Worker (and grpc.health.v1), registers with
+// the controller and heartbeats until SIGINT/SIGTERM.
+//
+// Threads: main (waits for a signal, then shuts down), the gRPC server's
+// pool, and the registrar (register, then heartbeat; re-register when the
+// controller no longer knows this worker, e.g. after it restarted).
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "proto/registry.grpc.pb.h"
+#include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/grpc_rendezvous.h"
+#include "worker/worker_service.h"
+
+ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT (required).");
+ABSL_FLAG(std::string, name, "", "Stable worker name (default: worker-<pid>).");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to bind and advertise, for gRPC and for the collectives.");
+ABSL_FLAG(int, port, 0, "gRPC port; 0 lets the OS choose.");
+ABSL_FLAG(std::string, port_file, "", "If set, write HOST:PORT here once serving.");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "Heartbeat period.");
+ABSL_FLAG(int64_t, register_timeout_ms, 30000,
+          "Give up (exit 1) if the controller cannot be reached for this long.");
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
+
+namespace baton {
+namespace {
+
+constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
+
+std::string Incarnation() {
+  return absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
+}
+
+void WriteFileAtomically(const std::string& path, const std::string& content) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << content << "\n";
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// Registers, then heartbeats every `interval` until `stop` is notified.
+// Returns false if it never got registered within the register timeout.
+bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& info,
+                  absl::Notification* stop, absl::Notification* registered) {
+  absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  absl::Time give_up = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
+  bool known = false;
+  while (!stop->HasBeenNotified()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
+    if (!known) {
+      baton::v1::RegisterRequest req;
+      *req.mutable_worker() = info;
+      baton::v1::RegisterResponse resp;
+      grpc::Status s = stub->Register(&ctx, req, &resp);
+      if (s.ok()) {
+        known = true;
+        give_up = absl::InfiniteFuture();
+        if (!registered->HasBeenNotified()) registered->Notify();
+        std::fprintf(stderr, "worker %s registered as rank %d\n", info.name().c_str(), resp.rank());
+        if (resp.heartbeat_interval_ms() > 0) {
+          interval = absl::Milliseconds(resp.heartbeat_interval_ms());
+        }
+      } else if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+                 s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+        std::fprintf(stderr, "worker %s: registration refused: %s\n", info.name().c_str(),
+                     s.error_message().c_str());
+        return false;
+      } else if (absl::Now() > give_up) {
+        std::fprintf(stderr, "worker %s: controller unreachable: %s\n", info.name().c_str(),
+                     s.error_message().c_str());
+        return false;
+      }
+    } else {
+      baton::v1::HeartbeatRequest req;
+      req.set_worker_name(info.name());
+      req.set_incarnation(info.incarnation());
+      baton::v1::HeartbeatResponse resp;
+      grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && !resp.known()) {
+        std::fprintf(stderr, "worker %s: controller forgot us; registering again\n",
+                     info.name().c_str());
+        known = false;
+        continue;
+      }
+    }
+    stop->WaitForNotificationWithTimeout(interval);
+  }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string controller = absl::GetFlag(FLAGS_controller);
+  if (controller.empty()) {
+    std::fprintf(stderr, "baton-worker: --controller HOST:PORT is required\n");
+    return 2;
+  }
+  // Signals are handled by sigwait in main; block them before any thread
+  // starts so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::string host = absl::GetFlag(FLAGS_host);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
+  auto channel = grpc::CreateCustomChannel(controller, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<baton::v1::Registry::Stub> registry = baton::v1::Registry::NewStub(channel);
+  GrpcRendezvous rendezvous(registry);
+
+  baton::v1::WorkerInfo info;
+  info.set_name(absl::GetFlag(FLAGS_name).empty() ? absl::StrCat("worker-", getpid())
+                                                  : absl::GetFlag(FLAGS_name));
+  info.set_pid(getpid());
+  info.set_incarnation(Incarnation());
+  auto* cpu = info.add_devices();
+  cpu->set_kind("cpu");
+  cpu->set_description(absl::StrCat(std::thread::hardware_concurrency(), " cores"));
+  for (int d = 0; d < CudaDeviceCount(); ++d) {
+    auto* gpu = info.add_devices();
+    gpu->set_kind("cuda");
+    gpu->set_index(d);
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
+  WorkerService service(info, &rendezvous, host);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "baton-worker: cannot listen on %s:%d\n", host.c_str(),
+                 absl::GetFlag(FLAGS_port));
+    return 1;
+  }
+  info.set_address(absl::StrCat(host, ":", port));
+  service.set_identity(info);  // the address is known only once bound
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    WriteFileAtomically(absl::GetFlag(FLAGS_port_file), info.address());
+  }
+  std::fprintf(stderr, "worker %s serving on %s (controller %s)\n", info.name().c_str(),
+               info.address().c_str(), controller.c_str());
+
+  absl::Notification stop, registered;
+  std::atomic<bool> registrar_failed{false};
+  std::thread registrar([&] {
+    if (!RunRegistrar(registry.get(), info, &stop, &registered)) {
+      registrar_failed = true;
+      kill(getpid(), SIGTERM);  // wake main's sigwait
+    }
+  });
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  stop.Notify();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  registrar.join();
+  std::fprintf(stderr, "worker %s stopped\n", info.name().c_str());
+  return registrar_failed ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) { return baton::Main(argc, argv); }

@@ -1,0 +1,73 @@
+// The worker daemon's gRPC service (baton.v1.Worker).
+//
+// A worker is in at most one mesh at a time. Configure(epoch) replaces the
+// current mesh: it builds one communicator for the whole mesh ("world") and
+// one per mesh axis, for the group along that axis that contains this rank.
+// Communicators are shared_ptrs: Abort drops the service's references at
+// once, and an operation still running on another RPC thread keeps its own
+// until its collective returns (bounded by the collective timeout).
+//
+// Thread-safety: every method may be called concurrently from gRPC's
+// threads; `mu_` guards the current mesh. Rendezvous runs without the lock, so
+// a newer Configure or an Abort is never stuck behind a slow rendezvous.
+#ifndef BATON_WORKER_WORKER_SERVICE_H_
+#define BATON_WORKER_WORKER_SERVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/kv_store.h"
+#include "proto/worker.grpc.pb.h"
+#include "worker/comm/communicator.h"
+
+namespace baton {
+
+class WorkerService final : public baton::v1::Worker::Service {
+ public:
+  // `rendezvous` must outlive the service. `bind_host` is the address the
+  // collectives' transport binds and advertises.
+  WorkerService(baton::v1::WorkerInfo identity, Rendezvous* rendezvous, std::string bind_host);
+
+  // Replaces the identity GetInfo reports (the address is known only once
+  // the server is bound).
+  void set_identity(const baton::v1::WorkerInfo& identity);
+
+  grpc::Status Configure(grpc::ServerContext* ctx, const baton::v1::ConfigureRequest* req,
+                         baton::v1::ConfigureResponse* resp) override;
+  grpc::Status RunCollectiveCheck(grpc::ServerContext* ctx,
+                                  const baton::v1::CollectiveCheckRequest* req,
+                                  baton::v1::CollectiveCheckResponse* resp) override;
+  grpc::Status Abort(grpc::ServerContext* ctx, const baton::v1::AbortRequest* req,
+                     baton::v1::AbortResponse* resp) override;
+  grpc::Status GetInfo(grpc::ServerContext* ctx, const baton::v1::GetInfoRequest* req,
+                       baton::v1::GetInfoResponse* resp) override;
+
+ private:
+  struct MeshState {
+    baton::v1::Mesh mesh;
+    int rank = 0;
+    // "world" and every mesh axis name.
+    std::map<std::string, std::shared_ptr<Communicator>> comms;
+    std::map<std::string, std::vector<int>> group_ranks;
+  };
+
+  std::string name() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<MeshState>> BuildMesh(const baton::v1::ConfigureRequest& req);
+
+  Rendezvous* const rendezvous_;
+  const std::string bind_host_;
+
+  absl::Mutex mu_;
+  baton::v1::WorkerInfo identity_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<MeshState> current_ ABSL_GUARDED_BY(mu_);
+  // The newest epoch a Configure was asked for; an older rendezvous that
+  // finishes late is discarded.
+  int64_t requested_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_WORKER_SERVICE_H_
