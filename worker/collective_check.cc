@@ -152,12 +152,6 @@ std::string FirstMismatch(const at::Tensor& got, const at::Tensor& want) {
 
 }  // namespace
 
-std::vector<CollectiveOp> AllCollectiveOps() {
-  return {v1::ALL_REDUCE_SUM,     v1::ALL_REDUCE_AVG,     v1::ALL_REDUCE_MAX,
-          v1::ALL_GATHER,         v1::ALL_GATHER_UNEVEN,  v1::REDUCE_SCATTER_SUM,
-          v1::REDUCE_SCATTER_AVG, v1::SEND_RECV_RING,     v1::BROADCAST,
-          v1::BARRIER};
-}
 
 std::vector<CollectiveResult> RunCollectiveChecks(Communicator& comm,
                                                   const CollectiveCheckOptions& options) {

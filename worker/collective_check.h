@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/collective_ops.h"
 #include "proto/collective.pb.h"
 #include "worker/comm/communicator.h"
 
@@ -29,9 +30,6 @@ struct CollectiveCheckOptions {
 // failed without being issued.
 std::vector<baton::v1::CollectiveResult> RunCollectiveChecks(
     Communicator& comm, const CollectiveCheckOptions& options);
-
-// All operations in the order `baton check` runs them.
-std::vector<baton::v1::CollectiveOp> AllCollectiveOps();
 
 }  // namespace baton
 

@@ -1,0 +1,229 @@
+// baton — the command line on top of baton::Client.
+//
+//   baton up --workers N [--address_file F]         local controller + N workers
+//   baton status --controller ADDR [--output=json]  one line per worker
+//   baton check --controller ADDR --mesh dp=2,tp=2  check every collective
+//
+// Exit status: 0 success, 1 failure, 2 bad usage.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "client/local_cluster.h"
+#include "google/protobuf/util/json_util.h"
+
+ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT.");
+ABSL_FLAG(std::string, output, "text", "Output format: text or json.");
+// up
+ABSL_FLAG(int, workers, 4, "up: number of local workers.");
+ABSL_FLAG(std::string, address_file, "", "up: write the controller address here once ready.");
+ABSL_FLAG(std::string, controller_bin, "", "up: path of baton-controller (default: found beside baton).");
+ABSL_FLAG(std::string, worker_bin, "", "up: path of baton-worker (default: found beside baton).");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "up: controller's heartbeat timeout.");
+// check
+ABSL_FLAG(std::string, mesh, "", "check: mesh spec, e.g. dp=2,tp=2.");
+ABSL_FLAG(std::string, axes, "", "check: comma-separated axes to check (default: all).");
+ABSL_FLAG(int64_t, numel, 1 << 20, "check: elements per collective (P).");
+ABSL_FLAG(int, iters, 3, "check: timed iterations per collective.");
+ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
+ABSL_FLAG(std::string, backend, "gloo", "check: gloo or nccl.");
+
+namespace baton {
+namespace {
+
+constexpr int kUsage = 2;
+
+std::string Usage() {
+  return "usage:\n"
+         "  baton up --workers N [--address_file F]\n"
+         "  baton status --controller HOST:PORT [--output=json]\n"
+         "  baton check --controller HOST:PORT --mesh dp=2,tp=2 [--numel N] [--iters K]\n";
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlag() {
+  const std::string address = absl::GetFlag(FLAGS_controller);
+  if (address.empty()) return absl::InvalidArgumentError("--controller HOST:PORT is required");
+  return Client::Connect(address);
+}
+
+int Up() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  LocalClusterOptions options;
+  options.workers = absl::GetFlag(FLAGS_workers);
+  options.controller_bin = absl::GetFlag(FLAGS_controller_bin);
+  options.worker_bin = absl::GetFlag(FLAGS_worker_bin);
+  options.controller_args.push_back(
+      absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)));
+  auto cluster = LocalCluster::Start(options);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "baton up: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("controller: %s\n", (*cluster)->controller_address().c_str());
+  for (const auto& p : (*cluster)->processes()) std::printf("%s: pid %d\n", p.name.c_str(), p.pid);
+  std::printf("ready: %d workers registered; Ctrl-C stops the cluster\n", options.workers);
+  std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_address_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_address_file);
+    {
+      std::ofstream out(path + ".tmp");
+      out << (*cluster)->controller_address() << "\n";
+    }
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  while (true) {
+    timespec poll{0, 200 * 1000 * 1000};
+    int sig = sigtimedwait(&signals, nullptr, &poll);
+    for (const auto& line : (*cluster)->Reap()) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+    if (sig == SIGINT || sig == SIGTERM) break;
+  }
+  int killed = (*cluster)->Stop(absl::Seconds(4));
+  std::printf("stopped: all processes ended%s\n",
+              killed ? absl::StrCat(" (", killed, " needed SIGKILL)").c_str() : "");
+  return 0;
+}
+
+int StatusCommand() {
+  auto client = ConnectFromFlag();
+  if (!client.ok()) {
+    std::fprintf(stderr, "baton status: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  auto status = (*client)->Status();
+  if (!status.ok()) {
+    std::fprintf(stderr, "baton status: %s\n", status.status().ToString().c_str());
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::printf("%s\n", ToJson(*status).c_str());
+    return 0;
+  }
+  std::printf("%-16s %5s  %-22s %-11s %s\n", "NAME", "RANK", "ADDRESS", "STATE", "HEARTBEAT_AGE");
+  for (const auto& w : status->workers()) {
+    std::printf("%-16s %5d  %-22s %-11s %.1fs\n", w.name().c_str(), w.rank(), w.address().c_str(),
+                baton::v1::WorkerState_Name(w.state()).c_str(), w.heartbeat_age_s());
+  }
+  if (status->has_mesh()) {
+    std::string spec;
+    for (const auto& a : status->mesh().axes()) {
+      absl::StrAppend(&spec, spec.empty() ? "" : ",", a.name(), "=", a.size());
+    }
+    std::printf("mesh: %s %s\n", status->mesh().mesh_id().c_str(), spec.c_str());
+  }
+  return 0;
+}
+
+int Check() {
+  if (absl::GetFlag(FLAGS_mesh).empty()) {
+    std::fprintf(stderr, "baton check: --mesh is required, e.g. --mesh dp=2,tp=2\n");
+    return kUsage;
+  }
+  auto spec = ParseMeshSpecProto(absl::GetFlag(FLAGS_mesh));
+  if (!spec.ok()) {
+    std::fprintf(stderr, "baton check: %s\n", spec.status().ToString().c_str());
+    return kUsage;
+  }
+  baton::v1::CheckCollectivesRequest req;
+  *req.mutable_spec() = *spec;
+  const std::string backend = absl::AsciiStrToLower(absl::GetFlag(FLAGS_backend));
+  if (backend != "gloo" && backend != "nccl") {
+    std::fprintf(stderr, "baton check: --backend must be gloo or nccl\n");
+    return kUsage;
+  }
+  req.set_backend(backend == "nccl" ? baton::v1::NCCL : baton::v1::GLOO);
+  for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_axes), ',', absl::SkipEmpty())) {
+    req.add_axes(std::string(a));
+  }
+  req.set_numel(absl::GetFlag(FLAGS_numel));
+  req.set_iters(absl::GetFlag(FLAGS_iters));
+  req.set_timeout_ms(absl::GetFlag(FLAGS_timeout_ms));
+
+  auto client = ConnectFromFlag();
+  if (!client.ok()) {
+    std::fprintf(stderr, "baton check: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  auto resp = (*client)->CheckCollectives(req);
+  if (!resp.ok()) {
+    std::printf("check FAILED: %s\n", resp.status().ToString().c_str());
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::printf("%s\n", ToJson(*resp).c_str());
+    return resp->passed() ? 0 : 1;
+  }
+  int passed = 0;
+  for (const auto& r : resp->results()) {
+    const double seconds = r.seconds();
+    std::string bandwidth = "-";
+    if (r.bytes_per_rank() > 0 && seconds > 0) {
+      bandwidth = absl::StrFormat("%.2f GB/s", r.bytes_per_rank() / seconds / 1e9);
+    }
+    std::printf("%-6s %-20s %-8s P=%-9lld group=%-3d bytes/rank=%-10lld time=%.3f ms  bw=%s\n",
+                r.axis().c_str(), absl::AsciiStrToLower(baton::v1::CollectiveOp_Name(r.op())).c_str(),
+                r.passed() ? "checked" : "FAILED", static_cast<long long>(r.numel()), r.group_size(),
+                static_cast<long long>(r.bytes_per_rank()), seconds * 1e3, bandwidth.c_str());
+    if (!r.passed()) std::printf("       error: %s\n", r.error().c_str());
+    passed += r.passed();
+  }
+  std::string mesh_spec;
+  for (const auto& a : resp->mesh().axes()) {
+    absl::StrAppend(&mesh_spec, mesh_spec.empty() ? "" : ",", a.name(), "=", a.size());
+  }
+  std::printf("check %s: %d of %d collectives checked on mesh %s (%s)\n",
+              resp->passed() ? "passed" : "FAILED", passed, resp->results_size(), mesh_spec.c_str(),
+              resp->mesh().mesh_id().c_str());
+  return resp->passed() ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(Usage());
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() != 2) {
+    std::fprintf(stderr, "%s", Usage().c_str());
+    return kUsage;
+  }
+  const std::string command = positional[1];
+  if (absl::GetFlag(FLAGS_output) != "text" && absl::GetFlag(FLAGS_output) != "json") {
+    std::fprintf(stderr, "--output must be text or json\n");
+    return kUsage;
+  }
+  if (command == "up") return Up();
+  if (command == "status") return StatusCommand();
+  if (command == "check") return Check();
+  std::fprintf(stderr, "unknown command \"%s\"\n%s", command.c_str(), Usage().c_str());
+  return kUsage;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) { return baton::Main(argc, argv); }

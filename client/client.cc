@@ -1,0 +1,117 @@
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "mesh/device_mesh.h"
+
+namespace baton {
+namespace {
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+}
+
+}  // namespace
+
+absl::StatusOr<baton::v1::MeshSpec> ParseMeshSpecProto(const std::string& text) {
+  auto axes = ParseMeshSpec(text);
+  if (!axes.ok()) return axes.status();
+  baton::v1::MeshSpec spec;
+  for (const auto& a : *axes) {
+    auto* axis = spec.add_axes();
+    axis->set_name(a.name);
+    axis->set_size(a.size);
+  }
+  return spec;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
+                                                        absl::Duration timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the controller at ", address, " within ",
+                     absl::FormatDuration(timeout), "; is `baton up` running?"));
+  }
+  return std::unique_ptr<Client>(new Client(address, baton::v1::Controller::NewStub(channel)));
+}
+
+absl::StatusOr<baton::v1::StatusResponse> Client::Status() {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kCallDeadline);
+  baton::v1::StatusResponse resp;
+  if (auto s = FromGrpcStatus(stub_->Status(&ctx, {}, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<baton::v1::Mesh> Client::CreateMesh(const std::string& spec,
+                                                   baton::v1::CommBackend backend,
+                                                   absl::Duration deadline) {
+  auto parsed = ParseMeshSpecProto(spec);
+  if (!parsed.ok()) return parsed.status();
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  baton::v1::CreateMeshRequest req;
+  *req.mutable_spec() = *parsed;
+  req.set_backend(backend);
+  baton::v1::CreateMeshResponse resp;
+  if (auto s = FromGrpcStatus(stub_->CreateMesh(&ctx, req, &resp)); !s.ok()) return s;
+  return resp.mesh();
+}
+
+absl::StatusOr<baton::v1::CheckCollectivesResponse> Client::CheckCollectives(
+    const baton::v1::CheckCollectivesRequest& request, absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  baton::v1::CheckCollectivesResponse resp;
+  if (auto s = FromGrpcStatus(stub_->CheckCollectives(&ctx, request, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::Watch(int64_t after_sequence,
+                           const std::function<bool(const baton::v1::Event&)>& on_event,
+                           absl::Duration duration) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, duration);
+  baton::v1::WatchRequest req;
+  req.set_after_sequence(after_sequence);
+  auto reader = stub_->Watch(&ctx, req);
+  baton::v1::Event e;
+  while (reader->Read(&e)) {
+    if (!on_event(e)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+      s.error_code() == grpc::StatusCode::CANCELLED) {
+    return absl::OkStatus();
+  }
+  return FromGrpcStatus(s);
+}
+
+absl::Status Client::WaitForWorkers(int n, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  int alive = 0;
+  while (true) {
+    auto status = Status();
+    if (status.ok()) {
+      alive = 0;
+      for (const auto& w : status->workers()) alive += w.state() != baton::v1::DEAD;
+      if (alive >= n) return absl::OkStatus();
+    }
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", alive, " of ", n, " workers registered within ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+}  // namespace baton

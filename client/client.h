@@ -1,0 +1,60 @@
+// baton::Client — the C++ SDK a job script uses to drive a Baton controller.
+//
+//   auto client = baton::Client::Connect("127.0.0.1:7000");
+//   auto mesh = (*client)->CreateMesh("dp=2,tp=2");
+//   auto check = (*client)->CheckCollectives(request);
+//
+// Every call carries a deadline. Not thread-safe per instance (the stub is,
+// but keep one Client per thread for clarity).
+#ifndef BATON_CLIENT_CLIENT_H_
+#define BATON_CLIENT_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/controller.grpc.pb.h"
+
+namespace baton {
+
+// "dp=2,tp=2" -> MeshSpec, validated (same rules as DeviceMesh).
+absl::StatusOr<baton::v1::MeshSpec> ParseMeshSpecProto(const std::string& text);
+
+class Client {
+ public:
+  // Deadline of quick calls (Status, CreateMesh uses the rendezvous time too).
+  static constexpr absl::Duration kCallDeadline = absl::Seconds(10);
+
+  // Connects and waits up to `timeout` for the controller to answer.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                         absl::Duration timeout = absl::Seconds(5));
+
+  absl::StatusOr<baton::v1::StatusResponse> Status();
+  absl::StatusOr<baton::v1::Mesh> CreateMesh(const std::string& spec,
+                                             baton::v1::CommBackend backend = baton::v1::GLOO,
+                                             absl::Duration deadline = absl::Seconds(60));
+  absl::StatusOr<baton::v1::CheckCollectivesResponse> CheckCollectives(
+      const baton::v1::CheckCollectivesRequest& request,
+      absl::Duration deadline = absl::Minutes(10));
+  // Streams events to `on_event` until it returns false or `duration` passed.
+  absl::Status Watch(int64_t after_sequence, const std::function<bool(const baton::v1::Event&)>& on_event,
+                     absl::Duration duration);
+
+  // Waits until at least `n` workers are registered and alive.
+  absl::Status WaitForWorkers(int n, absl::Duration timeout);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  Client(std::string address, std::unique_ptr<baton::v1::Controller::Stub> stub)
+      : address_(std::move(address)), stub_(std::move(stub)) {}
+
+  std::string address_;
+  std::unique_ptr<baton::v1::Controller::Stub> stub_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_CLIENT_CLIENT_H_

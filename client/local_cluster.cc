@@ -1,0 +1,199 @@
+#include "client/local_cluster.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+
+namespace baton {
+namespace {
+
+bool IsExecutable(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  std::string path(buf);
+  return path.substr(0, path.rfind('/'));
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  }
+  return "stopped";
+}
+
+// Reads a one-line file written atomically by a child once it serves.
+absl::StatusOr<std::string> AwaitAddressFile(const std::string& path, pid_t pid,
+                                             const std::string& name, absl::Time deadline) {
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    std::string line;
+    if (in && std::getline(in, line) && !line.empty()) {
+      return std::string(absl::StripAsciiWhitespace(line));
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return absl::InternalError(absl::StrCat(name, " ", DescribeExit(status), " before serving"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(name, " did not start serving in time"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindBinary(const std::string& flag_value, const std::string& package,
+                                       const std::string& name) {
+  if (!flag_value.empty()) {
+    if (IsExecutable(flag_value)) return flag_value;
+    return absl::NotFoundError(absl::StrCat(flag_value, " is not an executable file"));
+  }
+  const std::string dir = SelfDir();
+  for (const std::string& candidate :
+       {absl::StrCat(dir, "/", name), absl::StrCat(dir, "/../", package, "/", name)}) {
+    if (IsExecutable(candidate)) return candidate;
+  }
+  return absl::NotFoundError(absl::StrCat("cannot find ", name, " next to ", dir,
+                                          "; build //", package, ":", name, " or pass its path"));
+}
+
+absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& name, const std::string& binary,
+                                          const std::vector<std::string>& args) {
+  std::vector<std::string> argv_storage{binary};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork failed: ", strerror(errno)));
+  if (pid == 0) {
+    // Child: die with the parent, start with default signal handling.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  processes_.push_back({name, pid, true, 0});
+  return pid;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
+  if (options.workers < 1 || options.workers > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers ", options.workers, " outside [1, 256]"));
+  }
+  auto controller_bin = FindBinary(options.controller_bin, "controller", "baton-controller");
+  if (!controller_bin.ok()) return controller_bin.status();
+  auto worker_bin = FindBinary(options.worker_bin, "worker", "baton-worker");
+  if (!worker_bin.ok()) return worker_bin.status();
+
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  if (tmp == nullptr) tmp = std::getenv("TMPDIR");
+  std::string pattern = absl::StrCat(tmp ? tmp : "/tmp", "/baton-up-XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp failed: ", strerror(errno)));
+  }
+  cluster->dir_ = pattern;
+  const absl::Time deadline = absl::Now() + options.start_timeout;
+
+  const std::string controller_file = cluster->dir_ + "/controller.addr";
+  std::vector<std::string> args{absl::StrCat("--host=", options.host), "--port=0",
+                                absl::StrCat("--port_file=", controller_file)};
+  args.insert(args.end(), options.controller_args.begin(), options.controller_args.end());
+  auto pid = cluster->Spawn("controller", *controller_bin, args);
+  if (!pid.ok()) return pid.status();
+  auto address = AwaitAddressFile(controller_file, *pid, "controller", deadline);
+  if (!address.ok()) return address.status();
+  cluster->controller_address_ = *address;
+
+  for (int i = 0; i < options.workers; ++i) {
+    const std::string name = absl::StrCat("worker-", i);
+    std::vector<std::string> wargs{absl::StrCat("--controller=", *address),
+                                   absl::StrCat("--name=", name),
+                                   absl::StrCat("--host=", options.host), "--port=0"};
+    wargs.insert(wargs.end(), options.worker_args.begin(), options.worker_args.end());
+    auto wpid = cluster->Spawn(name, *worker_bin, wargs);
+    if (!wpid.ok()) return wpid.status();
+  }
+  auto client = Client::Connect(*address, deadline - absl::Now());
+  if (!client.ok()) return client.status();
+  if (auto s = (*client)->WaitForWorkers(options.workers, deadline - absl::Now()); !s.ok()) {
+    std::string exited;
+    for (const auto& line : cluster->Reap()) absl::StrAppend(&exited, "; ", line);
+    return absl::Status(s.code(), absl::StrCat(s.message(), exited));
+  }
+  return cluster;
+}
+
+std::vector<std::string> LocalCluster::Reap() {
+  std::vector<std::string> lines;
+  for (auto& p : processes_) {
+    if (!p.running) continue;
+    int status = 0;
+    if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+      p.running = false;
+      p.wait_status = status;
+      lines.push_back(absl::StrCat(p.name, " (pid ", p.pid, ") ", DescribeExit(status)));
+    }
+  }
+  return lines;
+}
+
+int LocalCluster::Stop(absl::Duration grace) {
+  // Workers first, so they do not spend the grace period re-registering.
+  for (auto it = processes_.rbegin(); it != processes_.rend(); ++it) {
+    if (it->running) kill(it->pid, SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  auto any_running = [&] {
+    Reap();
+    for (const auto& p : processes_) {
+      if (p.running) return true;
+    }
+    return false;
+  };
+  while (any_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  int killed = 0;
+  for (auto& p : processes_) {
+    if (!p.running) continue;
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, &p.wait_status, 0);
+    p.running = false;
+    ++killed;
+  }
+  if (!dir_.empty()) {
+    std::remove((dir_ + "/controller.addr").c_str());
+    rmdir(dir_.c_str());
+    dir_.clear();
+  }
+  return killed;
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+}  // namespace baton

@@ -1,0 +1,70 @@
+// LocalCluster: a controller and N workers as child processes on loopback,
+// for `baton up`, the demo and the integration tests. Ports are chosen by the
+// OS and passed back through files. Children die with their parent
+// (PR_SET_PDEATHSIG), and Stop() ends every one of them: SIGTERM, then SIGKILL
+// after the grace period, then waitpid — no process is left behind.
+//
+// Not thread-safe: one owner thread.
+#ifndef BATON_CLIENT_LOCAL_CLUSTER_H_
+#define BATON_CLIENT_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace baton {
+
+struct LocalClusterOptions {
+  int workers = 4;
+  std::string controller_bin;  // empty = found next to this executable
+  std::string worker_bin;
+  std::string host = "127.0.0.1";
+  std::vector<std::string> controller_args;  // extra flags
+  std::vector<std::string> worker_args;
+  absl::Duration start_timeout = absl::Seconds(60);
+};
+
+class LocalCluster {
+ public:
+  struct Process {
+    std::string name;  // "controller", "worker-0", ...
+    pid_t pid = 0;
+    bool running = true;
+    int wait_status = 0;
+  };
+
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  const std::string& controller_address() const { return controller_address_; }
+  const std::vector<Process>& processes() const { return processes_; }
+
+  // Reaps children that have exited; returns a line for each newly exited.
+  std::vector<std::string> Reap();
+  // Ends every child (SIGTERM, then SIGKILL after `grace`) and reaps it.
+  // Returns how many needed SIGKILL.
+  int Stop(absl::Duration grace = absl::Seconds(4));
+
+ private:
+  LocalCluster() = default;
+  absl::StatusOr<pid_t> Spawn(const std::string& name, const std::string& binary,
+                              const std::vector<std::string>& args);
+
+  std::string dir_;  // temporary directory for port files
+  std::string controller_address_;
+  std::vector<Process> processes_;
+};
+
+// Finds a sibling binary: `flag_value` if set, else next to this executable,
+// else in bazel-bin's layout (../<package>/<name>).
+absl::StatusOr<std::string> FindBinary(const std::string& flag_value, const std::string& package,
+                                       const std::string& name);
+
+}  // namespace baton
+
+#endif  // BATON_CLIENT_LOCAL_CLUSTER_H_

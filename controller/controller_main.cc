@@ -1,0 +1,90 @@
+// baton-controller: serves baton.v1.Registry (workers) and baton.v1.Controller
+// (clients) on one port, plus grpc.health.v1, until SIGINT/SIGTERM.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/kv_store.h"
+#include "controller/controller_service.h"
+#include "controller/event_log.h"
+#include "controller/registry_service.h"
+#include "controller/worker_registry.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to bind.");
+ABSL_FLAG(int, port, 0, "Port; 0 lets the OS choose.");
+ABSL_FLAG(std::string, port_file, "", "If set, write HOST:PORT here once serving.");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "Heartbeat period asked of workers.");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000,
+          "A worker is DEAD after this long without a heartbeat. Detection takes at most "
+          "heartbeat_timeout_ms + 200 ms (the sweep period).");
+ABSL_FLAG(int64_t, rendezvous_timeout_ms, 10000,
+          "How long workers may take to connect the communicators of a new mesh.");
+ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
+          "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
+
+namespace baton {
+namespace {
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  EventLog events;
+  KeyValueStore kv;
+  WorkerRegistry registry(absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)), &events);
+  RegistryService registry_service(&registry, &kv,
+                                   absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
+  ControllerOptions options;
+  options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
+  ControllerService controller_service(&registry, &kv, &events, options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
+  builder.RegisterService(&registry_service);
+  builder.RegisterService(&controller_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "baton-controller: cannot listen on %s:%d\n", host.c_str(),
+                 absl::GetFlag(FLAGS_port));
+    return 1;
+  }
+  controller_service.Start();
+  const std::string address = absl::StrCat(host, ":", port);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    {
+      std::ofstream out(path + ".tmp");
+      out << address << "\n";
+    }
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  std::fprintf(stderr, "controller serving on %s\n", address.c_str());
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  controller_service.Stop();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  std::fprintf(stderr, "controller stopped\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) { return baton::Main(argc, argv); }

@@ -1,0 +1,392 @@
+#include "controller/controller_service.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+#include "common/collective_ops.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::CollectiveOp;
+
+constexpr int64_t kDefaultCheckNumel = 1 << 20;
+constexpr int64_t kMaxCheckNumel = int64_t{64} << 20;
+constexpr int kDefaultCheckIters = 3;
+constexpr int kMaxCheckIters = 100;
+constexpr int64_t kDefaultCheckTimeoutMs = 5000;
+constexpr int64_t kMaxCheckTimeoutMs = 600000;
+
+std::vector<MeshAxisSpec> AxesOf(const baton::v1::MeshSpec& spec) {
+  std::vector<MeshAxisSpec> axes;
+  for (const auto& a : spec.axes()) axes.push_back({a.name(), a.size()});
+  return axes;
+}
+
+std::vector<MeshAxisSpec> AxesOf(const baton::v1::Mesh& mesh) {
+  std::vector<MeshAxisSpec> axes;
+  for (const auto& a : mesh.axes()) axes.push_back({a.name(), a.size()});
+  return axes;
+}
+
+std::string Label(const baton::v1::Mesh& mesh, int rank) {
+  return absl::StrCat("worker ", mesh.worker_names(rank), " (rank ", rank, ", ",
+                      mesh.worker_addresses(rank), ")");
+}
+
+grpc::Status Error(grpc::StatusCode code, const std::string& msg) { return grpc::Status(code, msg); }
+
+}  // namespace
+
+ControllerService::ControllerService(WorkerRegistry* registry, KeyValueStore* kv, EventLog* events,
+                                     ControllerOptions options)
+    : registry_(registry), kv_(kv), events_(events), options_(options) {}
+
+ControllerService::~ControllerService() { Stop(); }
+
+void ControllerService::Start() { monitor_ = std::thread([this] { MonitorLoop(); }); }
+
+void ControllerService::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void ControllerService::MonitorLoop() {
+  while (!stop_.WaitForNotificationWithTimeout(options_.sweep_interval)) {
+    std::vector<std::string> dead = registry_->SweepDead();
+    if (dead.empty()) continue;
+    baton::v1::Mesh mesh;
+    {
+      absl::MutexLock lock(&mu_);
+      mesh = current_;
+    }
+    if (mesh.epoch() == 0) continue;
+    for (const auto& name : dead) {
+      auto it = std::find(mesh.worker_names().begin(), mesh.worker_names().end(), name);
+      if (it == mesh.worker_names().end()) continue;
+      int rank = static_cast<int>(it - mesh.worker_names().begin());
+      AbortMesh(mesh, absl::StrCat(Label(mesh, rank), " is DEAD (missed heartbeats)"));
+      break;
+    }
+  }
+}
+
+std::string ControllerService::DeadWorkerIn(const baton::v1::Mesh& mesh) const {
+  for (int r = 0; r < mesh.worker_names_size(); ++r) {
+    auto info = registry_->Get(mesh.worker_names(r));
+    if (!info.ok() || info->state() == baton::v1::DEAD) {
+      return absl::StrFormat("%s is DEAD: no heartbeat for %.1f s", Label(mesh, r),
+                             info.ok() ? info->heartbeat_age_s() : 0.0);
+    }
+  }
+  return "";
+}
+
+std::string ControllerService::ExplainFailure(const baton::v1::Mesh& mesh,
+                                              const std::vector<grpc::Status>& statuses) const {
+  // A dead worker explains everything else; then one that did not answer;
+  // then whatever a worker reported.
+  std::string dead = DeadWorkerIn(mesh);
+  if (!dead.empty()) return dead;
+  std::vector<std::string> unreachable, other;
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    const grpc::Status& s = statuses[r];
+    if (s.ok()) continue;
+    std::string line = absl::StrCat(Label(mesh, static_cast<int>(r)), ": ", s.error_message());
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      unreachable.push_back(absl::StrCat(Label(mesh, static_cast<int>(r)),
+                                         " is unreachable (", s.error_message(), ")"));
+    } else {
+      other.push_back(line);
+    }
+  }
+  if (!unreachable.empty()) return unreachable.front();
+  if (!other.empty()) {
+    return absl::StrCat(other.front(),
+                        other.size() > 1 ? absl::StrCat(" (and ", other.size() - 1, " more)") : "");
+  }
+  return "unknown failure";
+}
+
+void ControllerService::AbortMesh(const baton::v1::Mesh& mesh, const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_.epoch() == mesh.epoch()) {
+      current_ = baton::v1::Mesh();
+      current_incarnations_.clear();
+    }
+  }
+  kv_->AbortPrefix(absl::StrCat("mesh/", mesh.epoch(), "/"), reason);
+  events_->Append("mesh_aborted", "", -1, absl::StrCat(mesh.mesh_id(), ": ", reason));
+  std::vector<std::string> live;
+  std::vector<std::string> names;
+  for (int r = 0; r < mesh.worker_names_size(); ++r) {
+    auto info = registry_->Get(mesh.worker_names(r));
+    if (info.ok() && info->state() != baton::v1::DEAD) {
+      live.push_back(mesh.worker_addresses(r));
+      names.push_back(mesh.worker_names(r));
+    }
+  }
+  registry_->SetState(names, baton::v1::REGISTERED);
+  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*,
+                             const baton::v1::AbortRequest&, baton::v1::AbortResponse*)>
+      abort = [](auto* stub, auto* ctx, const auto& req, auto* resp) {
+        return stub->Abort(ctx, req, resp);
+      };
+  baton::v1::AbortRequest req;
+  req.set_epoch(mesh.epoch());
+  req.set_reason(reason);
+  dispatcher_.Call<baton::v1::AbortRequest, baton::v1::AbortResponse>(
+      live, abort, [&](size_t) { return req; }, absl::Seconds(2), nullptr, nullptr);
+}
+
+absl::StatusOr<baton::v1::Mesh> ControllerService::EnsureMesh(const baton::v1::MeshSpec& spec,
+                                                              baton::v1::CommBackend backend) {
+  std::vector<MeshAxisSpec> axes = AxesOf(spec);
+  auto device_mesh = DeviceMesh::Create(axes);
+  if (!device_mesh.ok()) return device_mesh.status();
+  if (backend == baton::v1::COMM_BACKEND_UNSPECIFIED) backend = baton::v1::GLOO;
+  {
+    absl::MutexLock lock(&mu_);
+    bool same = current_.epoch() != 0 && current_backend_ == backend &&
+                FormatMeshSpec(AxesOf(current_)) == FormatMeshSpec(axes);
+    for (int r = 0; same && r < current_.worker_names_size(); ++r) {
+      auto info = registry_->Get(current_.worker_names(r));
+      same = info.ok() && info->state() != baton::v1::DEAD &&
+             info->incarnation() == current_incarnations_[r];
+    }
+    if (same) return current_;
+  }
+  // Pick the first live workers in fleet order.
+  const int need = device_mesh->size();
+  std::vector<baton::v1::WorkerInfo> fleet = registry_->List();
+  std::vector<baton::v1::WorkerInfo> chosen;
+  std::vector<std::string> dead;
+  for (const auto& w : fleet) {
+    if (w.state() == baton::v1::DEAD) {
+      dead.push_back(absl::StrFormat("worker %s (rank %d) is DEAD, last heartbeat %.1f s ago",
+                                     w.name(), w.rank(), w.heartbeat_age_s()));
+    } else if (static_cast<int>(chosen.size()) < need) {
+      chosen.push_back(w);
+    }
+  }
+  if (static_cast<int>(chosen.size()) < need) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mesh ", FormatMeshSpec(axes), " needs ", need, " workers but only ", chosen.size(),
+        " of ", fleet.size(), " registered are alive",
+        dead.empty() ? "" : absl::StrCat(": ", absl::StrJoin(dead, "; ")),
+        "; start more workers or ask for a smaller mesh"));
+  }
+  baton::v1::Mesh mesh;
+  std::vector<std::string> incarnations;
+  {
+    absl::MutexLock lock(&mu_);
+    mesh.set_epoch(next_epoch_++);
+  }
+  mesh.set_mesh_id(absl::StrCat("mesh-", mesh.epoch()));
+  *mesh.mutable_axes() = spec.axes();
+  std::vector<std::string> addresses, names;
+  for (const auto& w : chosen) {
+    mesh.add_worker_names(w.name());
+    mesh.add_worker_addresses(w.address());
+    addresses.push_back(w.address());
+    names.push_back(w.name());
+    incarnations.push_back(w.incarnation());
+  }
+  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*,
+                             const baton::v1::ConfigureRequest&, baton::v1::ConfigureResponse*)>
+      configure = [](auto* stub, auto* ctx, const auto& req, auto* resp) {
+        return stub->Configure(ctx, req, resp);
+      };
+  std::string abort_reason;
+  auto results = dispatcher_.Call<baton::v1::ConfigureRequest, baton::v1::ConfigureResponse>(
+      addresses, configure,
+      [&](size_t r) {
+        baton::v1::ConfigureRequest req;
+        *req.mutable_mesh() = mesh;
+        req.set_rank(static_cast<int>(r));
+        req.set_backend(backend);
+        req.set_timeout_ms(absl::ToInt64Milliseconds(options_.rendezvous_timeout));
+        return req;
+      },
+      options_.rendezvous_timeout + options_.rpc_slack,
+      [&]() -> std::string {
+        // A rank that failed already dooms the rendezvous: release the others.
+        std::string dead_worker = DeadWorkerIn(mesh);
+        if (!dead_worker.empty()) kv_->AbortPrefix(absl::StrCat("mesh/", mesh.epoch(), "/"), dead_worker);
+        return dead_worker;
+      },
+      &abort_reason);
+  std::vector<grpc::Status> statuses;
+  bool ok = abort_reason.empty();
+  for (const auto& r : results) {
+    statuses.push_back(r.status);
+    ok = ok && r.status.ok();
+  }
+  if (!ok) {
+    std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
+    AbortMesh(mesh, why);
+    return absl::UnavailableError(
+        absl::StrCat("forming mesh ", FormatMeshSpec(axes), " failed: ", why));
+  }
+  registry_->SetState(names, baton::v1::CONFIGURED);
+  {
+    absl::MutexLock lock(&mu_);
+    current_ = mesh;
+    current_incarnations_ = incarnations;
+    current_backend_ = backend;
+  }
+  events_->Append("mesh_created", "", -1,
+                  absl::StrCat(mesh.mesh_id(), " ", FormatMeshSpec(axes), " on [",
+                               absl::StrJoin(names, ", "), "]"));
+  return mesh;
+}
+
+grpc::Status ControllerService::Status(grpc::ServerContext*, const baton::v1::StatusRequest*,
+                                       baton::v1::StatusResponse* resp) {
+  for (auto& w : registry_->List()) *resp->add_workers() = std::move(w);
+  absl::MutexLock lock(&mu_);
+  if (current_.epoch() != 0) *resp->mutable_mesh() = current_;
+  resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::CreateMesh(grpc::ServerContext*,
+                                           const baton::v1::CreateMeshRequest* req,
+                                           baton::v1::CreateMeshResponse* resp) {
+  absl::MutexLock op(&op_mu_);
+  auto mesh = EnsureMesh(req->spec(), req->backend());
+  if (!mesh.ok()) return ToGrpcStatus(mesh.status());
+  *resp->mutable_mesh() = *mesh;
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::CheckCollectives(grpc::ServerContext*,
+                                                 const baton::v1::CheckCollectivesRequest* req,
+                                                 baton::v1::CheckCollectivesResponse* resp) {
+  // Validate everything before touching a worker.
+  auto device_mesh = DeviceMesh::Create(AxesOf(req->spec()));
+  if (!device_mesh.ok()) return ToGrpcStatus(device_mesh.status());
+  const int64_t numel = req->numel() == 0 ? kDefaultCheckNumel : req->numel();
+  const int iters = req->iters() == 0 ? kDefaultCheckIters : req->iters();
+  const int64_t timeout_ms = req->timeout_ms() == 0 ? kDefaultCheckTimeoutMs : req->timeout_ms();
+  if (numel < 0 || numel > kMaxCheckNumel) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("numel ", numel, " outside [1, ", kMaxCheckNumel, "]"));
+  }
+  if (iters < 1 || iters > kMaxCheckIters) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("iters ", iters, " outside [1, ", kMaxCheckIters, "]"));
+  }
+  if (timeout_ms < 1 || timeout_ms > kMaxCheckTimeoutMs) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("timeout_ms ", timeout_ms, " outside [1, ", kMaxCheckTimeoutMs, "]"));
+  }
+  std::vector<std::string> axes(req->axes().begin(), req->axes().end());
+  if (axes.empty()) axes = device_mesh->axis_names();
+  for (const auto& a : axes) {
+    if (a == "world") continue;
+    if (auto s = device_mesh->AxisIndex(a); !s.ok()) {
+      return Error(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.status().message()));
+    }
+  }
+  std::vector<CollectiveOp> ops;
+  for (int op : req->ops()) {
+    if (!baton::v1::CollectiveOp_IsValid(op) || op == baton::v1::COLLECTIVE_OP_UNSPECIFIED) {
+      return Error(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("unknown collective op ", op));
+    }
+    ops.push_back(static_cast<CollectiveOp>(op));
+  }
+  if (ops.empty()) ops = AllCollectiveOps();
+
+  absl::MutexLock op(&op_mu_);
+  auto formed = EnsureMesh(req->spec(), req->backend());
+  if (!formed.ok()) return ToGrpcStatus(formed.status());
+  const baton::v1::Mesh mesh = *formed;
+  *resp->mutable_mesh() = mesh;
+  std::vector<std::string> addresses(mesh.worker_addresses().begin(), mesh.worker_addresses().end());
+  std::vector<std::string> names(mesh.worker_names().begin(), mesh.worker_names().end());
+  registry_->SetState(names, baton::v1::RUNNING);
+  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*,
+                             const baton::v1::CollectiveCheckRequest&,
+                             baton::v1::CollectiveCheckResponse*)>
+      run = [](auto* stub, auto* ctx, const auto& r, auto* out) {
+        return stub->RunCollectiveCheck(ctx, r, out);
+      };
+  bool passed = true;
+  for (const std::string& axis : axes) {
+    baton::v1::CollectiveCheckRequest creq;
+    creq.set_epoch(mesh.epoch());
+    creq.set_axis(axis);
+    for (CollectiveOp o : ops) creq.add_ops(o);
+    creq.set_numel(numel);
+    creq.set_iters(iters);
+    creq.set_timeout_ms(timeout_ms);
+    const absl::Duration deadline =
+        absl::Milliseconds(timeout_ms) * static_cast<double>(ops.size() * iters + 1) + options_.rpc_slack;
+    std::string abort_reason;
+    auto results = dispatcher_.Call<baton::v1::CollectiveCheckRequest, baton::v1::CollectiveCheckResponse>(
+        addresses, run, [&](size_t) { return creq; }, deadline,
+        [&] { return DeadWorkerIn(mesh); }, &abort_reason);
+    std::vector<grpc::Status> statuses;
+    bool rpc_ok = abort_reason.empty();
+    for (const auto& r : results) {
+      statuses.push_back(r.status);
+      rpc_ok = rpc_ok && r.status.ok() && r.response.results_size() == static_cast<int>(ops.size());
+    }
+    if (!rpc_ok) {
+      std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
+      AbortMesh(mesh, why);
+      events_->Append("check_failed", "", -1, why);
+      return Error(grpc::StatusCode::UNAVAILABLE,
+                   absl::StrCat("collective check on axis \"", axis, "\" failed: ", why));
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      baton::v1::AxisOpResult* agg = resp->add_results();
+      agg->set_axis(axis);
+      agg->set_op(ops[i]);
+      agg->set_passed(true);
+      for (size_t r = 0; r < results.size(); ++r) {
+        const baton::v1::CollectiveResult& cr = results[r].response.results(static_cast<int>(i));
+        *agg->add_ranks() = cr;
+        agg->set_numel(cr.numel());
+        agg->set_group_size(cr.group_ranks_size());
+        agg->set_bytes_per_rank(std::max(agg->bytes_per_rank(), cr.bytes_sent()));
+        agg->set_seconds(std::max(agg->seconds(), cr.seconds()));
+        if (!cr.passed() && agg->passed()) {
+          agg->set_passed(false);
+          agg->set_error(absl::StrCat(Label(mesh, static_cast<int>(r)), ": ", cr.error()));
+        }
+      }
+      passed = passed && agg->passed();
+    }
+    if (!passed) break;  // the group is broken; later axes would only repeat it
+  }
+  resp->set_passed(passed);
+  if (passed) {
+    registry_->SetState(names, baton::v1::CONFIGURED);
+    events_->Append("check_passed", "", -1, absl::StrCat(mesh.mesh_id(), " all collectives checked"));
+  } else {
+    AbortMesh(mesh, "a collective returned a wrong result");
+    events_->Append("check_failed", "", -1, "a collective returned a wrong result");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::Watch(grpc::ServerContext* ctx, const baton::v1::WatchRequest* req,
+                                      grpc::ServerWriter<baton::v1::Event>* writer) {
+  int64_t after = req->after_sequence();
+  while (!ctx->IsCancelled() && !stop_.HasBeenNotified()) {
+    for (const auto& e : events_->After(after, absl::Milliseconds(250))) {
+      if (!writer->Write(e)) return grpc::Status::OK;
+      after = e.sequence();
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace baton

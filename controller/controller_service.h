@@ -1,0 +1,95 @@
+// baton.v1.Controller: what clients call. Forms meshes over the registered
+// workers, drives collective checks on all of them at once, reports status
+// and streams events. A monitor thread sweeps heartbeats: when a worker of
+// the current mesh dies, the mesh is aborted on every worker and its
+// rendezvous keys are poisoned, so nothing waits for the dead rank.
+//
+// Threads: gRPC's pool runs the RPCs; `op_mu_` lets one fleet operation
+// (forming a mesh, a check) run at a time; `mu_` guards the current mesh and
+// is never held across an RPC; the monitor thread only takes `mu_`.
+#ifndef BATON_CONTROLLER_CONTROLLER_SERVICE_H_
+#define BATON_CONTROLLER_CONTROLLER_SERVICE_H_
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/kv_store.h"
+#include "controller/dispatcher.h"
+#include "controller/event_log.h"
+#include "controller/worker_registry.h"
+#include "mesh/device_mesh.h"
+#include "proto/controller.grpc.pb.h"
+
+namespace baton {
+
+struct ControllerOptions {
+  // How long workers may take to connect their communicators.
+  absl::Duration rendezvous_timeout = absl::Seconds(10);
+  // How often heartbeats are checked; detection time is at most
+  // heartbeat_timeout + sweep_interval.
+  absl::Duration sweep_interval = absl::Milliseconds(200);
+  // Extra time every worker RPC gets beyond the work it was asked to do.
+  absl::Duration rpc_slack = absl::Seconds(5);
+};
+
+class ControllerService final : public baton::v1::Controller::Service {
+ public:
+  ControllerService(WorkerRegistry* registry, KeyValueStore* kv, EventLog* events,
+                    ControllerOptions options);
+  ~ControllerService() override;
+
+  // Starts / stops the heartbeat monitor.
+  void Start();
+  void Stop();
+
+  grpc::Status Status(grpc::ServerContext*, const baton::v1::StatusRequest*,
+                      baton::v1::StatusResponse* resp) override;
+  grpc::Status CreateMesh(grpc::ServerContext*, const baton::v1::CreateMeshRequest* req,
+                          baton::v1::CreateMeshResponse* resp) override;
+  grpc::Status CheckCollectives(grpc::ServerContext*,
+                                const baton::v1::CheckCollectivesRequest* req,
+                                baton::v1::CheckCollectivesResponse* resp) override;
+  grpc::Status Watch(grpc::ServerContext* ctx, const baton::v1::WatchRequest* req,
+                     grpc::ServerWriter<baton::v1::Event>* writer) override;
+
+ private:
+  // Returns the current mesh if it matches and is intact, else forms a new
+  // one (new epoch) and configures every worker of it.
+  absl::StatusOr<baton::v1::Mesh> EnsureMesh(const baton::v1::MeshSpec& spec,
+                                             baton::v1::CommBackend backend)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // Tears the mesh down everywhere: poisons its rendezvous keys, tells every
+  // live worker of it to abort, forgets it.
+  void AbortMesh(const baton::v1::Mesh& mesh, const std::string& reason);
+  // "" while every worker of the mesh is alive; else which one is not.
+  std::string DeadWorkerIn(const baton::v1::Mesh& mesh) const;
+  // One sentence naming the worker (and rank) that most likely caused the
+  // failures in `statuses` (indexed by mesh rank).
+  std::string ExplainFailure(const baton::v1::Mesh& mesh,
+                             const std::vector<grpc::Status>& statuses) const;
+  void MonitorLoop();
+
+  WorkerRegistry* const registry_;
+  KeyValueStore* const kv_;
+  EventLog* const events_;
+  const ControllerOptions options_;
+  Dispatcher dispatcher_;
+
+  absl::Mutex op_mu_;
+  mutable absl::Mutex mu_;
+  baton::v1::Mesh current_ ABSL_GUARDED_BY(mu_);  // epoch 0 = none
+  std::vector<std::string> current_incarnations_ ABSL_GUARDED_BY(mu_);
+  baton::v1::CommBackend current_backend_ ABSL_GUARDED_BY(mu_) = baton::v1::GLOO;
+  int64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+
+  absl::Notification stop_;
+  std::thread monitor_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_CONTROLLER_SERVICE_H_

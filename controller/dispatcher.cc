@@ -1,0 +1,22 @@
+#include "controller/dispatcher.h"
+
+#include <grpcpp/grpcpp.h>
+
+namespace baton {
+
+std::shared_ptr<baton::v1::Worker::Stub> Dispatcher::StubFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& stub = stubs_[address];
+  if (stub == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    // Reconnect quickly after a worker restarts on the same address.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    stub = baton::v1::Worker::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  return stub;
+}
+
+}  // namespace baton

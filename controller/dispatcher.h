@@ -1,0 +1,94 @@
+// Dispatcher: calls one RPC on many workers concurrently, each with a
+// deadline, and stops waiting early (cancelling what is still in flight) as
+// soon as `should_abort` names a reason, e.g. a worker of the mesh was
+// declared DEAD. Channels are cached per address.
+//
+// Thread-safe; Call() blocks the calling thread until every call returned.
+#ifndef BATON_CONTROLLER_DISPATCHER_H_
+#define BATON_CONTROLLER_DISPATCHER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace baton {
+
+template <typename Resp>
+struct CallResult {
+  grpc::Status status;
+  Resp response;
+};
+
+class Dispatcher {
+ public:
+  // How often an in-progress fan-out re-evaluates `should_abort`.
+  static constexpr absl::Duration kAbortPollInterval = absl::Milliseconds(100);
+
+  std::shared_ptr<baton::v1::Worker::Stub> StubFor(const std::string& address);
+
+  // Calls `method(stub, ctx, request(i), &response)` for every address in
+  // `addresses`, all at once. `should_abort` returns "" to keep waiting.
+  template <typename Req, typename Resp>
+  std::vector<CallResult<Resp>> Call(
+      const std::vector<std::string>& addresses,
+      const std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const Req&,
+                                       Resp*)>& method,
+      const std::function<Req(size_t)>& request, absl::Duration deadline,
+      const std::function<std::string()>& should_abort, std::string* abort_reason);
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<baton::v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+template <typename Req, typename Resp>
+std::vector<CallResult<Resp>> Dispatcher::Call(
+    const std::vector<std::string>& addresses,
+    const std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const Req&,
+                                     Resp*)>& method,
+    const std::function<Req(size_t)>& request, absl::Duration deadline,
+    const std::function<std::string()>& should_abort, std::string* abort_reason) {
+  const size_t n = addresses.size();
+  std::vector<CallResult<Resp>> results(n);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+  absl::Mutex done_mu;
+  size_t done = 0;
+  std::vector<std::thread> threads;
+  const auto when = absl::ToChronoTime(absl::Now() + deadline);
+  for (size_t i = 0; i < n; ++i) {
+    contexts[i] = std::make_unique<grpc::ClientContext>();
+    contexts[i]->set_deadline(when);
+    threads.emplace_back([&, i, stub = StubFor(addresses[i]), req = request(i)] {
+      results[i].status = method(stub.get(), contexts[i].get(), req, &results[i].response);
+      absl::MutexLock lock(&done_mu);
+      ++done;
+    });
+  }
+  {
+    absl::MutexLock lock(&done_mu);
+    auto all_done = [&] { return done == n; };
+    bool cancelled = false;
+    while (!done_mu.AwaitWithTimeout(absl::Condition(&all_done), kAbortPollInterval)) {
+      if (cancelled || !should_abort) continue;
+      std::string reason = should_abort();
+      if (reason.empty()) continue;
+      if (abort_reason != nullptr) *abort_reason = reason;
+      for (auto& ctx : contexts) ctx->TryCancel();
+      cancelled = true;
+    }
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_DISPATCHER_H_

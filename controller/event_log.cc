@@ -1,0 +1,35 @@
+#include "controller/event_log.h"
+
+#include <cstdio>
+
+#include "absl/time/clock.h"
+
+namespace baton {
+
+void EventLog::Append(const std::string& kind, const std::string& worker_name, int rank,
+                      const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  baton::v1::Event e;
+  e.set_sequence(next_sequence_++);
+  e.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  e.set_kind(kind);
+  e.set_worker_name(worker_name);
+  e.set_rank(rank);
+  e.set_message(message);
+  std::fprintf(stderr, "event %s %s: %s\n", kind.c_str(), worker_name.c_str(), message.c_str());
+  events_.push_back(std::move(e));
+  if (events_.size() > kCapacity) events_.pop_front();
+}
+
+std::vector<baton::v1::Event> EventLog::After(int64_t after, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto has_new = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_sequence_ - 1 > after; };
+  mu_.AwaitWithTimeout(absl::Condition(&has_new), timeout);
+  std::vector<baton::v1::Event> out;
+  for (const auto& e : events_) {
+    if (e.sequence() > after) out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace baton

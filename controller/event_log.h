@@ -1,0 +1,35 @@
+// EventLog: what happened in the fleet, in order (registrations, deaths,
+// meshes, checks), for `Watch` streams and for explaining failures.
+// Thread-safe; keeps the most recent kCapacity events.
+#ifndef BATON_CONTROLLER_EVENT_LOG_H_
+#define BATON_CONTROLLER_EVENT_LOG_H_
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/controller.pb.h"
+
+namespace baton {
+
+class EventLog {
+ public:
+  static constexpr size_t kCapacity = 10000;
+
+  void Append(const std::string& kind, const std::string& worker_name, int rank,
+              const std::string& message);
+  // Events with sequence > after; waits up to `timeout` when there are none.
+  std::vector<baton::v1::Event> After(int64_t after, absl::Duration timeout);
+
+ private:
+  absl::Mutex mu_;
+  std::deque<baton::v1::Event> events_ ABSL_GUARDED_BY(mu_);
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_EVENT_LOG_H_

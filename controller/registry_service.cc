@@ -1,0 +1,84 @@
+#include "controller/registry_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace baton {
+namespace {
+
+absl::StatusOr<absl::Duration> WaitTimeout(int64_t ms) {
+  if (ms < 0 || ms > RegistryService::kMaxWaitMs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_ms ", ms, " outside [0, ", RegistryService::kMaxWaitMs, "]"));
+  }
+  return absl::Milliseconds(ms);
+}
+
+}  // namespace
+
+grpc::Status RegistryService::Register(grpc::ServerContext*, const baton::v1::RegisterRequest* req,
+                                       baton::v1::RegisterResponse* resp) {
+  auto rank = registry_->Register(req->worker());
+  if (!rank.ok()) return ToGrpcStatus(rank.status());
+  resp->set_worker_id(req->worker().name());
+  resp->set_rank(*rank);
+  resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
+                                        const baton::v1::HeartbeatRequest* req,
+                                        baton::v1::HeartbeatResponse* resp) {
+  resp->set_known(registry_->Heartbeat(req->worker_name(), req->incarnation()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Set(grpc::ServerContext*, const baton::v1::KvSetRequest* req,
+                                  baton::v1::KvSetResponse*) {
+  return ToGrpcStatus(kv_->Set(req->key(), req->value()));
+}
+
+grpc::Status RegistryService::Get(grpc::ServerContext*, const baton::v1::KvGetRequest* req,
+                                  baton::v1::KvGetResponse* resp) {
+  auto timeout = WaitTimeout(req->timeout_ms());
+  if (!timeout.ok()) return ToGrpcStatus(timeout.status());
+  auto value = kv_->Get(req->key(), *timeout);
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  resp->set_value(*value);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Add(grpc::ServerContext*, const baton::v1::KvAddRequest* req,
+                                  baton::v1::KvAddResponse* resp) {
+  auto value = kv_->Add(req->key(), req->delta());
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  resp->set_value(*value);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Wait(grpc::ServerContext*, const baton::v1::KvWaitRequest* req,
+                                   baton::v1::KvWaitResponse*) {
+  auto timeout = WaitTimeout(req->timeout_ms());
+  if (!timeout.ok()) return ToGrpcStatus(timeout.status());
+  return ToGrpcStatus(kv_->Wait({req->keys().begin(), req->keys().end()}, *timeout));
+}
+
+grpc::Status RegistryService::Check(grpc::ServerContext*, const baton::v1::KvCheckRequest* req,
+                                    baton::v1::KvCheckResponse* resp) {
+  int64_t num_keys = 0;
+  auto present = kv_->Check({req->keys().begin(), req->keys().end()}, &num_keys);
+  if (!present.ok()) return ToGrpcStatus(present.status());
+  resp->set_all_present(*present);
+  resp->set_num_keys(num_keys);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Delete(grpc::ServerContext*, const baton::v1::KvDeleteRequest* req,
+                                     baton::v1::KvDeleteResponse* resp) {
+  auto n = kv_->Delete(req->key(), req->prefix());
+  if (!n.ok()) return ToGrpcStatus(n.status());
+  resp->set_deleted(*n);
+  return grpc::Status::OK;
+}
+
+}  // namespace baton

@@ -1,0 +1,46 @@
+// baton.v1.Registry: workers register and heartbeat here, and use the KV as
+// the rendezvous store of their collectives. Thread-safe (state lives in the
+// WorkerRegistry and the KeyValueStore).
+#ifndef BATON_CONTROLLER_REGISTRY_SERVICE_H_
+#define BATON_CONTROLLER_REGISTRY_SERVICE_H_
+
+#include "common/kv_store.h"
+#include "controller/worker_registry.h"
+#include "proto/registry.grpc.pb.h"
+
+namespace baton {
+
+class RegistryService final : public baton::v1::Registry::Service {
+ public:
+  // Longest a KV Get/Wait may block one server thread.
+  static constexpr int64_t kMaxWaitMs = 600000;
+
+  RegistryService(WorkerRegistry* registry, KeyValueStore* kv, absl::Duration heartbeat_interval)
+      : registry_(registry), kv_(kv), heartbeat_interval_(heartbeat_interval) {}
+
+  grpc::Status Register(grpc::ServerContext*, const baton::v1::RegisterRequest* req,
+                        baton::v1::RegisterResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const baton::v1::HeartbeatRequest* req,
+                         baton::v1::HeartbeatResponse* resp) override;
+  grpc::Status Set(grpc::ServerContext*, const baton::v1::KvSetRequest* req,
+                   baton::v1::KvSetResponse*) override;
+  grpc::Status Get(grpc::ServerContext*, const baton::v1::KvGetRequest* req,
+                   baton::v1::KvGetResponse* resp) override;
+  grpc::Status Add(grpc::ServerContext*, const baton::v1::KvAddRequest* req,
+                   baton::v1::KvAddResponse* resp) override;
+  grpc::Status Wait(grpc::ServerContext*, const baton::v1::KvWaitRequest* req,
+                    baton::v1::KvWaitResponse*) override;
+  grpc::Status Check(grpc::ServerContext*, const baton::v1::KvCheckRequest* req,
+                     baton::v1::KvCheckResponse* resp) override;
+  grpc::Status Delete(grpc::ServerContext*, const baton::v1::KvDeleteRequest* req,
+                      baton::v1::KvDeleteResponse* resp) override;
+
+ private:
+  WorkerRegistry* const registry_;
+  KeyValueStore* const kv_;
+  const absl::Duration heartbeat_interval_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_REGISTRY_SERVICE_H_

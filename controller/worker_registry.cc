@@ -1,0 +1,154 @@
+#include "controller/worker_registry.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace baton {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '-' || c == '_' || c == '.';
+  });
+}
+
+bool ValidAddress(const std::string& address) {
+  auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size()) return false;
+  if (address.size() > 256) return false;
+  return std::all_of(address.begin() + colon + 1, address.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The ordinal of a StatefulSet-style name ("worker-3" -> 3), or -1.
+int Ordinal(const std::string& name) {
+  auto dash = name.rfind('-');
+  if (dash == std::string::npos || dash + 1 >= name.size() || name.size() - dash > 7) return -1;
+  int n = 0;
+  for (size_t i = dash + 1; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    n = n * 10 + (name[i] - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(absl::Duration heartbeat_timeout, EventLog* events, Clock clock)
+    : heartbeat_timeout_(heartbeat_timeout), events_(events), clock_(std::move(clock)) {}
+
+absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) {
+  if (!ValidName(info.name())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid worker name \"", info.name().substr(0, kMaxNameLength),
+        "\": use 1-128 letters, digits, '-', '_' or '.'"));
+  }
+  if (!ValidAddress(info.address())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid worker address \"", info.address().substr(0, 256),
+                     "\" for ", info.name(), ": expected HOST:PORT"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(info.name());
+  std::string kind = "worker_registered";
+  int rank;
+  if (it == workers_.end()) {
+    // A StatefulSet ordinal asks for its own rank; otherwise, or if taken,
+    // the lowest free one.
+    std::set<int> taken;
+    for (const auto& [_, r] : workers_) taken.insert(r.info.rank());
+    rank = Ordinal(info.name());
+    if (rank < 0 || taken.count(rank)) {
+      rank = 0;
+      while (taken.count(rank)) ++rank;
+    }
+  } else {
+    rank = it->second.info.rank();
+    if (it->second.info.state() == baton::v1::DEAD) {
+      kind = "worker_rejoined";
+    } else if (it->second.info.incarnation() != info.incarnation()) {
+      kind = "worker_restarted";
+    }
+  }
+  Record& r = workers_[info.name()];
+  r.info = info;
+  r.info.set_rank(rank);
+  r.info.set_state(baton::v1::REGISTERED);
+  r.last_heartbeat = clock_();
+  if (events_ != nullptr) {
+    events_->Append(kind, info.name(), rank, absl::StrCat("at ", info.address(), " pid ", info.pid()));
+  }
+  return rank;
+}
+
+bool WorkerRegistry::Heartbeat(const std::string& name, const std::string& incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(name);
+  if (it == workers_.end() || it->second.info.state() == baton::v1::DEAD ||
+      it->second.info.incarnation() != incarnation) {
+    return false;
+  }
+  it->second.last_heartbeat = clock_();
+  return true;
+}
+
+std::vector<std::string> WorkerRegistry::SweepDead() {
+  std::vector<std::string> dead;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_();
+  for (auto& [name, r] : workers_) {
+    if (r.info.state() == baton::v1::DEAD) continue;
+    if (now - r.last_heartbeat > heartbeat_timeout_) {
+      r.info.set_state(baton::v1::DEAD);
+      dead.push_back(name);
+      if (events_ != nullptr) {
+        events_->Append("worker_dead", name, r.info.rank(),
+                        absl::StrFormat("no heartbeat for %.1f s (timeout %.1f s)",
+                                        absl::ToDoubleSeconds(now - r.last_heartbeat),
+                                        absl::ToDoubleSeconds(heartbeat_timeout_)));
+      }
+    }
+  }
+  return dead;
+}
+
+void WorkerRegistry::SetState(const std::vector<std::string>& names,
+                              baton::v1::WorkerState state) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& n : names) {
+    auto it = workers_.find(n);
+    if (it != workers_.end() && it->second.info.state() != baton::v1::DEAD) {
+      it->second.info.set_state(state);
+    }
+  }
+}
+
+baton::v1::WorkerInfo WorkerRegistry::Snapshot(const Record& r) const {
+  baton::v1::WorkerInfo info = r.info;
+  info.set_heartbeat_age_s(absl::ToDoubleSeconds(clock_() - r.last_heartbeat));
+  return info;
+}
+
+std::vector<baton::v1::WorkerInfo> WorkerRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<baton::v1::WorkerInfo> out;
+  for (const auto& [_, r] : workers_) out.push_back(Snapshot(r));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.rank() < b.rank(); });
+  return out;
+}
+
+absl::StatusOr<baton::v1::WorkerInfo> WorkerRegistry::Get(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(name);
+  if (it == workers_.end()) return absl::NotFoundError(absl::StrCat("unknown worker \"", name, "\""));
+  return Snapshot(it->second);
+}
+
+}  // namespace baton
