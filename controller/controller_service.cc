@@ -95,7 +95,8 @@ std::string ControllerService::ExplainFailure(const baton::v1::Mesh& mesh,
   std::vector<std::string> unreachable, other;
   for (size_t r = 0; r < statuses.size(); ++r) {
     const grpc::Status& s = statuses[r];
-    if (s.ok()) continue;
+    // Calls we cancelled after another failed explain nothing.
+    if (s.ok() || s.error_code() == grpc::StatusCode::CANCELLED) continue;
     std::string line = absl::StrCat(Label(mesh, static_cast<int>(r)), ": ", s.error_message());
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
       unreachable.push_back(absl::StrCat(Label(mesh, static_cast<int>(r)),

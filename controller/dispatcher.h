@@ -1,7 +1,8 @@
 // Dispatcher: calls one RPC on many workers concurrently, each with a
-// deadline, and stops waiting early (cancelling what is still in flight) as
-// soon as `should_abort` names a reason, e.g. a worker of the mesh was
-// declared DEAD. Channels are cached per address.
+// deadline. It stops waiting early, cancelling what is still in flight, as
+// soon as one call fails (the others cannot succeed without it) or
+// `should_abort` names a reason (e.g. a worker of the mesh was declared
+// DEAD). Channels are cached per address.
 //
 // Thread-safe; Call() blocks the calling thread until every call returned.
 #ifndef BATON_CONTROLLER_DISPATCHER_H_
@@ -60,26 +61,35 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
   std::vector<CallResult<Resp>> results(n);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
   absl::Mutex done_mu;
-  size_t done = 0;
+  size_t done = 0;       // guarded by done_mu
+  bool failed = false;   // guarded by done_mu
+  bool cancelled = false;  // only the waiting thread touches it
   std::vector<std::thread> threads;
   const auto when = absl::ToChronoTime(absl::Now() + deadline);
   for (size_t i = 0; i < n; ++i) {
     contexts[i] = std::make_unique<grpc::ClientContext>();
     contexts[i]->set_deadline(when);
     threads.emplace_back([&, i, stub = StubFor(addresses[i]), req = request(i)] {
-      results[i].status = method(stub.get(), contexts[i].get(), req, &results[i].response);
+      grpc::Status s = method(stub.get(), contexts[i].get(), req, &results[i].response);
       absl::MutexLock lock(&done_mu);
+      results[i].status = s;
       ++done;
+      failed = failed || !s.ok();
     });
   }
   {
     absl::MutexLock lock(&done_mu);
-    auto all_done = [&] { return done == n; };
-    bool cancelled = false;
-    while (!done_mu.AwaitWithTimeout(absl::Condition(&all_done), kAbortPollInterval)) {
-      if (cancelled || !should_abort) continue;
-      std::string reason = should_abort();
-      if (reason.empty()) continue;
+    auto all_done_or_failed = [&] { return done == n || (failed && !cancelled); };
+    while (done < n) {
+      done_mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), kAbortPollInterval);
+      if (cancelled || done == n) continue;
+      std::string reason;
+      if (!failed && should_abort) {
+        done_mu.Unlock();
+        reason = should_abort();
+        done_mu.Lock();
+      }
+      if (!failed && reason.empty()) continue;
       if (abort_reason != nullptr) *abort_reason = reason;
       for (auto& ctx : contexts) ctx->TryCancel();
       cancelled = true;

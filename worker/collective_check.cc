@@ -178,6 +178,10 @@ std::vector<CollectiveResult> RunCollectiveChecks(Communicator& comm,
     std::string error;
     CommStats before = comm.stats();
     for (int it = 0; it < options.iters && error.empty(); ++it) {
+      if (options.should_stop && options.should_stop()) {
+        error = "stopped: the check was cancelled or the mesh aborted";
+        break;
+      }
       c.reset();
       auto start = std::chrono::steady_clock::now();
       absl::Status s = c.run();

@@ -6,6 +6,7 @@
 #ifndef BATON_WORKER_COLLECTIVE_CHECK_H_
 #define BATON_WORKER_COLLECTIVE_CHECK_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ struct CollectiveCheckOptions {
   std::string axis;
   int global_rank = 0;
   std::vector<int> group_ranks;  // global ranks of the group, in group order
+  // Checked between iterations: true ends the check (the RPC was cancelled
+  // or the mesh aborted); what did not run is reported as failed.
+  std::function<bool()> should_stop;
 };
 
 // Every operation in `options.ops` (or all), in order. After the first

@@ -37,6 +37,16 @@ grpc::Status Guarded(const char* rpc, F&& body) {
   }
 }
 
+std::vector<MeshAxisSpec> AxesOf(const baton::v1::Mesh& m) {
+  std::vector<MeshAxisSpec> axes;
+  for (const auto& a : m.axes()) axes.push_back({a.name(), a.size()});
+  return axes;
+}
+
+int64_t RendezvousTimeoutMs(const baton::v1::ConfigureRequest& req) {
+  return req.timeout_ms() > 0 ? req.timeout_ms() : kDefaultRendezvousTimeoutMs;
+}
+
 }  // namespace
 
 WorkerService::WorkerService(baton::v1::WorkerInfo identity, Rendezvous* rendezvous,
@@ -53,11 +63,9 @@ std::string WorkerService::name() {
   return identity_.name();
 }
 
-absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMesh(
-    const baton::v1::ConfigureRequest& req) {
+absl::Status WorkerService::ValidateConfigure(const baton::v1::ConfigureRequest& req) {
   const baton::v1::Mesh& m = req.mesh();
-  std::vector<MeshAxisSpec> axes;
-  for (const auto& a : m.axes()) axes.push_back({a.name(), a.size()});
+  const std::vector<MeshAxisSpec> axes = AxesOf(m);
   auto mesh = DeviceMesh::Create(axes);
   if (!mesh.ok()) return mesh.status();
   if (m.worker_names_size() != mesh->size()) {
@@ -71,11 +79,23 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
                                                    " ranks"));
   }
   if (m.epoch() <= 0) return absl::InvalidArgumentError("mesh epoch must be positive");
-  const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : kDefaultRendezvousTimeoutMs;
+  const int64_t timeout_ms = RendezvousTimeoutMs(req);
   if (timeout_ms > kMaxTimeoutMs) {
     return absl::InvalidArgumentError(absl::StrCat("timeout_ms ", timeout_ms, " exceeds ", kMaxTimeoutMs));
   }
+  if (req.backend() == baton::v1::NCCL && CudaDeviceCount() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("NCCL requested but ", NcclUnavailableReason(1)));
+  }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMesh(
+    const baton::v1::ConfigureRequest& req) {
+  const baton::v1::Mesh& m = req.mesh();
+  const std::vector<MeshAxisSpec> axes = AxesOf(m);
+  auto mesh = DeviceMesh::Create(axes);
+  if (!mesh.ok()) return mesh.status();
+  const int64_t timeout_ms = RendezvousTimeoutMs(req);
   auto state = std::make_shared<MeshState>();
   state->mesh = m;
   state->rank = req.rank();
@@ -115,27 +135,29 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
 grpc::Status WorkerService::Configure(grpc::ServerContext*, const baton::v1::ConfigureRequest* req,
                                       baton::v1::ConfigureResponse* resp) {
   return Guarded("Configure", [&]() -> grpc::Status {
+    if (auto s = ValidateConfigure(*req); !s.ok()) {
+      return ToGrpcStatus(absl::Status(
+          s.code(), absl::StrCat("worker ", name(), " (rank ", req->rank(), "): ", s.message())));
+    }
+    int64_t generation;
     {
       absl::MutexLock lock(&mu_);
-      if (req->mesh().epoch() < requested_epoch_) {
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                            absl::StrCat("mesh epoch ", req->mesh().epoch(),
-                                         " is older than the current ", requested_epoch_));
-      }
-      requested_epoch_ = req->mesh().epoch();
+      generation = ++configure_generation_;
+      configuring_epoch_ = req->mesh().epoch();
       current_.reset();  // leave the old mesh before joining the new one
     }
     auto state = BuildMesh(*req);
+    absl::MutexLock lock(&mu_);
+    if (generation == configure_generation_) configuring_epoch_ = 0;
     if (!state.ok()) {
       return ToGrpcStatus(absl::Status(
-          state.status().code(), absl::StrCat("worker ", name(), " (rank ", req->rank(),
+          state.status().code(), absl::StrCat("worker ", identity_.name(), " (rank ", req->rank(),
                                               "): ", state.status().message())));
     }
-    absl::MutexLock lock(&mu_);
-    if (requested_epoch_ != req->mesh().epoch()) {
+    if (generation != configure_generation_) {
       return grpc::Status(grpc::StatusCode::ABORTED,
-                          absl::StrCat("mesh epoch ", req->mesh().epoch(), " was superseded by ",
-                                       requested_epoch_));
+                          absl::StrCat("mesh epoch ", req->mesh().epoch(),
+                                       " was aborted or superseded while connecting"));
     }
     current_ = *state;
     resp->set_backend(req->backend() == baton::v1::NCCL ? baton::v1::NCCL : baton::v1::GLOO);
@@ -144,7 +166,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const baton::v1::Con
   });
 }
 
-grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext*,
+grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
                                                const baton::v1::CollectiveCheckRequest* req,
                                                baton::v1::CollectiveCheckResponse* resp) {
   return Guarded("RunCollectiveCheck", [&]() -> grpc::Status {
@@ -188,6 +210,11 @@ grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext*,
     options.axis = req->axis();
     options.global_rank = state->rank;
     options.group_ranks = state->group_ranks[req->axis()];
+    options.should_stop = [this, ctx, epoch = req->epoch()] {
+      if (ctx->IsCancelled()) return true;
+      absl::MutexLock lock(&mu_);
+      return current_ == nullptr || current_->mesh.epoch() != epoch;
+    };
     for (auto& r : RunCollectiveChecks(*it->second, options)) *resp->add_results() = std::move(r);
     return grpc::Status::OK;
   });
@@ -201,9 +228,11 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const baton::v1::AbortRe
     if (current_ != nullptr && (req->epoch() == 0 || current_->mesh.epoch() == req->epoch())) {
       dropped = std::move(current_);
     }
-    // Also cancels a rendezvous of this epoch that is still in progress.
-    if (req->epoch() == 0 || req->epoch() >= requested_epoch_) {
-      requested_epoch_ = std::max(requested_epoch_, req->epoch() + 1);
+    // A rendezvous of this epoch still in progress is discarded when it ends
+    // (the controller also poisons its keys so it ends at once).
+    if (configuring_epoch_ != 0 && (req->epoch() == 0 || req->epoch() == configuring_epoch_)) {
+      ++configure_generation_;
+      configuring_epoch_ = 0;
     }
   }
   // Communicators are released when their last user finishes; with gloo a

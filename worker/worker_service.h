@@ -55,6 +55,9 @@ class WorkerService final : public baton::v1::Worker::Service {
   };
 
   std::string name() ABSL_LOCKS_EXCLUDED(mu_);
+  // Everything about a Configure request that can be checked without
+  // touching the current mesh.
+  absl::Status ValidateConfigure(const baton::v1::ConfigureRequest& req);
   absl::StatusOr<std::shared_ptr<MeshState>> BuildMesh(const baton::v1::ConfigureRequest& req);
 
   Rendezvous* const rendezvous_;
@@ -63,9 +66,12 @@ class WorkerService final : public baton::v1::Worker::Service {
   absl::Mutex mu_;
   baton::v1::WorkerInfo identity_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<MeshState> current_ ABSL_GUARDED_BY(mu_);
-  // The newest epoch a Configure was asked for; an older rendezvous that
-  // finishes late is discarded.
-  int64_t requested_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bumped by every Configure and by an Abort of the epoch being
+  // configured: a rendezvous that finishes after its generation changed is
+  // discarded. The latest Configure wins, whatever its epoch, so a restarted
+  // controller (whose epochs start again at 1) is obeyed.
+  int64_t configure_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t configuring_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // 0 = none in progress
 };
 
 }  // namespace baton

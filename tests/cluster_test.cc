@@ -1,0 +1,342 @@
+// Integration tests: the real baton, baton-controller and baton-worker
+// binaries on loopback. Every test has a hard timeout (ArmHardTimeout below,
+// plus Bazel's), binds port 0 everywhere, and checks that no process it
+// started is left behind.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/local_cluster.h"
+#include "proto/registry.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "tests/process_util.h"
+
+namespace baton {
+namespace {
+
+using testing::AwaitGone;
+using testing::AwaitLine;
+using testing::Runfile;
+using testing::RunCommand;
+
+std::string Baton() { return Runfile("client/baton"); }
+
+LocalClusterOptions Options(int workers) {
+  LocalClusterOptions o;
+  o.workers = workers;
+  o.controller_bin = Runfile("controller/baton-controller");
+  o.worker_bin = Runfile("worker/baton-worker");
+  return o;
+}
+
+std::unique_ptr<LocalCluster> StartCluster(int workers) {
+  auto cluster = LocalCluster::Start(Options(workers));
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
+pid_t PidOf(const LocalCluster& cluster, const std::string& name) {
+  for (const auto& p : cluster.processes()) {
+    if (p.name == name) return p.pid;
+  }
+  return 0;
+}
+
+void ExpectAllGone(LocalCluster& cluster) {
+  std::vector<pid_t> pids;
+  for (const auto& p : cluster.processes()) pids.push_back(p.pid);
+  cluster.Stop(absl::Seconds(4));
+  for (pid_t pid : pids) EXPECT_TRUE(AwaitGone(pid, absl::Seconds(1))) << "pid " << pid << " left behind";
+}
+
+// `baton up`, `baton check --mesh dp=2,tp=2`, `baton status`, then SIGTERM:
+// every collective checked with ring byte counts, every process gone in 5 s.
+TEST(ClusterTest, UpCheckStatusAndCleanShutdown) {
+  const std::string dir = testing::TempDir("up");
+  const std::string addr_file = dir + "/controller.addr";
+  auto up = testing::StartBackground(
+      {Baton(), "up", "--workers=4", "--address_file=" + addr_file,
+       "--controller_bin=" + Runfile("controller/baton-controller"),
+       "--worker_bin=" + Runfile("worker/baton-worker")},
+      dir + "/up.log");
+  const std::string address = AwaitLine(addr_file, absl::Seconds(60));
+  ASSERT_FALSE(address.empty()) << testing::ReadFile(dir + "/up.log");
+
+  const int64_t p = 65536;
+  auto check = RunCommand({Baton(), "check", "--controller=" + address, "--mesh=dp=2,tp=2",
+                           absl::StrCat("--numel=", p), "--iters=2"},
+                          absl::Seconds(120));
+  std::printf("%s", check.output.c_str());
+  EXPECT_EQ(check.exit_code, 0);
+  int checked = 0;
+  for (absl::string_view line : absl::StrSplit(check.output, '\n')) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 6 || (f[0] != "dp" && f[0] != "tp")) continue;
+    EXPECT_EQ(f[2], "checked") << line;
+    checked += f[2] == "checked";
+    if (f[1] == "all_gather" || f[1] == "reduce_scatter_sum" || f[1] == "reduce_scatter_avg") {
+      // P*(N-1)/N elements of 4 bytes per rank, N = 2.
+      const std::string want = absl::StrCat("bytes/rank=", p * (2 - 1) / 2 * 4);
+      EXPECT_TRUE(absl::StrContains(line, want)) << line << " should contain " << want;
+      std::printf("asserted %s: %s\n", f[1].c_str(), want.c_str());
+    }
+  }
+  EXPECT_EQ(checked, 20);  // 10 operations x 2 axes
+
+  auto status = RunCommand({Baton(), "status", "--controller=" + address}, absl::Seconds(20));
+  std::printf("%s", status.output.c_str());
+  EXPECT_EQ(status.exit_code, 0);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(absl::StrContains(status.output, absl::StrCat("worker-", i))) << status.output;
+  }
+  auto json = RunCommand({Baton(), "status", "--controller=" + address, "--output=json"},
+                         absl::Seconds(20));
+  EXPECT_EQ(json.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(json.output, "\"state\":\"CONFIGURED\"")) << json.output;
+
+  // Every child pid printed by `baton up`.
+  std::vector<pid_t> children;
+  for (absl::string_view line : absl::StrSplit(testing::ReadFile(dir + "/up.log"), '\n')) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    int pid = 0;
+    if (f.size() == 3 && f[1] == "pid" && absl::SimpleAtoi(f[2], &pid)) children.push_back(pid);
+  }
+  ASSERT_EQ(children.size(), 5u) << testing::ReadFile(dir + "/up.log");
+  const absl::Time stop = absl::Now();
+  kill(up.pid, SIGTERM);
+  bool timed_out = true;
+  EXPECT_EQ(testing::WaitBackground(up, absl::Seconds(10), &timed_out), 0);
+  for (pid_t pid : children) EXPECT_TRUE(AwaitGone(pid, absl::Seconds(1))) << "pid " << pid;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - stop);
+  std::printf("baton up stopped %zu children in %.2f s\n", children.size(), seconds);
+  EXPECT_LT(seconds, 5.0);
+}
+
+// SIGKILL a worker: DEAD in `baton status` within 5 s, and a check started
+// afterwards fails within 10 s naming the worker and its rank. The survivors
+// keep serving.
+TEST(ClusterTest, KilledWorkerIsDeadWithinFiveSecondsAndNamedByCheck) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  const std::string address = cluster->controller_address();
+  auto warmup = RunCommand({Baton(), "check", "--controller=" + address, "--mesh=dp=2,tp=2",
+                            "--numel=1024", "--iters=1"},
+                           absl::Seconds(60));
+  ASSERT_EQ(warmup.exit_code, 0) << warmup.output;
+
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(PidOf(*cluster, "worker-2"), SIGKILL), 0);
+  double dead_after = -1;
+  while (absl::Now() - killed < absl::Seconds(10)) {
+    auto status = RunCommand({Baton(), "status", "--controller=" + address}, absl::Seconds(5));
+    for (absl::string_view line : absl::StrSplit(status.output, '\n')) {
+      if (absl::StartsWith(line, "worker-2 ") && absl::StrContains(line, "DEAD")) {
+        dead_after = absl::ToDoubleSeconds(absl::Now() - killed);
+      }
+    }
+    if (dead_after >= 0) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  std::printf("worker-2 shown DEAD %.2f s after SIGKILL\n", dead_after);
+  EXPECT_GE(dead_after, 0);
+  EXPECT_LT(dead_after, 5.0);
+
+  auto check = RunCommand({Baton(), "check", "--controller=" + address, "--mesh=dp=2,tp=2",
+                           "--numel=1024", "--iters=1"},
+                          absl::Seconds(30));
+  std::printf("check after the kill: exit %d after %.2f s: %s", check.exit_code, check.seconds,
+              check.output.c_str());
+  EXPECT_EQ(check.exit_code, 1);
+  EXPECT_LT(check.seconds, 10.0);
+  EXPECT_TRUE(absl::StrContains(check.output, "worker-2")) << check.output;
+  EXPECT_TRUE(absl::StrContains(check.output, "rank 2")) << check.output;
+
+  // The three survivors still form a mesh and pass.
+  auto smaller = RunCommand({Baton(), "check", "--controller=" + address, "--mesh=dp=3",
+                             "--numel=1024", "--iters=1"},
+                            absl::Seconds(60));
+  EXPECT_EQ(smaller.exit_code, 0) << smaller.output;
+  ExpectAllGone(*cluster);
+}
+
+// A worker killed while a long check runs: the check fails within 10 s and
+// names the worker and its rank.
+TEST(ClusterTest, WorkerKilledDuringCheckFailsItWithinTenSeconds) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  const std::string dir = testing::TempDir("running");
+  auto check = testing::StartBackground(
+      {Baton(), "check", "--controller=" + cluster->controller_address(), "--mesh=dp=2,tp=2",
+       "--numel=1048576", "--iters=100"},
+      dir + "/check.log");
+  absl::SleepFor(absl::Seconds(2));  // the mesh is formed and collectives run
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(PidOf(*cluster, "worker-3"), SIGKILL), 0);
+  bool timed_out = true;
+  int code = testing::WaitBackground(check, absl::Seconds(30), &timed_out);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - killed);
+  const std::string output = testing::ReadFile(dir + "/check.log");
+  std::printf("check ended %.2f s after the kill with exit %d: %s", seconds, code, output.c_str());
+  EXPECT_FALSE(timed_out);
+  EXPECT_EQ(code, 1);
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_TRUE(absl::StrContains(output, "worker-3")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "rank 3")) << output;
+  ExpectAllGone(*cluster);
+}
+
+// Bad input of every kind gets a clear error status, and the daemons keep
+// serving afterwards.
+TEST(ClusterTest, BadInputGetsClearErrorsAndDaemonsKeepServing) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  const std::string address = cluster->controller_address();
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {Baton(), "check", "--controller=" + address, "--numel=256", "--iters=1"});
+    return RunCommand(args, absl::Seconds(30));
+  };
+  auto too_big = run({"--mesh=dp=4,tp=4"});
+  std::printf("mesh too big: %s", too_big.output.c_str());
+  EXPECT_EQ(too_big.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(too_big.output, "needs 16 workers")) << too_big.output;
+  EXPECT_TRUE(absl::StrContains(too_big.output, "FAILED_PRECONDITION")) << too_big.output;
+
+  auto unknown_axis = run({"--mesh=dp=2", "--axes=tp"});
+  EXPECT_EQ(unknown_axis.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(unknown_axis.output, "unknown mesh axis \"tp\"")) << unknown_axis.output;
+
+  auto malformed = run({"--mesh=dp=2,,tp"});
+  EXPECT_EQ(malformed.exit_code, 2);
+  EXPECT_TRUE(absl::StrContains(malformed.output, "malformed mesh axis")) << malformed.output;
+
+  // Requests a client library would not build, sent straight to the RPCs.
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok());
+  baton::v1::CheckCollectivesRequest bad;
+  auto* axis = bad.mutable_spec()->add_axes();
+  axis->set_name("DP");
+  axis->set_size(2);
+  EXPECT_EQ((*client)->CheckCollectives(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  axis->set_name("dp");
+  axis->set_size(0);
+  EXPECT_EQ((*client)->CheckCollectives(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  axis->set_size(2);
+  bad.set_numel(-5);
+  auto negative = (*client)->CheckCollectives(bad);
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument) << negative.status();
+  bad.set_numel(0);
+  bad.add_ops(static_cast<baton::v1::CollectiveOp>(99));
+  EXPECT_EQ((*client)->CheckCollectives(bad).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A worker told a rank outside its mesh, or an epoch it is not in.
+  auto status = (*client)->Status();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->workers_size(), 2);
+  auto worker = baton::v1::Worker::NewStub(
+      grpc::CreateChannel(status->workers(0).address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    baton::v1::ConfigureRequest req;
+    req.mutable_mesh()->set_epoch(1000);
+    auto* a = req.mutable_mesh()->add_axes();
+    a->set_name("dp");
+    a->set_size(2);
+    req.mutable_mesh()->add_worker_names("a");
+    req.mutable_mesh()->add_worker_names("b");
+    req.set_rank(7);
+    baton::v1::ConfigureResponse resp;
+    grpc::Status s = worker->Configure(&ctx, req, &resp);
+    std::printf("rank out of range: %s\n", s.error_message().c_str());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "rank 7 is out of range")) << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    baton::v1::CollectiveCheckRequest req;
+    req.set_epoch(424242);
+    req.set_axis("dp");
+    req.set_numel(8);
+    req.set_iters(1);
+    req.set_timeout_ms(1000);
+    baton::v1::CollectiveCheckResponse resp;
+    grpc::Status s = worker->RunCollectiveCheck(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  }
+  // Oversized and malformed registry requests.
+  auto registry = baton::v1::Registry::NewStub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), [] {
+        grpc::ChannelArguments args;
+        args.SetMaxSendMessageSize(64 << 20);
+        return args;
+      }()));
+  for (size_t bytes : {size_t{20} << 20, size_t{2} << 20}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    baton::v1::KvSetRequest req;
+    req.set_key("huge");
+    req.set_value(std::string(bytes, 'x'));
+    baton::v1::KvSetResponse resp;
+    grpc::Status s = registry->Set(&ctx, req, &resp);
+    std::printf("KV Set of %zu bytes: %d %s\n", bytes, s.error_code(), s.error_message().c_str());
+    EXPECT_EQ(s.error_code(), bytes > (16 << 20) ? grpc::StatusCode::RESOURCE_EXHAUSTED
+                                                 : grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    baton::v1::RegisterRequest req;
+    req.mutable_worker()->set_name("no spaces allowed");
+    req.mutable_worker()->set_address("127.0.0.1:1");
+    baton::v1::RegisterResponse resp;
+    EXPECT_EQ(registry->Register(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // Everything still works.
+  auto good = run({"--mesh=dp=2"});
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  auto after = (*client)->Status();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->workers_size(), 2);
+  for (const auto& w : after->workers()) EXPECT_NE(w.state(), baton::v1::DEAD);
+  ExpectAllGone(*cluster);
+}
+
+// Watch streams registrations and mesh events as they happen.
+TEST(ClusterTest, WatchStreamsFleetEvents) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->CreateMesh("dp=2").ok());
+  std::map<std::string, int> kinds;
+  auto s = (*client)->Watch(
+      0,
+      [&](const baton::v1::Event& e) {
+        kinds[e.kind()]++;
+        return kinds["mesh_created"] == 0;
+      },
+      absl::Seconds(10));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(kinds["worker_registered"], 2);
+  EXPECT_EQ(kinds["mesh_created"], 1);
+  ExpectAllGone(*cluster);
+}
+
+class HardTimeout : public ::testing::Environment {
+ public:
+  void SetUp() override { testing::ArmHardTimeout(absl::Seconds(280)); }
+};
+const auto* const kHardTimeout = ::testing::AddGlobalTestEnvironment(new HardTimeout);
+
+}  // namespace
+}  // namespace baton
