@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Baton's one entry point on a fresh Debian 12 machine (run as root):
+#   ./dev.sh demo   install what is missing, build, run the main job
+#   ./dev.sh test   install what is missing, build, run every test;
+#                   ends with a plain "N passed, N failed, N skipped" line
+#   ./dev.sh build  install what is missing, build everything
+# Installing is idempotent: apt is not called when every package is present.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+# Debian packages the build and the tests need. libopenblas0-openmp: Debian's
+# LibTorch calls whatever libblas.so.3 the system selects, and the default
+# reference BLAS runs matrix products 15-20x slower.
+PACKAGES=(
+  bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
+  libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
+  libbenchmark-dev libopenblas0-openmp
+)
+
+install_missing() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    return
+  fi
+  echo "dev.sh: installing ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  bazel build //...
+}
+
+# Prints "N passed, N failed, N skipped" over every test case Bazel ran,
+# from the JUnit XML each test wrote; a test target that failed without
+# reporting a failing case (a crash, a timeout, a build error) counts as one
+# failure.
+summarize() {
+  local bazel_log=$1 passed=0 failed=0 skipped=0
+  while IFS= read -r -d '' xml; do
+    local counts
+    counts=$(awk '
+      /<testcase / { cases++; if ($0 ~ /result="skipped"/) skip++; open = 1; failed_here = 0 }
+      /<failure/   { if (open && !failed_here) { fails++; failed_here = 1 } }
+      /<\/testcase>/ { open = 0 }
+      END { printf "%d %d %d", cases, fails, skip }' "$xml")
+    read -r c f s <<<"$counts"
+    passed=$((passed + c - f - s)); failed=$((failed + f)); skipped=$((skipped + s))
+  done < <(find -L bazel-testlogs/ -name test.xml -print0 2>/dev/null)
+  local broken
+  broken=$(grep -cE '^//.* (FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$bazel_log" || true)
+  if [ "$failed" -eq 0 ] && [ "$broken" -gt 0 ]; then failed=$broken; fi
+  echo "$passed passed, $failed failed, $skipped skipped"
+}
+
+run_tests() {
+  local log status=0
+  log=$(mktemp)
+  # Old results must not be counted again.
+  rm -rf "$(bazel info bazel-testlogs 2>/dev/null)" 2>/dev/null || true
+  bazel test //... --test_output=errors 2>&1 | tee "$log" || status=$?
+  summarize "$log"
+  rm -f "$log"
+  bazel shutdown
+  return $status
+}
+
+demo() {
+  bazel build //client:baton //controller:baton-controller //worker:baton-worker
+  local dir up_pid address
+  dir=$(mktemp -d)
+  ./bazel-bin/client/baton up --workers 4 --address_file "$dir/controller.addr" &
+  up_pid=$!
+  trap 'kill -TERM $up_pid 2>/dev/null; wait $up_pid 2>/dev/null; rm -rf "$dir"' EXIT
+  for _ in $(seq 600); do
+    [ -s "$dir/controller.addr" ] && break
+    if ! kill -0 $up_pid 2>/dev/null; then echo "dev.sh: baton up failed" >&2; exit 1; fi
+    sleep 0.1
+  done
+  address=$(cat "$dir/controller.addr")
+  ./bazel-bin/client/baton status --controller "$address"
+  ./bazel-bin/client/baton check --controller "$address" --mesh dp=2,tp=2
+  ./bazel-bin/client/baton status --controller "$address"
+  kill -TERM $up_pid
+  wait $up_pid
+  trap - EXIT
+  rm -rf "$dir"
+  bazel shutdown
+}
+
+case "${1:-}" in
+  demo) install_missing; demo ;;
+  test) install_missing; run_tests ;;
+  build) install_missing; build ;;
+  *) echo "usage: ./dev.sh demo|test|build" >&2; exit 2 ;;
+esac
