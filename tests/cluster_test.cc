@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/local_cluster.h"
+#include "proto/grpc_health_v1.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "tests/process_util.h"
@@ -308,6 +309,29 @@ TEST(ClusterTest, BadInputGetsClearErrorsAndDaemonsKeepServing) {
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->workers_size(), 2);
   for (const auto& w : after->workers()) EXPECT_NE(w.state(), baton::v1::DEAD);
+  ExpectAllGone(*cluster);
+}
+
+// Both daemons answer the standard gRPC health check.
+TEST(ClusterTest, DaemonsServeGrpcHealth) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->Status();
+  ASSERT_TRUE(status.ok());
+  for (const std::string& address : {cluster->controller_address(), status->workers(0).address()}) {
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = health->Check(&ctx, {}, &resp);
+    std::printf("health of %s: %s\n", address.c_str(),
+                grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
   ExpectAllGone(*cluster);
 }
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,7 +28,10 @@ std::vector<char*> Argv(std::vector<std::string>& storage) {
   return argv;
 }
 
+// Children die with the test (even when its hard timeout kills it) and start
+// with no blocked signals.
 void ResetSignalsInChild() {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);

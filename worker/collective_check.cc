@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -158,6 +159,10 @@ std::vector<CollectiveResult> RunCollectiveChecks(Communicator& comm,
   std::vector<CollectiveOp> ops = options.ops.empty() ? AllCollectiveOps() : options.ops;
   std::vector<CollectiveResult> results;
   std::string earlier_failure;
+  // The SUM each AVG must equal after our own division, from this very run.
+  std::map<CollectiveOp, at::Tensor> sums;
+  const std::map<CollectiveOp, CollectiveOp> sum_of_avg = {
+      {v1::ALL_REDUCE_AVG, v1::ALL_REDUCE_SUM}, {v1::REDUCE_SCATTER_AVG, v1::REDUCE_SCATTER_SUM}};
   for (CollectiveOp op : ops) {
     CollectiveResult r;
     r.set_op(op);
@@ -192,6 +197,13 @@ std::vector<CollectiveResult> RunCollectiveChecks(Communicator& comm,
       }
       at::Tensor got = c.result();
       if (got.defined()) error = FirstMismatch(got, expected);
+    }
+    if (error.empty() && (op == v1::ALL_REDUCE_SUM || op == v1::REDUCE_SCATTER_SUM)) {
+      sums[op] = c.result().clone();
+    }
+    if (auto it = sum_of_avg.find(op); error.empty() && it != sum_of_avg.end() && sums.count(it->second)) {
+      const std::string off = FirstMismatch(c.result(), sums[it->second].div(comm.size()));
+      if (!off.empty()) error = absl::StrCat("AVG is not the SUM divided by ", comm.size(), ": ", off);
     }
     CommStats after = comm.stats();
     const int iters = std::max(1, options.iters);
