@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -21,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/local_cluster.h"
+#include "common/process.h"
 #include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT.");
@@ -67,11 +67,7 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlag() {
 }
 
 int Up() {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  sigset_t signals = BlockTerminationSignals();
 
   LocalClusterOptions options;
   options.workers = absl::GetFlag(FLAGS_workers);
@@ -89,12 +85,7 @@ int Up() {
   std::printf("ready: %d workers registered; Ctrl-C stops the cluster\n", options.workers);
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_address_file).empty()) {
-    const std::string path = absl::GetFlag(FLAGS_address_file);
-    {
-      std::ofstream out(path + ".tmp");
-      out << (*cluster)->controller_address() << "\n";
-    }
-    std::rename((path + ".tmp").c_str(), path.c_str());
+    WriteFileAtomically(absl::GetFlag(FLAGS_address_file), (*cluster)->controller_address());
   }
   while (true) {
     timespec poll{0, 200 * 1000 * 1000};

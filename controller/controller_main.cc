@@ -5,13 +5,13 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/kv_store.h"
+#include "common/process.h"
 #include "controller/controller_service.h"
 #include "controller/event_log.h"
 #include "controller/registry_service.h"
@@ -34,11 +34,7 @@ namespace {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  sigset_t signals = BlockTerminationSignals();
 
   EventLog events;
   KeyValueStore kv;
@@ -67,12 +63,7 @@ int Main(int argc, char** argv) {
   controller_service.Start();
   const std::string address = absl::StrCat(host, ":", port);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    const std::string path = absl::GetFlag(FLAGS_port_file);
-    {
-      std::ofstream out(path + ".tmp");
-      out << address << "\n";
-    }
-    std::rename((path + ".tmp").c_str(), path.c_str());
+    WriteFileAtomically(absl::GetFlag(FLAGS_port_file), address);
   }
   std::fprintf(stderr, "controller serving on %s\n", address.c_str());
 

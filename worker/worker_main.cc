@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/process.h"
 #include "proto/registry.grpc.pb.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/grpc_rendezvous.h"
@@ -42,15 +42,6 @@ constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
 
 std::string Incarnation() {
   return absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
-}
-
-void WriteFileAtomically(const std::string& path, const std::string& content) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << content << "\n";
-  }
-  std::rename(tmp.c_str(), path.c_str());
 }
 
 // Registers, then heartbeats every `interval` until `stop` is notified.
@@ -113,11 +104,7 @@ int Main(int argc, char** argv) {
   }
   // Signals are handled by sigwait in main; block them before any thread
   // starts so every thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  sigset_t signals = BlockTerminationSignals();
 
   const std::string host = absl::GetFlag(FLAGS_host);
   grpc::ChannelArguments args;

@@ -48,34 +48,32 @@ void Communicator::CountBytes(int64_t sent, int64_t received) {
   operations_ += 1;
 }
 
-absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& output, int size) {
-  if (!input.is_contiguous() || !output.is_contiguous()) {
-    return absl::InvalidArgumentError("all-gather needs contiguous tensors");
+// `whole` must hold `size` chunks of `chunk`'s length, both contiguous and of
+// one dtype: all-gather (chunk in, whole out) and reduce-scatter (whole in,
+// chunk out) share the rule.
+absl::Status CheckChunkedArgs(const char* op, const char* whole_name, const at::Tensor& whole,
+                              const char* chunk_name, const at::Tensor& chunk, int size) {
+  if (!whole.is_contiguous() || !chunk.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, " needs contiguous tensors"));
   }
-  if (input.scalar_type() != output.scalar_type()) {
-    return absl::InvalidArgumentError("all-gather input and output dtypes differ");
+  if (whole.scalar_type() != chunk.scalar_type()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, " input and output dtypes differ"));
   }
-  if (output.numel() != input.numel() * size) {
+  if (whole.numel() != chunk.numel() * size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "all-gather output has ", output.numel(), " elements ", ShapeString(output),
-        "; expected group size ", size, " x input ", input.numel(), " ", ShapeString(input)));
+        op, " ", whole_name, " has ", whole.numel(), " elements ", ShapeString(whole),
+        "; expected group size ", size, " x ", chunk_name, " ", chunk.numel(), " ",
+        ShapeString(chunk)));
   }
   return absl::OkStatus();
 }
 
+absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& output, int size) {
+  return CheckChunkedArgs("all-gather", "output", output, "input", input, size);
+}
+
 absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& output, int size) {
-  if (!input.is_contiguous() || !output.is_contiguous()) {
-    return absl::InvalidArgumentError("reduce-scatter needs contiguous tensors");
-  }
-  if (input.scalar_type() != output.scalar_type()) {
-    return absl::InvalidArgumentError("reduce-scatter input and output dtypes differ");
-  }
-  if (input.numel() != output.numel() * size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduce-scatter input has ", input.numel(), " elements ", ShapeString(input),
-        "; expected group size ", size, " x output ", output.numel(), " ", ShapeString(output)));
-  }
-  return absl::OkStatus();
+  return CheckChunkedArgs("reduce-scatter", "input", input, "output", output, size);
 }
 
 absl::Status CheckPeer(int peer, int rank, int size, const char* op) {

@@ -1,0 +1,22 @@
+// Small process-level helpers shared by the binaries.
+#ifndef BATON_COMMON_PROCESS_H_
+#define BATON_COMMON_PROCESS_H_
+
+#include <signal.h>
+
+#include <string>
+
+namespace baton {
+
+// Blocks SIGINT and SIGTERM in the calling thread and every thread it starts
+// afterwards, and returns that set for sigwait/sigtimedwait. Call first in
+// main, before any thread exists.
+sigset_t BlockTerminationSignals();
+
+// Writes `content` and a newline to `path` through a temporary file and a
+// rename, so a reader never sees a partial line (used for port files).
+bool WriteFileAtomically(const std::string& path, const std::string& content);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_PROCESS_H_
