@@ -1,0 +1,33 @@
+// Reading and validating a JobSpec. Job files are textproto (any name) or
+// JSON (*.json), parsed into baton.v1.JobSpec so the schema rejects unknown
+// fields; ValidateJobSpec then rejects impossible combinations, each with a
+// message that names the field and what would be valid. Nothing here talks
+// to a worker: a bad job fails before any is touched.
+#ifndef BATON_STRATEGIES_JOB_SPEC_H_
+#define BATON_STRATEGIES_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace baton {
+
+// Parses text (JSON when `json`, else textproto), applies defaults and
+// validates.
+absl::StatusOr<baton::v1::JobSpec> ParseJobSpec(const std::string& text, bool json);
+// Reads `path` and parses it (JSON if it ends in .json).
+absl::StatusOr<baton::v1::JobSpec> LoadJobSpec(const std::string& path);
+
+// Fills every unset optional field with its documented default.
+baton::v1::JobSpec WithDefaults(baton::v1::JobSpec job);
+absl::Status ValidateJobSpec(const baton::v1::JobSpec& job);
+
+// Number of ranks the job's mesh needs.
+int MeshSize(const baton::v1::JobSpec& job);
+// Ranks that each see different data (every rank of the mesh).
+int DataParallelSize(const baton::v1::JobSpec& job);
+
+}  // namespace baton
+
+#endif  // BATON_STRATEGIES_JOB_SPEC_H_
