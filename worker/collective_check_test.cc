@@ -9,12 +9,13 @@
 
 #include "common/kv_store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/testing/sum_instead_of_avg.h"
 
 namespace baton {
 namespace {
 
-std::vector<std::unique_ptr<Communicator>> MakeGroup(KeyValueStore* kv, int n) {
-  std::vector<std::unique_ptr<Communicator>> comms(n);
+std::vector<std::shared_ptr<Communicator>> MakeGroup(KeyValueStore* kv, int n) {
+  std::vector<std::shared_ptr<Communicator>> comms(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] { comms[r] = *CreateGlooCommunicator(kv, "g/", r, n, GlooOptions{}); });
@@ -57,40 +58,6 @@ TEST(CollectiveCheckTest, AllOperationsPassWithRingByteCounts) {
   }
 }
 
-// A communicator whose AVG forgets to divide: the check must catch it.
-class SumInsteadOfAvg : public Communicator {
- public:
-  explicit SumInsteadOfAvg(Communicator* inner) : inner_(inner) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string backend() const override { return "buggy"; }
-  std::unique_ptr<CommHandle> AllGatherAsync(const at::Tensor& i, const at::Tensor& o,
-                                             Milliseconds t) override {
-    return inner_->AllGatherAsync(i, o, t);
-  }
-  std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& i, const at::Tensor& o,
-                                                 ReduceOp op, Milliseconds t) override {
-    return inner_->ReduceScatterAsync(i, o, op == ReduceOp::kAvg ? ReduceOp::kSum : op, t);
-  }
-  std::unique_ptr<CommHandle> AllReduceAsync(const at::Tensor& x, ReduceOp op,
-                                             Milliseconds t) override {
-    return inner_->AllReduceAsync(x, op, t);
-  }
-  std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& x, int root, Milliseconds t) override {
-    return inner_->BroadcastAsync(x, root, t);
-  }
-  std::unique_ptr<CommHandle> SendAsync(const at::Tensor& x, int p, Milliseconds t) override {
-    return inner_->SendAsync(x, p, t);
-  }
-  std::unique_ptr<CommHandle> RecvAsync(const at::Tensor& x, int p, Milliseconds t) override {
-    return inner_->RecvAsync(x, p, t);
-  }
-  std::unique_ptr<CommHandle> BarrierAsync(Milliseconds t) override { return inner_->BarrierAsync(t); }
-
- private:
-  Communicator* inner_;
-};
-
 TEST(CollectiveCheckTest, CatchesAnAvgThatIsReallyASum) {
   KeyValueStore kv;
   auto comms = MakeGroup(&kv, 2);
@@ -98,7 +65,7 @@ TEST(CollectiveCheckTest, CatchesAnAvgThatIsReallyASum) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      SumInsteadOfAvg buggy(comms[r].get());
+      testing::SumInsteadOfAvg buggy(comms[r]);
       CollectiveCheckOptions o;
       o.ops = {v1::REDUCE_SCATTER_SUM, v1::REDUCE_SCATTER_AVG};
       o.numel = 64;

@@ -8,6 +8,7 @@
 #include "mesh/device_mesh.h"
 #include "worker/collective_check.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/mesh_communicators.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 
 namespace baton {
@@ -99,7 +100,6 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
   auto state = std::make_shared<MeshState>();
   state->mesh = m;
   state->rank = req.rank();
-  const std::string base = absl::StrCat("mesh/", m.epoch(), "/");
   auto create = [&](const std::string& prefix, int rank,
                     int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
     if (req.backend() == baton::v1::NCCL) {
@@ -112,23 +112,10 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
     options.rendezvous_timeout = Milliseconds(timeout_ms);
     return CreateGlooCommunicator(rendezvous_, prefix, rank, size, options);
   };
-  // Same order on every rank: world first, then the axes in mesh order.
-  auto world = create(base + "world/", req.rank(), mesh->size());
-  if (!world.ok()) return world.status();
-  state->comms["world"] = std::move(*world);
-  state->group_ranks["world"] = mesh->ranks();
-  for (const auto& axis : axes) {
-    auto groups = *mesh->Groups(axis.name);
-    for (size_t g = 0; g < groups.size(); ++g) {
-      auto it = std::find(groups[g].begin(), groups[g].end(), req.rank());
-      if (it == groups[g].end()) continue;
-      int local = static_cast<int>(it - groups[g].begin());
-      auto comm = create(absl::StrCat(base, axis.name, "/", g, "/"), local, axis.size);
-      if (!comm.ok()) return comm.status();
-      state->comms[axis.name] = std::move(*comm);
-      state->group_ranks[axis.name] = groups[g];
-    }
-  }
+  auto comms = BuildMeshCommunicators(*mesh, req.rank(), absl::StrCat("mesh/", m.epoch(), "/"), create);
+  if (!comms.ok()) return comms.status();
+  state->comms = std::move(comms->comms);
+  state->group_ranks = std::move(comms->group_ranks);
   return state;
 }
 

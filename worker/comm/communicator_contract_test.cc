@@ -115,6 +115,20 @@ TEST_P(CommunicatorContractTest, AllGatherConcatenatesInRankOrder) {
   });
 }
 
+TEST_P(CommunicatorContractTest, AllGatherMovesBfloat16Bitwise) {
+  // Mixed precision all-gathers bf16 parameters.
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    at::Tensor out = at::full({n * k}, -1.0f).to(at::kBFloat16);
+    ASSERT_TRUE(c.AllGather(Input(c.rank(), k).to(at::kBFloat16), out).ok());
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(out.narrow(0, r * k, k).equal(Input(r, k).to(at::kBFloat16))) << "chunk " << r;
+    }
+    EXPECT_EQ(c.stats().bytes_sent, k * (n - 1) * 2);  // half the bytes of fp32
+  });
+}
+
 TEST_P(CommunicatorContractTest, AllGatherShardsHandlesUnevenAndEmptyChunks) {
   // Extent n*k+1 rows of width 3: torch.chunk makes the last chunks short or
   // empty; the gathered tensor must equal the original.

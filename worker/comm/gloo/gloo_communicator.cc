@@ -124,6 +124,13 @@ class GlooHandle : public CommHandle {
   absl::Status status_;
 };
 
+// gloo in LibTorch 1.13 moves no bfloat16: operations that only move data
+// (all-gather, broadcast, send/recv) reinterpret it as float16 of equal size
+// (c10d gloo moves Float, Double, Half, Char, Byte, Int and Long only).
+at::Tensor Movable(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+}
+
 c10d::ReduceOp ToC10d(ReduceOp op) {
   return op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
 }
@@ -150,9 +157,9 @@ class GlooCommunicator : public Communicator {
       output.view({-1}).copy_(input.view({-1}));
       return CompletedHandle(absl::OkStatus());
     }
-    std::vector<at::Tensor> inputs{input.view({-1})};
+    std::vector<at::Tensor> inputs{Movable(input).view({-1})};
     std::vector<std::vector<at::Tensor>> outputs(1);
-    at::Tensor flat = output.view({-1});
+    at::Tensor flat = Movable(output).view({-1});
     for (int r = 0; r < size_; ++r) outputs[0].push_back(flat.narrow(0, r * k, k));
     c10d::AllgatherOptions opts;
     opts.timeout = timeout;
@@ -229,7 +236,7 @@ class GlooCommunicator : public Communicator {
     const int64_t bytes = tensor.numel() * tensor.element_size();
     CountBytes(rank_ == root ? bytes * (size_ - 1) : 0, rank_ == root ? 0 : bytes);
     if (tensor.numel() == 0 || size_ == 1) return CompletedHandle(absl::OkStatus());
-    std::vector<at::Tensor> tensors{tensor};
+    std::vector<at::Tensor> tensors{Movable(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     opts.timeout = timeout;
@@ -281,7 +288,7 @@ class GlooCommunicator : public Communicator {
     const int64_t bytes = tensor.numel() * tensor.element_size();
     CountBytes(send ? bytes : 0, send ? 0 : bytes);
     if (tensor.numel() == 0) return CompletedHandle(absl::OkStatus());
-    std::vector<at::Tensor> tensors{tensor};
+    std::vector<at::Tensor> tensors{Movable(tensor)};
     // c10d's gloo send/recv has no per-op timeout; the handle's wait bounds it.
     (void)timeout;
     return Issue(send ? "send" : "recv", timeout, [&] {

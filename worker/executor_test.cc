@@ -1,0 +1,298 @@
+// Sharded training checked number by number against the single-process
+// reference: every rank runs in its own thread with real gloo communicators
+// (the same Executor the worker daemon runs), the reference runs the same
+// model, initial weights, data and AdamW in one piece. Each test prints the
+// figure it asserts on.
+#include "worker/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/kv_store.h"
+#include "strategies/job_spec.h"
+#include "strategies/planner.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/mesh_communicators.h"
+#include "worker/comm/testing/sum_instead_of_avg.h"
+#include "worker/model/reference_trainer.h"
+
+namespace baton {
+namespace {
+
+struct Distributed {
+  std::unique_ptr<KeyValueStore> kv = std::make_unique<KeyValueStore>();
+  std::vector<MeshCommunicators> comms;
+  std::vector<std::unique_ptr<Executor>> executors;
+  std::vector<std::vector<baton::v1::StepMetrics>> metrics;  // [rank][step]
+};
+
+baton::v1::JobSpec Job(const std::string& text) {
+  auto job = ParseJobSpec(text, false);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return *job;
+}
+
+// Runs `steps` steps on every rank; `after_step(step)` runs once all ranks
+// finished that step (for inspecting gradients before the next one).
+std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int steps,
+                                            const std::function<void(Distributed&, int)>& after_step = nullptr,
+                                            bool sum_instead_of_avg = false) {
+  auto d = std::make_unique<Distributed>();
+  auto programs = CompilePrograms(job, "test");
+  EXPECT_TRUE(programs.ok()) << programs.status();
+  std::vector<MeshAxisSpec> axes;
+  for (const auto& a : job.mesh()) axes.push_back({a.name(), a.size()});
+  auto mesh = DeviceMesh::Create(axes);
+  const int n = mesh->size();
+  d->comms.resize(n);
+  d->executors.resize(n);
+  d->metrics.resize(n);
+  auto factory = [&](const std::string& prefix, int rank, int size) {
+    return CreateGlooCommunicator(d->kv.get(), prefix, rank, size, GlooOptions{});
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto comms = BuildMeshCommunicators(*mesh, r, "test/", factory);
+      ASSERT_TRUE(comms.ok()) << comms.status();
+      d->comms[r] = std::move(*comms);
+      if (sum_instead_of_avg) {
+        for (auto& [axis, c] : d->comms[r].comms) c = std::make_shared<testing::SumInsteadOfAvg>(c);
+      }
+      auto e = Executor::Create((*programs)[r], d->comms[r].comms);
+      ASSERT_TRUE(e.ok()) << e.status();
+      d->executors[r] = std::move(*e);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int step = 1; step <= steps; ++step) {
+    threads.clear();
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        if (d->executors[r] == nullptr) return;
+        auto m = d->executors[r]->RunStep(step, Milliseconds(60000));
+        ASSERT_TRUE(m.ok()) << m.status();
+        d->metrics[r].push_back(*m);
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (after_step) after_step(*d, step);
+  }
+  return d;
+}
+
+std::unique_ptr<ReferenceTrainer> Reference(const baton::v1::JobSpec& job) {
+  auto ref = ReferenceTrainer::Create(job);
+  EXPECT_TRUE(ref.ok()) << ref.status();
+  return std::move(*ref);
+}
+
+// The rows of `full` that a rank's shard covers.
+at::Tensor Rows(const at::Tensor& full, const Executor& e, const std::string& name) {
+  for (const auto& u : e.program().units()) {
+    for (const auto& p : u.params()) {
+      if (p.name() == name) return full.detach().narrow(0, p.row_offset(), p.rows());
+    }
+  }
+  return at::Tensor();
+}
+
+// Max |sharded - reference| over every parameter of every rank.
+double MaxParamDiff(const Distributed& d, const ReferenceTrainer& ref) {
+  double worst = 0;
+  for (const auto& e : d.executors) {
+    for (const auto& name : ref.param_names()) {
+      at::Tensor mine = *e->MasterShard(name);
+      if (mine.numel() == 0) continue;
+      worst = std::max(worst, mine.sub(Rows(ref.param(name), *e, name)).abs().max().item<double>());
+    }
+  }
+  return worst;
+}
+
+// <g_sharded, g_ref> / <g_ref, g_ref> and the max abs difference, over every
+// parameter shard of every rank: 1.0 when the sharded gradients are right,
+// 2.0 for a reduction that sums instead of averaging.
+std::pair<double, double> GradRatio(const Distributed& d, const ReferenceTrainer& ref) {
+  double dot = 0, norm = 0, worst = 0;
+  for (const auto& e : d.executors) {
+    for (const auto& name : ref.param_names()) {
+      at::Tensor mine = (*e->LastGradShard(name)).to(at::kDouble);
+      if (mine.numel() == 0) continue;
+      at::Tensor want = Rows(ref.grad(name), *e, name).to(at::kDouble);
+      dot += mine.mul(want).sum().item<double>();
+      norm += want.mul(want).sum().item<double>();
+      worst = std::max(worst, mine.sub(want).abs().max().item<double>());
+    }
+  }
+  return {dot / norm, worst};
+}
+
+const char kSeedLab[] = R"pb(
+  model { mlp { d_model: 32 blocks: 4 } }
+  mesh { name: "dp" size: 2 }
+  plan { mode: FSDP }
+  optimizer { lr: 0.01 }
+  data { batch_size: 8 }
+  steps: 3
+  seed: 0
+)pb";
+
+std::string With(std::string text, const std::string& from, const std::string& to) {
+  auto pos = text.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  return text.replace(pos, from.size(), to);
+}
+
+TEST(ExecutorTest, SeedLabTwoWorkersMatchesTheReference) {
+  auto job = Job(kSeedLab);
+  auto ref = Reference(job);
+  std::pair<double, double> ratio;
+  auto d = RunDistributed(job, 3, [&](Distributed& dist, int step) {
+    ASSERT_TRUE(ref->Step().ok());
+    if (step == 1) ratio = GradRatio(dist, *ref);
+  });
+  std::printf("seed lab: gradient ratio before the first step %.9f (max abs diff %.3g)\n",
+              ratio.first, ratio.second);
+  EXPECT_NEAR(ratio.first, 1.0, 1e-6);
+  const double diff = MaxParamDiff(*d, *ref);
+  std::printf("seed lab: parameters after 3 AdamW steps, max abs diff %.3g\n", diff);
+  EXPECT_LE(diff, 1e-6);
+  // Rank 0's share of the local state, and rank 1's empty head shard.
+  const double s0 = d->executors[0]->state_bytes(), s1 = d->executors[1]->state_bytes();
+  std::printf("seed lab: rank 0 holds %.4f of the local state\n", s0 / (s0 + s1));
+  EXPECT_GE(s0 / (s0 + s1), 0.45);
+  EXPECT_LE(s0 / (s0 + s1), 0.55);
+  EXPECT_EQ((*d->executors[1]->MasterShard("head.weight")).numel(), 0);
+  EXPECT_EQ((*d->executors[1]->MasterShard("head.bias")).numel(), 0);
+}
+
+// The check above must fail for the bug the seed lab found: a gradient
+// reduction that sums instead of averaging gives a ratio of 2.
+TEST(ExecutorTest, GradientCheckCatchesASumInsteadOfAnAverage) {
+  auto job = Job(kSeedLab);
+  auto ref = Reference(job);
+  std::pair<double, double> ratio;
+  RunDistributed(
+      job, 1,
+      [&](Distributed& dist, int) {
+        ASSERT_TRUE(ref->Step().ok());
+        ratio = GradRatio(dist, *ref);
+      },
+      /*sum_instead_of_avg=*/true);
+  std::printf("with AVG reduced as SUM the gradient ratio is %.6f\n", ratio.first);
+  EXPECT_NEAR(ratio.first, 2.0, 1e-5);
+}
+
+TEST(ExecutorTest, SeedLabBf16MixedPrecisionStaysClose) {
+  auto job = Job(With(kSeedLab, "mode: FSDP", "mode: FSDP mixed_precision { param_dtype: BF16 }"));
+  auto ref = Reference(Job(kSeedLab));  // the fp32 reference
+  auto d = RunDistributed(job, 3, [&](Distributed&, int) { ASSERT_TRUE(ref->Step().ok()); });
+  const double diff = MaxParamDiff(*d, *ref);
+  std::printf("seed lab bf16: parameters after 3 steps, max abs diff from fp32 %.4f\n", diff);
+  EXPECT_LE(diff, 5e-2);
+  EXPECT_GT(diff, 0.0);  // bf16 compute really happened
+}
+
+TEST(ExecutorTest, ClippingMatchesTheReferenceClippedUpdate) {
+  auto job = Job(With(kSeedLab, "lr: 0.01", "lr: 0.01 max_grad_norm: 0.05"));
+  auto ref = Reference(job);
+  double ref_norm = 0;
+  auto d = RunDistributed(job, 3, [&](Distributed&, int step) {
+    auto m = ref->Step();
+    ASSERT_TRUE(m.ok());
+    if (step == 1) ref_norm = m->grad_norm();
+  });
+  const double norm = d->metrics[0][0].grad_norm();
+  std::printf("clipping: grad norm %.9f vs reference %.9f (max 0.05)\n", norm, ref_norm);
+  EXPECT_GT(norm, 0.05);  // clipping engaged
+  EXPECT_NEAR(norm / ref_norm, 1.0, 1e-6);
+  const double diff = MaxParamDiff(*d, *ref);
+  std::printf("clipping: parameters after 3 clipped steps, max abs diff %.3g\n", diff);
+  EXPECT_LE(diff, 1e-6);
+}
+
+const char kDecoder[] = R"pb(
+  model { decoder { vocab: 64 dim: 32 layers: 2 heads: 4 ffn_dim: 64 seq_len: 16 } }
+  mesh { name: "dp" size: 2 }
+  plan { mode: FSDP }
+  optimizer { lr: 0.003 }
+  data { batch_size: 8 }
+  steps: 20
+  seed: 1
+)pb";
+
+TEST(ExecutorTest, GradientAccumulationEqualsOneStepOnTheWholeBatch) {
+  auto job = Job(With(kDecoder, "batch_size: 8", "batch_size: 8 microbatches: 4"));
+  auto ref = Reference(Job(kDecoder));  // one microbatch of 8 rows
+  auto d = RunDistributed(job, 2, [&](Distributed&, int) { ASSERT_TRUE(ref->Step().ok()); });
+  const double diff = MaxParamDiff(*d, *ref);
+  std::printf("accumulation over 4 microbatches vs one 4x batch: max abs param diff %.3g\n", diff);
+  EXPECT_LE(diff, 1e-6);
+}
+
+struct ModeCase {
+  const char* name;
+  std::string plan;
+  std::string mesh;
+};
+
+class DecoderModesTest : public ::testing::TestWithParam<ModeCase> {};
+
+TEST_P(DecoderModesTest, LossFollowsTheReferenceForTwentySteps) {
+  const ModeCase& c = GetParam();
+  auto job = Job(With(With(kDecoder, "mode: FSDP", c.plan), "mesh { name: \"dp\" size: 2 }", c.mesh));
+  auto ref = Reference(job);
+  std::vector<double> ref_loss;
+  auto d = RunDistributed(job, 20, [&](Distributed&, int) {
+    auto m = ref->Step();
+    ASSERT_TRUE(m.ok());
+    ref_loss.push_back(m->loss());
+  });
+  double worst = 0;
+  for (size_t s = 0; s < ref_loss.size(); ++s) {
+    for (const auto& rank : d->metrics) {
+      worst = std::max(worst, std::abs(rank[s].loss() - ref_loss[s]) / std::abs(ref_loss[s]));
+    }
+  }
+  std::printf("%s: loss %.6f -> %.6f, worst relative loss difference %.3g\n", c.name, ref_loss.front(),
+              ref_loss.back(), worst);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_LT(ref_loss.back(), ref_loss.front());  // it trains
+
+  // Accounting against the plan's theory.
+  const PlanTheory t = ComputeTheory(job);
+  int64_t comm = 0, state = 0, peak = 0;
+  for (const auto& rank : d->metrics) {
+    comm = std::max(comm, rank.back().comm_bytes());
+    state = std::max(state, rank.back().state_bytes());
+    peak = std::max(peak, rank.back().peak_unsharded_param_bytes());
+  }
+  std::printf("%s: comm %lld bytes/rank/step vs theory %lld (%.4f); state %lld vs %lld (%.4f); "
+              "peak unsharded %lld (root %lld + 2 x unit %lld)\n",
+              c.name, (long long)comm, (long long)t.comm_bytes, double(comm) / t.comm_bytes,
+              (long long)state, (long long)t.state_bytes, double(state) / t.state_bytes, (long long)peak,
+              (long long)t.root_param_bytes, (long long)t.max_unit_param_bytes);
+  EXPECT_NEAR(double(comm) / t.comm_bytes, 1.0, 0.02);
+  EXPECT_NEAR(double(state) / t.state_bytes, 1.0, 0.05);
+  if (job.plan().mode() == baton::v1::FSDP || job.plan().mode() == baton::v1::HSDP) {
+    EXPECT_LE(peak, t.root_param_bytes + 2 * t.max_unit_param_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, DecoderModesTest,
+    ::testing::Values(ModeCase{"fsdp_2", "mode: FSDP", "mesh { name: \"dp\" size: 2 }"},
+                      ModeCase{"fsdp_4", "mode: FSDP", "mesh { name: \"dp\" size: 4 }"},
+                      ModeCase{"zero1_2", "mode: ZERO1", "mesh { name: \"dp\" size: 2 }"},
+                      ModeCase{"zero2_2", "mode: ZERO2", "mesh { name: \"dp\" size: 2 }"},
+                      ModeCase{"ddp_2", "mode: DDP", "mesh { name: \"dp\" size: 2 }"},
+                      ModeCase{"hsdp_2x2", "mode: HSDP",
+                               "mesh { name: \"replicate\" size: 2 } mesh { name: \"shard\" size: 2 }"}),
+    [](const ::testing::TestParamInfo<ModeCase>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,115 @@
+#include "worker/model/data.h"
+
+#include <ATen/ops/empty.h>
+
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "common/counter_rng.h"
+
+namespace baton {
+namespace {
+
+Distribution ToDistribution(baton::v1::InitRule::Kind kind) {
+  switch (kind) {
+    case baton::v1::InitRule::ONES: return Distribution::kOnes;
+    case baton::v1::InitRule::UNIFORM: return Distribution::kUniform;
+    case baton::v1::InitRule::NORMAL: return Distribution::kNormal;
+    default: return Distribution::kZeros;
+  }
+}
+
+}  // namespace
+
+at::Tensor InitParamRows(const std::string& name, const std::vector<int64_t>& shape,
+                         const baton::v1::InitRule& rule, uint64_t seed, int64_t row_offset,
+                         int64_t rows) {
+  std::vector<int64_t> local = shape;
+  local[0] = rows;
+  int64_t row_numel = 1;
+  for (size_t d = 1; d < shape.size(); ++d) row_numel *= shape[d];
+  at::Tensor t = at::empty(local, at::kFloat);
+  FillCounter(ToDistribution(rule.kind()), rule.scale(), seed, name, row_offset * row_numel,
+              rows * row_numel, t.data_ptr<float>());
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::JobSpec& job) {
+  std::unique_ptr<DataSource> source(new DataSource(job));
+  if (!job.data().has_token_file()) return source;
+  const auto& file = job.data().token_file();
+  std::ifstream in(file.path(), std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", file.path()));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int64_t vocab = job.model().decoder().vocab();
+  switch (file.format()) {
+    case baton::v1::TokenFile::UINT16:
+    case baton::v1::TokenFile::UINT32: {
+      const size_t width = file.format() == baton::v1::TokenFile::UINT16 ? 2 : 4;
+      if (bytes.size() % width != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(file.path(), " has ", bytes.size(),
+                                                       " bytes, not a multiple of ", width));
+      }
+      for (size_t i = 0; i < bytes.size(); i += width) {
+        uint32_t v = 0;
+        for (size_t b = 0; b < width; ++b) v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + b])) << (8 * b);
+        if (v >= static_cast<uint64_t>(vocab)) {
+          return absl::InvalidArgumentError(absl::StrCat(file.path(), ": token ", v, " at index ", i / width,
+                                                         " is outside the vocabulary of ", vocab));
+        }
+        source->tokens_.push_back(v);
+      }
+      break;
+    }
+    case baton::v1::TokenFile::TEXT_BYTES:
+      for (unsigned char c : bytes) source->tokens_.push_back(c);
+      break;
+    default:
+      return absl::InvalidArgumentError("unknown token file format");
+  }
+  const int64_t window = job.model().decoder().seq_len() + 1;
+  if (static_cast<int64_t>(source->tokens_.size()) < window) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), " holds ", source->tokens_.size(),
+                                                   " tokens; one sequence needs ", window));
+  }
+  return source;
+}
+
+Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
+  const uint64_t seed = job_.seed();
+  const int64_t global_row = (step - 1) * job_.data().batch_size() + row_begin;
+  Batch batch;
+  batch.rows = rows;
+  if (job_.model().has_mlp()) {
+    const int64_t d = job_.model().mlp().d_model();
+    batch.x = at::empty({rows, d}, at::kFloat);
+    batch.y = at::empty({rows, 1}, at::kFloat);
+    FillCounter(Distribution::kNormal, 1.0f, seed, "data.x", global_row * d, rows * d,
+                batch.x.data_ptr<float>());
+    FillCounter(Distribution::kNormal, 1.0f, seed, "data.y", global_row, rows, batch.y.data_ptr<float>());
+    return batch;
+  }
+  const int64_t t = job_.model().decoder().seq_len(), window = t + 1;
+  at::Tensor seq = at::empty({rows, window}, at::kLong);
+  int64_t* out = seq.data_ptr<int64_t>();
+  if (tokens_.empty()) {
+    const uint64_t stream = StreamId("data.tokens");
+    const int64_t vocab = job_.model().decoder().vocab();
+    for (int64_t i = 0; i < rows * window; ++i) {
+      out[i] = CounterInt(seed, stream, static_cast<uint64_t>(global_row * window + i), vocab);
+    }
+  } else {
+    // Consecutive windows through the file, wrapping around.
+    const int64_t starts = static_cast<int64_t>(tokens_.size()) - window + 1;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t start = ((global_row + r) * window) % starts;
+      for (int64_t j = 0; j < window; ++j) out[r * window + j] = tokens_[start + j];
+    }
+  }
+  batch.tokens = seq.narrow(1, 0, t).contiguous();
+  batch.targets = seq.narrow(1, 1, t).contiguous();
+  return batch;
+}
+
+}  // namespace baton

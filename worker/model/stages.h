@@ -1,0 +1,38 @@
+// The model's forward pass as functions of (stage, parameters, input), in
+// LibTorch with autograd. The same code serves the single-process reference
+// and the sharded Executor: only where the parameters come from differs.
+// Parameters are looked up by FQN; a unit's stage reads only its own.
+#ifndef BATON_WORKER_MODEL_STAGES_H_
+#define BATON_WORKER_MODEL_STAGES_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+
+#include "proto/job.pb.h"
+#include "proto/program.pb.h"
+
+namespace baton {
+
+// One microbatch of one rank. MLP: x (rows, d) and y (rows, 1). Decoder:
+// tokens and targets (rows, seq_len), int64.
+struct Batch {
+  at::Tensor x, y;
+  at::Tensor tokens, targets;
+  int64_t rows = 0;
+};
+
+using ParamLookup = std::function<const at::Tensor&(const std::string& fqn)>;
+
+// Runs one forward stage. `input` is the previous stage's output (undefined
+// for the first stage). Loss stages return the scalar loss (mean over the
+// microbatch's rows, in fp32); the others return the activation.
+// `unit_name` is the unit's prefix ("layers.3", "root").
+at::Tensor StageForward(const baton::v1::Stage& stage, const baton::v1::ModelSpec& model,
+                        const std::string& unit_name, const ParamLookup& params,
+                        const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype);
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_MODEL_STAGES_H_
