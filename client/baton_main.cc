@@ -3,6 +3,8 @@
 //   baton up --workers N [--address_file F]         local controller + N workers
 //   baton status --controller ADDR [--output=json]  one line per worker
 //   baton check --controller ADDR --mesh dp=2,tp=2  check every collective
+//   baton run --controller ADDR JOBFILE [--output=json]  train through the controller
+//   baton reference JOBFILE [--output=json]          the same job in this process
 //
 // Exit status: 0 success, 1 failure, 2 bad usage.
 #include <signal.h>
@@ -10,6 +12,9 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
+
+#include <ATen/Parallel.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -20,6 +25,9 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/local_cluster.h"
+#include "client/step_output.h"
+#include "strategies/job_spec.h"
+#include "worker/model/reference_trainer.h"
 #include "common/process.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -37,7 +45,8 @@ ABSL_FLAG(std::string, axes, "", "check: comma-separated axes to check (default:
 ABSL_FLAG(int64_t, numel, 1 << 20, "check: elements per collective (P).");
 ABSL_FLAG(int, iters, 3, "check: timed iterations per collective.");
 ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
-ABSL_FLAG(std::string, backend, "gloo", "check: gloo or nccl.");
+ABSL_FLAG(std::string, backend, "gloo", "check, run: gloo or nccl.");
+ABSL_FLAG(int64_t, step_timeout_ms, 30000, "run: timeout of one collective within a step.");
 
 namespace baton {
 namespace {
@@ -48,7 +57,9 @@ std::string Usage() {
   return "usage:\n"
          "  baton up --workers N [--address_file F]\n"
          "  baton status --controller HOST:PORT [--output=json]\n"
-         "  baton check --controller HOST:PORT --mesh dp=2,tp=2 [--numel N] [--iters K]\n";
+         "  baton check --controller HOST:PORT --mesh dp=2,tp=2 [--numel N] [--iters K]\n"
+         "  baton run --controller HOST:PORT JOBFILE [--output=json]\n"
+         "  baton reference JOBFILE [--output=json]\n";
 }
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -195,9 +206,104 @@ int Check() {
   return resp->passed() ? 0 : 1;
 }
 
+// Loads and validates a job file; prints why not and returns nullopt.
+std::optional<baton::v1::JobSpec> LoadJobOrExplain(const std::string& command, const std::string& path) {
+  auto job = LoadJobSpec(path);
+  if (!job.ok()) {
+    std::fprintf(stderr, "baton %s: %s\n", command.c_str(), job.status().ToString().c_str());
+    return std::nullopt;
+  }
+  return *job;
+}
+
+int Run(const std::string& path) {
+  // A bad job file fails here, before any worker is touched.
+  auto job = LoadJobOrExplain("run", path);
+  if (!job) return kUsage;
+  const bool json = absl::GetFlag(FLAGS_output) == "json";
+  auto client = ConnectFromFlag();
+  if (!client.ok()) {
+    std::fprintf(stderr, "baton run: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  baton::v1::CreateJobRequest create;
+  *create.mutable_job() = *job;
+  create.set_backend(absl::GetFlag(FLAGS_backend) == "nccl" ? baton::v1::NCCL : baton::v1::GLOO);
+  auto created = (*client)->CreateJob(create);
+  if (!created.ok()) {
+    std::fprintf(stderr, "baton run: %s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  const std::string job_id = created->job().job_id();
+  std::fprintf(stderr, "%s \"%s\": %lld parameters on %s (%d ranks); theory per rank: comm %lld B/step, "
+               "state %lld B\n",
+               job_id.c_str(), job->name().c_str(), static_cast<long long>(created->parameters()),
+               created->mesh().mesh_id().c_str(), created->mesh().worker_names_size(),
+               static_cast<long long>(created->expected_comm_bytes()),
+               static_cast<long long>(created->expected_state_bytes()));
+  ProgressBar progress(job->steps());
+  for (int step = 1; step <= job->steps(); ++step) {
+    baton::v1::StepRequest req;
+    req.set_job_id(job_id);
+    req.set_steps(1);
+    req.set_timeout_ms(absl::GetFlag(FLAGS_step_timeout_ms));
+    auto resp = (*client)->Step(req);
+    if (!resp.ok()) {
+      progress.Finish();
+      std::fprintf(stderr, "baton run: %s\n", resp.status().ToString().c_str());
+      std::printf("run FAILED at step %d: %s\n", step, resp.status().ToString().c_str());
+      return 1;
+    }
+    for (const auto& m : resp->metrics()) {
+      progress.Finish();
+      std::printf("%s\n", FormatStep(m, job->steps(), json).c_str());
+      std::fflush(stdout);
+    }
+    progress.Update(step);
+  }
+  progress.Finish();
+  return 0;
+}
+
+int Reference(const std::string& path) {
+  auto job = LoadJobOrExplain("reference", path);
+  if (!job) return kUsage;
+  const bool json = absl::GetFlag(FLAGS_output) == "json";
+  at::set_num_threads(job->threads_per_rank());
+  auto trainer = ReferenceTrainer::Create(*job);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "baton reference: %s\n", trainer.status().ToString().c_str());
+    return 1;
+  }
+  ProgressBar progress(job->steps());
+  for (int step = 1; step <= job->steps(); ++step) {
+    auto m = (*trainer)->Step();
+    if (!m.ok()) {
+      progress.Finish();
+      std::fprintf(stderr, "baton reference: %s\n", m.status().ToString().c_str());
+      return 1;
+    }
+    progress.Finish();
+    std::printf("%s\n", FormatStep(*m, job->steps(), json).c_str());
+    std::fflush(stdout);
+    progress.Update(step);
+  }
+  progress.Finish();
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(Usage());
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() == 3) {
+    const std::string command = positional[1];
+    if (absl::GetFlag(FLAGS_output) != "text" && absl::GetFlag(FLAGS_output) != "json") {
+      std::fprintf(stderr, "--output must be text or json\n");
+      return kUsage;
+    }
+    if (command == "run") return Run(positional[2]);
+    if (command == "reference") return Reference(positional[2]);
+  }
   if (positional.size() != 2) {
     std::fprintf(stderr, "%s", Usage().c_str());
     return kUsage;

@@ -73,6 +73,34 @@ absl::StatusOr<baton::v1::CheckCollectivesResponse> Client::CheckCollectives(
   return resp;
 }
 
+absl::StatusOr<baton::v1::CreateJobResponse> Client::CreateJob(
+    const baton::v1::CreateJobRequest& request, absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  baton::v1::CreateJobResponse resp;
+  if (auto s = FromGrpcStatus(stub_->CreateJob(&ctx, request, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<baton::v1::StepResponse> Client::Step(const baton::v1::StepRequest& request,
+                                                     absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  baton::v1::StepResponse resp;
+  if (auto s = FromGrpcStatus(stub_->Step(&ctx, request, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<baton::v1::StopJobResponse> Client::StopJob(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kCallDeadline);
+  baton::v1::StopJobRequest req;
+  req.set_job_id(job_id);
+  baton::v1::StopJobResponse resp;
+  if (auto s = FromGrpcStatus(stub_->StopJob(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::Status Client::Watch(int64_t after_sequence,
                            const std::function<bool(const baton::v1::Event&)>& on_event,
                            absl::Duration duration) {

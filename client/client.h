@@ -38,6 +38,11 @@ class Client {
   absl::StatusOr<baton::v1::CheckCollectivesResponse> CheckCollectives(
       const baton::v1::CheckCollectivesRequest& request,
       absl::Duration deadline = absl::Minutes(10));
+  absl::StatusOr<baton::v1::CreateJobResponse> CreateJob(const baton::v1::CreateJobRequest& request,
+                                                        absl::Duration deadline = absl::Minutes(2));
+  absl::StatusOr<baton::v1::StepResponse> Step(const baton::v1::StepRequest& request,
+                                               absl::Duration deadline = absl::Minutes(30));
+  absl::StatusOr<baton::v1::StopJobResponse> StopJob(const std::string& job_id);
   // Streams events to `on_event` until it returns false or `duration` passed.
   absl::Status Watch(int64_t after_sequence, const std::function<bool(const baton::v1::Event&)>& on_event,
                      absl::Duration duration);

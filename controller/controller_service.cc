@@ -133,6 +133,7 @@ void ControllerService::AbortMesh(const baton::v1::Mesh& mesh, const std::string
     }
   }
   registry_->SetState(names, baton::v1::REGISTERED);
+  FailJob(mesh, reason);
   std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*,
                              const baton::v1::AbortRequest&, baton::v1::AbortResponse*)>
       abort = [](auto* stub, auto* ctx, const auto& req, auto* resp) {
@@ -253,6 +254,7 @@ grpc::Status ControllerService::Status(grpc::ServerContext*, const baton::v1::St
   absl::MutexLock lock(&mu_);
   if (current_.epoch() != 0) *resp->mutable_mesh() = current_;
   resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
+  if (!job_.status.job_id().empty()) *resp->mutable_job() = job_.status;
   return grpc::Status::OK;
 }
 

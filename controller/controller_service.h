@@ -55,6 +55,13 @@ class ControllerService final : public baton::v1::Controller::Service {
                                 baton::v1::CheckCollectivesResponse* resp) override;
   grpc::Status Watch(grpc::ServerContext* ctx, const baton::v1::WatchRequest* req,
                      grpc::ServerWriter<baton::v1::Event>* writer) override;
+  // Jobs (controller_jobs.cc).
+  grpc::Status CreateJob(grpc::ServerContext*, const baton::v1::CreateJobRequest* req,
+                         baton::v1::CreateJobResponse* resp) override;
+  grpc::Status Step(grpc::ServerContext*, const baton::v1::StepRequest* req,
+                    baton::v1::StepResponse* resp) override;
+  grpc::Status StopJob(grpc::ServerContext*, const baton::v1::StopJobRequest* req,
+                       baton::v1::StopJobResponse* resp) override;
 
  private:
   // Returns the current mesh if it matches and is intact, else forms a new
@@ -72,6 +79,9 @@ class ControllerService final : public baton::v1::Controller::Service {
   std::string ExplainFailure(const baton::v1::Mesh& mesh,
                              const std::vector<grpc::Status>& statuses) const;
   void MonitorLoop();
+  // Marks the current job FAILED (if it runs on `mesh`) with `reason`.
+  void FailJob(const baton::v1::Mesh& mesh, const std::string& reason);
+  int64_t LiveWorkers() const;
 
   WorkerRegistry* const registry_;
   KeyValueStore* const kv_;
@@ -85,6 +95,15 @@ class ControllerService final : public baton::v1::Controller::Service {
   std::vector<std::string> current_incarnations_ ABSL_GUARDED_BY(mu_);
   baton::v1::CommBackend current_backend_ ABSL_GUARDED_BY(mu_) = baton::v1::GLOO;
   int64_t next_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+
+  // The current (or last) job; at most one runs at a time.
+  struct JobRecord {
+    baton::v1::JobStatus status;
+    baton::v1::JobSpec spec;
+    baton::v1::Mesh mesh;
+  };
+  JobRecord job_ ABSL_GUARDED_BY(mu_);
+  int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
 
   absl::Notification stop_;
   std::thread monitor_;

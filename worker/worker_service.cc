@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <thread>
 
+#include <ATen/Parallel.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "mesh/device_mesh.h"
@@ -166,17 +168,9 @@ grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
     if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
       return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
     }
-    std::shared_ptr<MeshState> state;
-    {
-      absl::MutexLock lock(&mu_);
-      state = current_;
-    }
-    if (state == nullptr || state->mesh.epoch() != req->epoch()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("worker ", name(), " is not configured for mesh epoch ",
-                                       req->epoch(), state ? absl::StrCat(" (it is in epoch ", state->mesh.epoch(), ")")
-                                                           : std::string(" (it is in no mesh)")));
-    }
+    auto found = MeshOfEpoch(req->epoch());
+    if (!found.ok()) return ToGrpcStatus(found.status());
+    std::shared_ptr<MeshState> state = *found;
     auto it = state->comms.find(req->axis());
     if (it == state->comms.end()) {
       std::string names;
@@ -226,6 +220,58 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const baton::v1::AbortRe
   // destructor may wait for an operation in flight, so do it off this thread.
   if (dropped != nullptr) std::thread([d = std::move(dropped)]() mutable { d.reset(); }).detach();
   return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::MeshOfEpoch(int64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  if (current_ == nullptr || current_->mesh.epoch() != epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", identity_.name(), " is not configured for mesh epoch ", epoch,
+        current_ ? absl::StrCat(" (it is in epoch ", current_->mesh.epoch(), ")") : std::string(" (it is in no mesh)")));
+  }
+  return current_;
+}
+
+grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const baton::v1::LoadProgramRequest* req,
+                                        baton::v1::LoadProgramResponse* resp) {
+  return Guarded("LoadProgram", [&]() -> grpc::Status {
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    const baton::v1::Program& program = req->program();
+    if (program.rank() != (*state)->rank) {
+      return Invalid(absl::StrCat("program is for rank ", program.rank(), " but this worker is rank ",
+                                  (*state)->rank));
+    }
+    if (program.job().threads_per_rank() > 0) at::set_num_threads(program.job().threads_per_rank());
+    auto executor = Executor::Create(program, (*state)->comms);
+    if (!executor.ok()) return ToGrpcStatus(executor.status());
+    absl::MutexLock lock(&(*state)->run_mu);
+    resp->set_state_bytes((*executor)->state_bytes());
+    (*state)->job_id = program.job_id();
+    (*state)->executor = std::move(*executor);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status WorkerService::RunStep(grpc::ServerContext*, const baton::v1::RunStepRequest* req,
+                                    baton::v1::RunStepResponse* resp) {
+  return Guarded("RunStep", [&]() -> grpc::Status {
+    if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
+      return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
+    }
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    absl::MutexLock lock(&(*state)->run_mu);
+    if ((*state)->executor == nullptr || (*state)->job_id != req->job_id()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
+    }
+    auto metrics = (*state)->executor->RunStep(req->step(), Milliseconds(req->timeout_ms()));
+    if (!metrics.ok()) return ToGrpcStatus(metrics.status());
+    resp->set_rank((*state)->rank);
+    *resp->mutable_metrics() = *metrics;
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const baton::v1::GetInfoRequest*,

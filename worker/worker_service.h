@@ -22,6 +22,7 @@
 #include "common/kv_store.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/comm/communicator.h"
+#include "worker/executor.h"
 
 namespace baton {
 
@@ -44,6 +45,10 @@ class WorkerService final : public baton::v1::Worker::Service {
                      baton::v1::AbortResponse* resp) override;
   grpc::Status GetInfo(grpc::ServerContext* ctx, const baton::v1::GetInfoRequest* req,
                        baton::v1::GetInfoResponse* resp) override;
+  grpc::Status LoadProgram(grpc::ServerContext* ctx, const baton::v1::LoadProgramRequest* req,
+                           baton::v1::LoadProgramResponse* resp) override;
+  grpc::Status RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest* req,
+                       baton::v1::RunStepResponse* resp) override;
 
  private:
   struct MeshState {
@@ -52,7 +57,14 @@ class WorkerService final : public baton::v1::Worker::Service {
     // "world" and every mesh axis name.
     std::map<std::string, std::shared_ptr<Communicator>> comms;
     std::map<std::string, std::vector<int>> group_ranks;
+    // The loaded job, if any; `run_mu` lets one step run at a time.
+    absl::Mutex run_mu;
+    std::string job_id ABSL_GUARDED_BY(run_mu);
+    std::unique_ptr<Executor> executor ABSL_GUARDED_BY(run_mu);
   };
+
+  // The current mesh if it has `epoch`, else FAILED_PRECONDITION.
+  absl::StatusOr<std::shared_ptr<MeshState>> MeshOfEpoch(int64_t epoch);
 
   std::string name() ABSL_LOCKS_EXCLUDED(mu_);
   // Everything about a Configure request that can be checked without

@@ -94,10 +94,16 @@ Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
   at::Tensor seq = at::empty({rows, window}, at::kLong);
   int64_t* out = seq.data_ptr<int64_t>();
   if (tokens_.empty()) {
-    const uint64_t stream = StreamId("data.tokens");
+    // Synthetic sequences with structure a model can learn in context: each
+    // row is an arithmetic progression modulo the vocabulary, with a random
+    // start and a random stride in [1, 8].
+    const uint64_t starts = StreamId("data.start"), strides = StreamId("data.stride");
     const int64_t vocab = job_.model().decoder().vocab();
-    for (int64_t i = 0; i < rows * window; ++i) {
-      out[i] = CounterInt(seed, stream, static_cast<uint64_t>(global_row * window + i), vocab);
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint64_t row = static_cast<uint64_t>(global_row + r);
+      const int64_t start = CounterInt(seed, starts, row, vocab);
+      const int64_t stride = 1 + CounterInt(seed, strides, row, 8);
+      for (int64_t j = 0; j < window; ++j) out[r * window + j] = (start + j * stride) % vocab;
     }
   } else {
     // Consecutive windows through the file, wrapping around.

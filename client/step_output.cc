@@ -1,0 +1,46 @@
+#include "client/step_output.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace baton {
+
+std::string FormatStep(const baton::v1::StepMetrics& m, int total_steps, bool json) {
+  if (json) {
+    return absl::StrFormat(
+        "{\"step\":%d,\"loss\":%.9g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"comm_bytes\":%d,"
+        "\"state_bytes\":%d,\"peak_unsharded_param_bytes\":%d,\"grad_norm\":%.9g,\"tokens\":%d}",
+        m.step(), m.loss(), m.tokens_per_s(), m.step_ms(), m.comm_bytes(), m.state_bytes(),
+        m.peak_unsharded_param_bytes(), m.grad_norm(), m.tokens());
+  }
+  return absl::StrFormat(
+      "step %4d/%-4d loss %.6f  tokens/s %9.0f  step %8.2f ms  comm/rank %10d B  state/rank %10d B  "
+      "peak unsharded %10d B",
+      m.step(), total_steps, m.loss(), m.tokens_per_s(), m.step_ms(), m.comm_bytes(), m.state_bytes(),
+      m.peak_unsharded_param_bytes());
+}
+
+ProgressBar::ProgressBar(int total) : total_(total), enabled_(isatty(2)), start_(absl::Now()) {}
+
+void ProgressBar::Update(int done) {
+  if (!enabled_ || total_ <= 0) return;
+  constexpr int kWidth = 30;
+  const int filled = done * kWidth / total_;
+  std::string bar(static_cast<size_t>(filled), '=');
+  if (filled < kWidth) bar += '>';
+  bar.resize(kWidth, ' ');
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
+  const double eta = done > 0 ? elapsed / done * (total_ - done) : 0;
+  std::fprintf(stderr, "\r[%s] %d/%d ETA %.1fs ", bar.c_str(), done, total_, eta);
+  std::fflush(stderr);
+}
+
+void ProgressBar::Finish() {
+  if (enabled_) std::fprintf(stderr, "\r%*s\r", 60, "");
+}
+
+}  // namespace baton

@@ -1,0 +1,222 @@
+// ControllerService's job RPCs: CreateJob, Step, StopJob.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "controller/controller_service.h"
+#include "strategies/job_spec.h"
+#include "strategies/planner.h"
+
+namespace baton {
+namespace {
+
+constexpr int64_t kDefaultStepTimeoutMs = 30000;
+constexpr int64_t kMaxStepTimeoutMs = 600000;
+// A step is many collectives; its RPC deadline is this many collective
+// timeouts (a failing collective ends the step long before).
+constexpr int kStepDeadlineInTimeouts = 4;
+
+bool Finished(baton::v1::JobState s) {
+  return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
+}
+
+}  // namespace
+
+int64_t ControllerService::LiveWorkers() const {
+  int64_t alive = 0;
+  for (const auto& w : registry_->List()) alive += w.state() != baton::v1::DEAD;
+  return alive;
+}
+
+void ControllerService::FailJob(const baton::v1::Mesh& mesh, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (job_.status.job_id().empty() || job_.mesh.epoch() != mesh.epoch() ||
+      Finished(job_.status.state())) {
+    return;
+  }
+  job_.status.set_state(baton::v1::JOB_FAILED);
+  job_.status.set_error(reason);
+  events_->Append("job_failed", "", -1, absl::StrCat(job_.status.job_id(), ": ", reason));
+}
+
+grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1::CreateJobRequest* req,
+                                          baton::v1::CreateJobResponse* resp) {
+  // Everything that can be checked without a worker is checked first.
+  baton::v1::JobSpec job = WithDefaults(req->job());
+  if (auto s = ValidateJobSpec(job); !s.ok()) return ToGrpcStatus(s);
+  const int need = MeshSize(job);
+  const int64_t fleet = static_cast<int64_t>(registry_->List().size());
+  const int64_t alive = LiveWorkers();
+  if (need > alive) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("job \"", job.name(), "\" needs ", need, " workers for its mesh but ",
+                                     alive, " are alive (", fleet, " registered); start ",
+                                     need - alive, " more or shrink the mesh"));
+  }
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!job_.status.job_id().empty() && !Finished(job_.status.state())) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", job_.status.job_id(), " is still ",
+                                       baton::v1::JobState_Name(job_.status.state()),
+                                       "; stop it first (StopJob)"));
+    }
+    job_id = absl::StrCat("job-", next_job_++);
+  }
+  auto programs = CompilePrograms(job, job_id);
+  if (!programs.ok()) return ToGrpcStatus(programs.status());
+
+  absl::MutexLock op(&op_mu_);
+  baton::v1::MeshSpec spec;
+  *spec.mutable_axes() = job.mesh();
+  auto formed = EnsureMesh(spec, req->backend());
+  if (!formed.ok()) return ToGrpcStatus(formed.status());
+  const baton::v1::Mesh mesh = *formed;
+  std::vector<std::string> addresses(mesh.worker_addresses().begin(), mesh.worker_addresses().end());
+  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*,
+                             const baton::v1::LoadProgramRequest&, baton::v1::LoadProgramResponse*)>
+      load = [](auto* stub, auto* ctx, const auto& r, auto* out) { return stub->LoadProgram(ctx, r, out); };
+  std::string abort_reason;
+  auto results = dispatcher_.Call<baton::v1::LoadProgramRequest, baton::v1::LoadProgramResponse>(
+      addresses, load,
+      [&](size_t r) {
+        baton::v1::LoadProgramRequest lr;
+        lr.set_epoch(mesh.epoch());
+        *lr.mutable_program() = (*programs)[r];
+        return lr;
+      },
+      absl::Seconds(60) + options_.rpc_slack, [&] { return DeadWorkerIn(mesh); }, &abort_reason);
+  std::vector<grpc::Status> statuses;
+  bool ok = abort_reason.empty();
+  for (const auto& r : results) {
+    statuses.push_back(r.status);
+    ok = ok && r.status.ok();
+  }
+  if (!ok) {
+    const std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
+    AbortMesh(mesh, why);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("loading job ", job_id, " failed: ", why));
+  }
+  baton::v1::JobStatus status;
+  status.set_job_id(job_id);
+  status.set_name(job.name());
+  status.set_state(baton::v1::JOB_CREATED);
+  status.set_steps(job.steps());
+  {
+    absl::MutexLock lock(&mu_);
+    job_.status = status;
+    job_.spec = job;
+    job_.mesh = mesh;
+  }
+  events_->Append("job_created", "", -1, absl::StrCat(job_id, " \"", job.name(), "\" on ", mesh.mesh_id()));
+  const PlanTheory theory = ComputeTheory(job);
+  *resp->mutable_job() = status;
+  *resp->mutable_mesh() = mesh;
+  resp->set_parameters(theory.parameters);
+  resp->set_expected_comm_bytes(theory.comm_bytes);
+  resp->set_expected_state_bytes(theory.state_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::StepRequest* req,
+                                     baton::v1::StepResponse* resp) {
+  const int64_t timeout_ms = req->timeout_ms() == 0 ? kDefaultStepTimeoutMs : req->timeout_ms();
+  if (timeout_ms < 1 || timeout_ms > kMaxStepTimeoutMs) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("timeout_ms ", timeout_ms, " outside [1, ", kMaxStepTimeoutMs, "]"));
+  }
+  const int steps = req->steps() == 0 ? 1 : req->steps();
+  if (steps < 0) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "steps must be positive");
+  absl::MutexLock op(&op_mu_);
+  JobRecord job;
+  {
+    absl::MutexLock lock(&mu_);
+    job = job_;
+  }
+  if (job.status.job_id() != req->job_id()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("unknown job \"", req->job_id(), "\""));
+  }
+  if (Finished(job.status.state())) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("job ", job.status.job_id(), " is ",
+                                     baton::v1::JobState_Name(job.status.state()),
+                                     job.status.error().empty() ? "" : ": " + job.status.error()));
+  }
+  const baton::v1::Mesh& mesh = job.mesh;
+  std::vector<std::string> addresses(mesh.worker_addresses().begin(), mesh.worker_addresses().end());
+  std::vector<std::string> names(mesh.worker_names().begin(), mesh.worker_names().end());
+  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*,
+                             const baton::v1::RunStepRequest&, baton::v1::RunStepResponse*)>
+      run = [](auto* stub, auto* ctx, const auto& r, auto* out) { return stub->RunStep(ctx, r, out); };
+  registry_->SetState(names, baton::v1::RUNNING);
+  int step = job.status.step();
+  for (int i = 0; i < steps && step < job.status.steps(); ++i) {
+    ++step;
+    baton::v1::RunStepRequest rr;
+    rr.set_epoch(mesh.epoch());
+    rr.set_job_id(job.status.job_id());
+    rr.set_step(step);
+    rr.set_timeout_ms(timeout_ms);
+    std::string abort_reason;
+    auto results = dispatcher_.Call<baton::v1::RunStepRequest, baton::v1::RunStepResponse>(
+        addresses, run, [&](size_t) { return rr; },
+        absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts + options_.rpc_slack,
+        [&] { return DeadWorkerIn(mesh); }, &abort_reason);
+    std::vector<grpc::Status> statuses;
+    bool ok = abort_reason.empty();
+    for (const auto& r : results) {
+      statuses.push_back(r.status);
+      ok = ok && r.status.ok();
+    }
+    if (!ok) {
+      const std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
+      AbortMesh(mesh, why);  // also fails the job
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          absl::StrCat("job ", job.status.job_id(), " step ", step, " failed: ", why));
+    }
+    // Per-rank figures as the max over ranks; tokens summed over ranks.
+    baton::v1::StepMetrics m = results[0].response.metrics();
+    int64_t tokens = 0;
+    for (const auto& r : results) {
+      const auto& rm = r.response.metrics();
+      tokens += rm.tokens();
+      m.set_step_ms(std::max(m.step_ms(), rm.step_ms()));
+      m.set_comm_bytes(std::max(m.comm_bytes(), rm.comm_bytes()));
+      m.set_state_bytes(std::max(m.state_bytes(), rm.state_bytes()));
+      m.set_peak_unsharded_param_bytes(std::max(m.peak_unsharded_param_bytes(), rm.peak_unsharded_param_bytes()));
+    }
+    m.set_tokens(tokens);
+    m.set_tokens_per_s(m.step_ms() > 0 ? tokens / (m.step_ms() / 1e3) : 0);
+    *resp->add_metrics() = m;
+    absl::MutexLock lock(&mu_);
+    if (job_.status.job_id() == job.status.job_id()) {
+      job_.status.set_step(step);
+      job_.status.set_state(step >= job_.status.steps() ? baton::v1::JOB_FINISHED : baton::v1::JOB_RUNNING);
+      *job_.status.mutable_last() = m;
+    }
+  }
+  registry_->SetState(names, baton::v1::CONFIGURED);
+  absl::MutexLock lock(&mu_);
+  *resp->mutable_job() = job_.status;
+  if (job_.status.state() == baton::v1::JOB_FINISHED && job_.status.step() == step) {
+    events_->Append("job_finished", "", -1, absl::StrCat(job_.status.job_id(), " after ", step, " steps"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::StopJob(grpc::ServerContext*, const baton::v1::StopJobRequest* req,
+                                        baton::v1::StopJobResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  if (job_.status.job_id() != req->job_id()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("unknown job \"", req->job_id(), "\""));
+  }
+  if (!Finished(job_.status.state())) {
+    job_.status.set_state(baton::v1::JOB_STOPPED);
+    events_->Append("job_stopped", "", -1, job_.status.job_id());
+  }
+  *resp->mutable_job() = job_.status;
+  return grpc::Status::OK;
+}
+
+}  // namespace baton
