@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Baton's one entry point on a fresh Debian 12 machine (run as root):
-#   ./dev.sh demo   install what is missing, build, run the main job
+#   ./dev.sh demo   install what is missing, build, run the main job (a local
+#                   controller and 4 workers training a small decoder with FSDP)
 #   ./dev.sh test   install what is missing, build, run every test;
 #                   ends with a plain "N passed, N failed, N skipped" line
 #   ./dev.sh build  install what is missing, build everything
@@ -86,7 +87,9 @@ demo() {
   done
   address=$(cat "$dir/controller.addr")
   ./bazel-bin/client/baton status --controller "$address"
-  ./bazel-bin/client/baton check --controller "$address" --mesh dp=2,tp=2
+  # The main job: a small decoder trained with FSDP on the 4 workers,
+  # driven step by step through the controller.
+  ./bazel-bin/client/baton run --controller "$address" examples/decoder_demo.textproto
   ./bazel-bin/client/baton status --controller "$address"
   kill -TERM $up_pid
   wait $up_pid

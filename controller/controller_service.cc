@@ -87,25 +87,32 @@ std::string ControllerService::DeadWorkerIn(const baton::v1::Mesh& mesh) const {
 }
 
 std::string ControllerService::ExplainFailure(const baton::v1::Mesh& mesh,
-                                              const std::vector<grpc::Status>& statuses) const {
-  // A dead worker explains everything else; then one that did not answer;
-  // then whatever a worker reported.
+                                              const std::vector<grpc::Status>& statuses) {
+  // A dead worker explains everything else; then one that does not answer
+  // now (a crashed worker refuses connections at once, while the survivors
+  // only report that a collective failed); then whatever a worker reported.
   std::string dead = DeadWorkerIn(mesh);
   if (!dead.empty()) return dead;
-  std::vector<std::string> unreachable, other;
+  std::vector<std::string> addresses(mesh.worker_addresses().begin(), mesh.worker_addresses().end());
+  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*,
+                             const baton::v1::GetInfoRequest&, baton::v1::GetInfoResponse*)>
+      probe = [](auto* stub, auto* ctx, const auto& req, auto* resp) { return stub->GetInfo(ctx, req, resp); };
+  auto probes = dispatcher_.Call<baton::v1::GetInfoRequest, baton::v1::GetInfoResponse>(
+      addresses, probe, [](size_t) { return baton::v1::GetInfoRequest(); }, kProbeDeadline, nullptr,
+      nullptr);
+  for (size_t r = 0; r < probes.size(); ++r) {
+    if (probes[r].status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return absl::StrCat(Label(mesh, static_cast<int>(r)), " is unreachable (",
+                          probes[r].status.error_message(), ")");
+    }
+  }
+  std::vector<std::string> other;
   for (size_t r = 0; r < statuses.size(); ++r) {
     const grpc::Status& s = statuses[r];
     // Calls we cancelled after another failed explain nothing.
     if (s.ok() || s.error_code() == grpc::StatusCode::CANCELLED) continue;
-    std::string line = absl::StrCat(Label(mesh, static_cast<int>(r)), ": ", s.error_message());
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      unreachable.push_back(absl::StrCat(Label(mesh, static_cast<int>(r)),
-                                         " is unreachable (", s.error_message(), ")"));
-    } else {
-      other.push_back(line);
-    }
+    other.push_back(absl::StrCat(Label(mesh, static_cast<int>(r)), ": ", s.error_message()));
   }
-  if (!unreachable.empty()) return unreachable.front();
   if (!other.empty()) {
     return absl::StrCat(other.front(),
                         other.size() > 1 ? absl::StrCat(" (and ", other.size() - 1, " more)") : "");

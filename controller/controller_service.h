@@ -76,8 +76,10 @@ class ControllerService final : public baton::v1::Controller::Service {
   std::string DeadWorkerIn(const baton::v1::Mesh& mesh) const;
   // One sentence naming the worker (and rank) that most likely caused the
   // failures in `statuses` (indexed by mesh rank).
-  std::string ExplainFailure(const baton::v1::Mesh& mesh,
-                             const std::vector<grpc::Status>& statuses) const;
+  // Probes every worker of the mesh (GetInfo, kProbeDeadline) to tell a
+  // crashed one from survivors that merely saw a collective fail.
+  std::string ExplainFailure(const baton::v1::Mesh& mesh, const std::vector<grpc::Status>& statuses);
+  static constexpr absl::Duration kProbeDeadline = absl::Seconds(2);
   void MonitorLoop();
   // Marks the current job FAILED (if it runs on `mesh`) with `reason`.
   void FailJob(const baton::v1::Mesh& mesh, const std::string& reason);

@@ -84,7 +84,7 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
       done_mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), kAbortPollInterval);
       if (cancelled || done == n) continue;
       std::string reason;
-      if (!failed && should_abort) {
+      if (!failed && should_abort) {  // (evaluated without holding done_mu)
         done_mu.Unlock();
         reason = should_abort();
         done_mu.Lock();

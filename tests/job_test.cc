@@ -1,0 +1,182 @@
+// Training through the controller, end to end: `baton run` on a local fleet
+// against `baton reference` in one process, bad job files, and a worker
+// killed mid-job. Real binaries on loopback, hard timeouts, nothing left
+// behind.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/local_cluster.h"
+#include "tests/process_util.h"
+
+namespace baton {
+namespace {
+
+using testing::Runfile;
+using testing::RunCommand;
+
+std::string Baton() { return Runfile("client/baton"); }
+
+std::unique_ptr<LocalCluster> StartCluster(int workers) {
+  LocalClusterOptions o;
+  o.workers = workers;
+  o.controller_bin = Runfile("controller/baton-controller");
+  o.worker_bin = Runfile("worker/baton-worker");
+  auto cluster = LocalCluster::Start(o);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
+void StopAndExpectAllGone(LocalCluster& cluster) {
+  std::vector<pid_t> pids;
+  for (const auto& p : cluster.processes()) pids.push_back(p.pid);
+  cluster.Stop(absl::Seconds(4));
+  for (pid_t pid : pids) EXPECT_TRUE(testing::AwaitGone(pid, absl::Seconds(1))) << pid;
+}
+
+// The value of a numeric JSON key in one of our flat step objects.
+double Field(const std::string& line, const std::string& key) {
+  const std::string k = "\"" + key + "\":";
+  auto pos = line.find(k);
+  if (pos == std::string::npos) return NAN;
+  double v = NAN;
+  auto end = line.find_first_of(",}", pos);
+  (void)absl::SimpleAtod(line.substr(pos + k.size(), end - pos - k.size()), &v);
+  return v;
+}
+
+std::vector<std::string> JsonLines(const std::string& output) {
+  std::vector<std::string> lines;
+  for (absl::string_view l : absl::StrSplit(output, '\n')) {
+    if (absl::StartsWith(l, "{\"step\":")) lines.emplace_back(l);
+  }
+  return lines;
+}
+
+TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  for (const char* example : {"decoder_fsdp2", "decoder_fsdp4", "decoder_zero1", "decoder_zero2",
+                              "decoder_ddp", "decoder_hsdp", "mlp_seed_lab"}) {
+    const std::string file = Runfile(absl::StrCat("examples/", example, ".textproto"));
+    auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file,
+                           "--output=json"},
+                          absl::Seconds(120));
+    auto ref = RunCommand({Baton(), "reference", file, "--output=json"}, absl::Seconds(120));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    ASSERT_EQ(ref.exit_code, 0) << ref.output;
+    auto run_lines = JsonLines(run.output), ref_lines = JsonLines(ref.output);
+    ASSERT_FALSE(run_lines.empty());
+    ASSERT_EQ(run_lines.size(), ref_lines.size());
+    double worst = 0;
+    for (size_t i = 0; i < run_lines.size(); ++i) {
+      for (const char* key : {"step", "loss", "tokens_per_s", "step_ms", "comm_bytes", "state_bytes",
+                              "peak_unsharded_param_bytes"}) {
+        EXPECT_FALSE(std::isnan(Field(run_lines[i], key))) << key << " missing in " << run_lines[i];
+      }
+      const double a = Field(run_lines[i], "loss"), b = Field(ref_lines[i], "loss");
+      worst = std::max(worst, std::abs(a - b) / std::abs(b));
+    }
+    std::printf("%s: %zu steps through the controller, loss %.6f -> %.6f, worst relative difference "
+                "from the reference %.3g\n",
+                example, run_lines.size(), Field(run_lines.front(), "loss"), Field(run_lines.back(), "loss"),
+                worst);
+    EXPECT_LE(worst, 1e-5);
+  }
+  StopAndExpectAllGone(*cluster);
+}
+
+TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  const std::string dir = testing::TempDir("jobs");
+  const std::string good = testing::ReadFile(Runfile("examples/decoder_fsdp2.textproto"));
+  auto variant = [&](const std::string& name, const std::string& from, const std::string& to) {
+    std::string text = good;
+    auto pos = text.find(from);
+    EXPECT_NE(pos, std::string::npos) << from;
+    text.replace(pos, from.size(), to);
+    const std::string path = dir + "/" + name + ".textproto";
+    std::ofstream(path) << text;
+    return path;
+  };
+  struct Bad {
+    std::string path, expect;
+  } cases[] = {
+      {variant("unknown_field", "seq_len: 32", "seq_len: 32 dropout: 0.1"), "no field named \"dropout\""},
+      {variant("too_big", "size: 2", "size: 8"), "needs 8 workers"},
+      {variant("heads", "heads: 4", "heads: 3"), "not divisible by heads 3"},
+      {variant("negative_lr", "lr: 0.003", "lr: -0.003"), "optimizer.lr must be positive"},
+  };
+  for (const Bad& c : cases) {
+    auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), c.path},
+                          absl::Seconds(30));
+    std::printf("%s -> exit %d: %s", c.path.c_str(), run.exit_code, run.output.c_str());
+    EXPECT_NE(run.exit_code, 0);
+    EXPECT_TRUE(absl::StrContains(run.output, c.expect)) << run.output;
+  }
+  // No worker was touched: no mesh formed, no job created, all still REGISTERED.
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_FALSE(status->has_mesh());
+  EXPECT_FALSE(status->has_job());
+  for (const auto& w : status->workers()) EXPECT_EQ(w.state(), baton::v1::REGISTERED) << w.name();
+  StopAndExpectAllGone(*cluster);
+}
+
+TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  const std::string dir = testing::TempDir("killed");
+  auto run = testing::StartBackground({Baton(), "run", "--controller=" + cluster->controller_address(),
+                                       Runfile("examples/decoder_demo.textproto")},
+                                      dir + "/run.log");
+  // Wait for the first step line, then kill worker-1.
+  const absl::Time start = absl::Now();
+  while (!absl::StrContains(testing::ReadFile(dir + "/run.log"), "step    1/") &&
+         absl::Now() - start < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  pid_t victim = 0;
+  for (const auto& p : cluster->processes()) {
+    if (p.name == "worker-1") victim = p.pid;
+  }
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  bool timed_out = true;
+  const int code = testing::WaitBackground(run, absl::Seconds(30), &timed_out);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - killed);
+  const std::string output = testing::ReadFile(dir + "/run.log");
+  std::printf("run ended %.2f s after worker-1 was killed, exit %d:\n%s", seconds, code,
+              output.substr(output.size() > 600 ? output.size() - 600 : 0).c_str());
+  EXPECT_FALSE(timed_out);
+  EXPECT_EQ(code, 1);
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_TRUE(absl::StrContains(output, "worker-1")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "rank 1")) << output;
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->job().state(), baton::v1::JOB_FAILED) << status->job().DebugString();
+  StopAndExpectAllGone(*cluster);
+}
+
+class HardTimeout : public ::testing::Environment {
+ public:
+  void SetUp() override { testing::ArmHardTimeout(absl::Seconds(280)); }
+};
+const auto* const kHardTimeout = ::testing::AddGlobalTestEnvironment(new HardTimeout);
+
+}  // namespace
+}  // namespace baton
