@@ -82,6 +82,7 @@ JobSpec WithDefaults(JobSpec job) {
   if (!plan->has_reshard_after_forward()) plan->set_reshard_after_forward(true);
   if (!plan->has_root_reshard_after_forward()) plan->set_root_reshard_after_forward(false);
   if (!plan->has_prefetch()) plan->set_prefetch(true);
+  if (!plan->has_reshard_last_block()) plan->set_reshard_last_block(false);
   auto* opt = job.mutable_optimizer();
   if (!opt->has_beta1()) opt->set_beta1(0.9f);
   if (!opt->has_beta2()) opt->set_beta2(0.999f);

@@ -65,9 +65,8 @@ void EmitShardedMicrobatch(const JobSpec& job, const ModelLayout& layout, int mb
   const auto& plan = job.plan();
   const int n_stages = static_cast<int>(layout.stages.size());
   std::set<int> ready, in_flight;
-  auto reshard_after_forward = [&](int unit) {
-    return unit == 0 ? plan.root_reshard_after_forward() : plan.reshard_after_forward();
-  };
+  const int last_block = static_cast<int>(layout.units.size()) - 1;
+  auto reshard_after_forward = [&](int unit) { return ReshardsAfterForward(plan, unit, last_block); };
   auto ensure = [&](int unit) {
     if (ready.count(unit)) return;
     if (!in_flight.count(unit)) w->Unit(Instruction::GATHER_PARAMS, unit);
@@ -149,6 +148,14 @@ void EmitReplicatedMicrobatch(const JobSpec& job, const ModelLayout& layout, int
 }
 
 }  // namespace
+
+bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, int unit, int last_block) {
+  if (unit == 0) return plan.root_reshard_after_forward();
+  if (unit == last_block && last_block > 0) {
+    return plan.reshard_after_forward() && plan.reshard_last_block();
+  }
+  return plan.reshard_after_forward();
+}
 
 int ParamBytes(const JobSpec& job) {
   return job.plan().mixed_precision().param_dtype() == baton::v1::BF16 ? 2 : 4;
@@ -245,8 +252,8 @@ PlanTheory ComputeTheory(const JobSpec& job) {
     switch (mode) {
       case baton::v1::FSDP:
       case baton::v1::HSDP: {
-        const bool reshard = u == 0 ? job.plan().root_reshard_after_forward()
-                                    : job.plan().reshard_after_forward();
+        const bool reshard =
+            ReshardsAfterForward(job.plan(), static_cast<int>(u), static_cast<int>(layout.units.size()) - 1);
         const int gathers = (reshard ? 2 : 1) * m;
         comm += gathers * p * (n - 1) / n * pbytes + p * (n - 1) / n * 4;
         if (mode == baton::v1::HSDP) comm += 2 * (p / n) * (r - 1) / r * 4;

@@ -36,6 +36,10 @@ absl::StatusOr<std::vector<baton::v1::Program>> CompilePrograms(const baton::v1:
                                                                 const std::string& job_id);
 PlanTheory ComputeTheory(const baton::v1::JobSpec& job);
 
+// Whether `unit` frees its gathered parameters after its last forward stage
+// (units are numbered as in ModelLayout: 0 the root, last_block the last).
+bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, int unit, int last_block);
+
 // Bytes of one element of the compute / all-gather dtype.
 int ParamBytes(const baton::v1::JobSpec& job);
 

@@ -106,12 +106,20 @@ TEST(PlannerTest, FsdpGathersBlocksTwiceRootOnceAndPrefetchesOneAhead) {
   Replay r = ReplayProgram((*programs)[0]);
   EXPECT_EQ(r.gathers[0], 1);  // the root keeps its parameters through backward
   for (int u = 1; u <= 4; ++u) {
-    EXPECT_EQ(r.gathers[u], 2) << "unit " << u;  // forward and again for backward
+    // Forward and again for backward; the last block keeps its parameters
+    // (backward needs it first).
+    EXPECT_EQ(r.gathers[u], u == 4 ? 1 : 2) << "unit " << u;
     EXPECT_EQ(r.reduce_scatters[u], 1);
   }
   EXPECT_EQ(r.reduce_scatters[0], 1);
   std::printf("most blocks gathered at once: %d\n", r.max_gathered_blocks);
   EXPECT_EQ(r.max_gathered_blocks, 2);  // the one computing and the one prefetched
+}
+
+TEST(PlannerTest, ReshardLastBlockOnRequest) {
+  auto programs = CompilePrograms(SeedLab("mode: FSDP reshard_last_block: true"), "job-1");
+  ASSERT_TRUE(programs.ok());
+  EXPECT_EQ(ReplayProgram((*programs)[0]).gathers[4], 2);
 }
 
 TEST(PlannerTest, WithoutPrefetchOneBlockAtATime) {
@@ -126,6 +134,7 @@ TEST(PlannerTest, AccumulationReducesOnlyOnTheLastMicrobatch) {
   Replay r = ReplayProgram((*programs)[0]);
   for (int u = 0; u <= 4; ++u) EXPECT_EQ(r.reduce_scatters[u], 1);
   EXPECT_EQ(r.gathers[1], 4);
+  EXPECT_EQ(r.gathers[4], 2);  // the last block: once per microbatch
 }
 
 TEST(PlannerTest, ReplicatedModesNeverGatherForCompute) {
@@ -175,9 +184,11 @@ TEST(PlannerTest, TheoryMatchesTheFsdpFormulas) {
   auto job = SeedLab();
   PlanTheory t = ComputeTheory(job);
   const ModelLayout layout = BuildModelLayout(job.model());
-  const double root = layout.units[0].numel(), blocks = layout.parameters() - root;
-  // 3 P (N-1)/N for resharded units, 2 P (N-1)/N for the root, fp32, N = 2.
-  EXPECT_EQ(t.comm_bytes, static_cast<int64_t>((3 * blocks + 2 * root) * 0.5 * 4));
+  const double root = layout.units[0].numel(), last = layout.units.back().numel();
+  const double blocks = layout.parameters() - root - last;
+  // 3 P (N-1)/N for resharded units, 2 P (N-1)/N for the root and the last
+  // block, which do not reshard; fp32, N = 2.
+  EXPECT_EQ(t.comm_bytes, static_cast<int64_t>((3 * blocks + 2 * (root + last)) * 0.5 * 4));
   EXPECT_EQ(t.state_bytes, static_cast<int64_t>(16.0 * layout.parameters() / 2));
   EXPECT_EQ(ComputeTheory(SeedLab("mode: DDP")).comm_bytes,
             static_cast<int64_t>(2.0 * layout.parameters() * 0.5 * 4));

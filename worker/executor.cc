@@ -334,8 +334,10 @@ absl::Status Executor::Backward(int stage, int microbatch) {
     if (!g.defined()) continue;
     if (p.full_grad.defined()) {
       p.full_grad.add_(g);
+    } else if (g.scalar_type() == at::kFloat) {
+      p.full_grad = g;  // autograd's buffer becomes ours: no copy
     } else {
-      p.full_grad = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      p.full_grad = g.to(at::kFloat);
     }
     p.full.mutable_grad() = at::Tensor();
   }

@@ -228,10 +228,26 @@ const char kDecoder[] = R"pb(
 TEST(ExecutorTest, GradientAccumulationEqualsOneStepOnTheWholeBatch) {
   auto job = Job(With(kDecoder, "batch_size: 8", "batch_size: 8 microbatches: 4"));
   auto ref = Reference(Job(kDecoder));  // one microbatch of 8 rows
-  auto d = RunDistributed(job, 2, [&](Distributed&, int) { ASSERT_TRUE(ref->Step().ok()); });
-  const double diff = MaxParamDiff(*d, *ref);
-  std::printf("accumulation over 4 microbatches vs one 4x batch: max abs param diff %.3g\n", diff);
-  EXPECT_LE(diff, 1e-6);
+  std::pair<double, double> grads;
+  double params_after_one = 0;
+  auto d = RunDistributed(job, 2, [&](Distributed& dist, int step) {
+    ASSERT_TRUE(ref->Step().ok());
+    if (step == 1) {
+      grads = GradRatio(dist, *ref);
+      params_after_one = MaxParamDiff(dist, *ref);
+    }
+  });
+  std::printf("accumulation over 4 microbatches vs one 4x batch: gradients max abs diff %.3g "
+              "(ratio %.9f); parameters after 1 step %.3g, after 2 steps %.3g\n",
+              grads.second, grads.first, params_after_one, MaxParamDiff(*d, *ref));
+  // The accumulated gradient is the claim: equal to the 4x batch's within
+  // summation-order noise.
+  EXPECT_LE(grads.second, 1e-6);
+  EXPECT_NEAR(grads.first, 1.0, 1e-6);
+  // AdamW's first update is lr * g / (|g| + eps): for elements whose
+  // gradient is near eps it amplifies 1e-10 of rounding to ~1e-6, so the
+  // parameters get a looser bound than the gradients.
+  EXPECT_LE(params_after_one, 1e-5);
 }
 
 struct ModeCase {
