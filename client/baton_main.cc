@@ -269,6 +269,7 @@ int Reference(const std::string& path) {
   auto job = LoadJobOrExplain("reference", path);
   if (!job) return kUsage;
   const bool json = absl::GetFlag(FLAGS_output) == "json";
+  UseCachingAllocation();  // as the workers do
   at::set_num_threads(job->threads_per_rank());
   auto trainer = ReferenceTrainer::Create(*job);
   if (!trainer.ok()) {

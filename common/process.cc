@@ -1,5 +1,6 @@
 #include "common/process.h"
 
+#include <malloc.h>
 #include <pthread.h>
 
 #include <cstdio>
@@ -14,6 +15,11 @@ sigset_t BlockTerminationSignals() {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return signals;
+}
+
+void UseCachingAllocation() {
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);  // blocks below 256 MiB come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // and stay there once freed
 }
 
 bool WriteFileAtomically(const std::string& path, const std::string& content) {

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "mesh/shard_geometry.h"
@@ -173,8 +175,12 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   peak_unsharded_bytes_ = unsharded_bytes_;
   stage_inputs_.assign(program_.stages_size(), at::Tensor());
   stage_outputs_.assign(program_.stages_size(), at::Tensor());
+  // BATON_TRACE=1 prints where each step's time went, per instruction kind.
+  static const bool trace = std::getenv("BATON_TRACE") != nullptr;
+  std::map<int, double> op_ms;
   for (const Instruction& ins : program_.instructions()) {
     absl::Status s;
+    const auto op_start = std::chrono::steady_clock::now();
     try {
       s = Execute(ins);
     } catch (const std::exception& e) {
@@ -182,11 +188,22 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
       s = absl::InternalError(what);
     }
+    if (trace) {
+      op_ms[ins.op()] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start).count();
+    }
     if (!s.ok()) {
       (void)WaitReductions();
       return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, " ",
                                                  Describe(ins), ": ", s.message()));
     }
+  }
+  if (trace) {
+    std::string line = absl::StrCat("rank ", program_.rank(), " step ", step, ":");
+    for (const auto& [op, ms] : op_ms) {
+      absl::StrAppend(&line, " ", Instruction::Op_Name(static_cast<Instruction::Op>(op)), "=",
+                      static_cast<int>(ms * 10) / 10.0, "ms");
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
   }
   baton::v1::StepMetrics m;
   m.set_step(static_cast<int32_t>(step));

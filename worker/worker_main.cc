@@ -105,6 +105,7 @@ int Main(int argc, char** argv) {
   // Signals are handled by sigwait in main; block them before any thread
   // starts so every thread inherits the mask.
   sigset_t signals = BlockTerminationSignals();
+  UseCachingAllocation();
 
   const std::string host = absl::GetFlag(FLAGS_host);
   grpc::ChannelArguments args;
