@@ -157,13 +157,16 @@ class GlooCommunicator : public Communicator {
       output.view({-1}).copy_(input.view({-1}));
       return CompletedHandle(absl::OkStatus());
     }
-    std::vector<at::Tensor> inputs{Movable(input).view({-1})};
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    at::Tensor flat = Movable(output).view({-1});
-    for (int r = 0; r < size_; ++r) outputs[0].push_back(flat.narrow(0, r * k, k));
-    c10d::AllgatherOptions opts;
+    // alltoall_base writes each rank's piece straight into `output`; c10d's
+    // list all-gather would gather into a temporary and copy out again.
+    at::Tensor send = Movable(input).view({1, -1}).expand({size_, k}).contiguous().view({-1});
+    at::Tensor recv = Movable(output).view({-1});
+    c10d::AllToAllOptions opts;
     opts.timeout = timeout;
-    return Issue("all-gather", timeout, [&] { return pg_->allgather(outputs, inputs, opts); });
+    return Issue("all-gather", timeout, [&] {
+      std::vector<int64_t> equal_out, equal_in;  // empty = equal splits
+      return pg_->alltoall_base(recv, send, equal_out, equal_in, opts);
+    });
   }
 
   std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input, const at::Tensor& output,
