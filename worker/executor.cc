@@ -1,5 +1,6 @@
 #include "worker/executor.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -169,6 +170,9 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   }
   step_ = step;
   timeout_ = timeout;
+  // OpenMP's thread count is per calling thread, and gRPC may run each step
+  // on a different one: set it here, where the compute happens.
+  at::set_num_threads(std::max(1, program_.job().threads_per_rank()));
   const auto start = std::chrono::steady_clock::now();
   std::map<std::string, CommStats> before;
   for (const auto& [axis, c] : comms_) before[axis] = c->stats();

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <thread>
 
-#include <ATen/Parallel.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "mesh/device_mesh.h"
@@ -242,7 +240,6 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const baton::v1::L
       return Invalid(absl::StrCat("program is for rank ", program.rank(), " but this worker is rank ",
                                   (*state)->rank));
     }
-    if (program.job().threads_per_rank() > 0) at::set_num_threads(program.job().threads_per_rank());
     auto executor = Executor::Create(program, (*state)->comms);
     if (!executor.ok()) return ToGrpcStatus(executor.status());
     absl::MutexLock lock(&(*state)->run_mu);
