@@ -1,0 +1,84 @@
+// Data sources: synthetic batches are slices of one global stream, and token
+// files (uint16, uint32, text bytes) are read and checked.
+#include "worker/model/data.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "strategies/job_spec.h"
+
+namespace baton {
+namespace {
+
+baton::v1::JobSpec Decoder(const std::string& data) {
+  auto job = ParseJobSpec(R"pb(
+    model { decoder { vocab: 300 dim: 8 layers: 1 heads: 2 ffn_dim: 8 seq_len: 4 } }
+    mesh { name: "dp" size: 2 } optimizer { lr: 0.1 } steps: 1 seed: 3
+    data { )pb" + data + " }",
+                          false);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return *job;
+}
+
+std::string TempFile(const std::string& name, const std::string& bytes) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+TEST(DataTest, RanksReadTheirSlicesOfOneGlobalBatch) {
+  auto source = DataSource::Open(Decoder("synthetic {} batch_size: 4"));
+  ASSERT_TRUE(source.ok());
+  Batch all = (*source)->Get(2, 0, 4), first = (*source)->Get(2, 0, 2), second = (*source)->Get(2, 2, 2);
+  EXPECT_TRUE(all.tokens.narrow(0, 0, 2).equal(first.tokens));
+  EXPECT_TRUE(all.tokens.narrow(0, 2, 2).equal(second.tokens));
+  EXPECT_TRUE(all.targets.narrow(1, 0, 3).equal(all.tokens.narrow(1, 1, 3)));  // shifted by one
+  EXPECT_FALSE(all.tokens.equal((*source)->Get(3, 0, 4).tokens));             // steps differ
+}
+
+TEST(DataTest, ReadsUint16Uint32AndTextFiles) {
+  std::string u16, u32;
+  for (int t = 0; t < 40; ++t) {
+    u16 += static_cast<char>(t % 256);
+    u16 += static_cast<char>(t / 256);
+    for (int b = 0; b < 4; ++b) u32 += static_cast<char>(b == 0 ? t : 0);
+  }
+  const std::string text = "the quick brown fox jumps over the lazy dog";
+  for (const auto& [format, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"UINT16", u16}, {"UINT32", u32}, {"TEXT_BYTES", text}}) {
+    const std::string path = TempFile("tokens." + format, bytes);
+    auto source = DataSource::Open(
+        Decoder("token_file { path: \"" + path + "\" format: " + format + " } batch_size: 2"));
+    ASSERT_TRUE(source.ok()) << format << ": " << source.status();
+    Batch b = (*source)->Get(1, 0, 2);
+    ASSERT_EQ(b.tokens.size(1), 4);
+    const int64_t first = b.tokens[0][0].item<int64_t>();
+    const int64_t expect = format == "TEXT_BYTES" ? static_cast<unsigned char>(text[0]) : 0;
+    EXPECT_EQ(first, expect) << format;
+    EXPECT_EQ(b.targets[0][0].item<int64_t>(), format == "TEXT_BYTES" ? 'h' : 1) << format;
+    std::printf("%s: first window %lld %lld %lld %lld\n", format.c_str(),
+                (long long)b.tokens[0][0].item<int64_t>(), (long long)b.tokens[0][1].item<int64_t>(),
+                (long long)b.tokens[0][2].item<int64_t>(), (long long)b.tokens[0][3].item<int64_t>());
+  }
+}
+
+TEST(DataTest, RejectsBadTokenFiles) {
+  auto missing = DataSource::Open(Decoder("token_file { path: \"/nonexistent/tokens\" } batch_size: 2"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  const std::string odd = TempFile("odd.u16", std::string(7, '\1'));
+  auto truncated = DataSource::Open(Decoder("token_file { path: \"" + odd + "\" format: UINT16 } batch_size: 2"));
+  EXPECT_EQ(truncated.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string big = TempFile("big.u16", std::string("\xff\xff\x01\x00\x01\x00\x01\x00\x01\x00\x01\x00", 12));
+  auto out_of_vocab = DataSource::Open(Decoder("token_file { path: \"" + big + "\" format: UINT16 } batch_size: 2"));
+  EXPECT_EQ(out_of_vocab.status().code(), absl::StatusCode::kInvalidArgument);
+  std::printf("%s\n", out_of_vocab.status().ToString().c_str());
+  const std::string tiny = TempFile("tiny.txt", "abc");
+  auto too_short = DataSource::Open(Decoder("token_file { path: \"" + tiny + "\" format: TEXT_BYTES } batch_size: 2"));
+  EXPECT_EQ(too_short.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace baton
