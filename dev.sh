@@ -5,6 +5,7 @@
 #   ./dev.sh test   install what is missing, build, run every test;
 #                   ends with a plain "N passed, N failed, N skipped" line
 #   ./dev.sh build  install what is missing, build everything
+#   ./dev.sh bench  install what is missing, run bench/vs_pytorch.sh
 # Installing is idempotent: apt is not called when every package is present.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -102,5 +103,6 @@ case "${1:-}" in
   demo) install_missing; demo ;;
   test) install_missing; run_tests ;;
   build) install_missing; build ;;
-  *) echo "usage: ./dev.sh demo|test|build" >&2; exit 2 ;;
+  bench) install_missing; shift; bench/vs_pytorch.sh "$@"; bazel shutdown ;;
+  *) echo "usage: ./dev.sh demo|test|build|bench" >&2; exit 2 ;;
 esac
