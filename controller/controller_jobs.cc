@@ -88,15 +88,7 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
         return lr;
       },
       absl::Seconds(60) + options_.rpc_slack, [&] { return DeadWorkerIn(mesh); }, &abort_reason);
-  std::vector<grpc::Status> statuses;
-  bool ok = abort_reason.empty();
-  for (const auto& r : results) {
-    statuses.push_back(r.status);
-    ok = ok && r.status.ok();
-  }
-  if (!ok) {
-    const std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
-    AbortMesh(mesh, why);
+  if (const std::string why = AbortOnFailure(mesh, results, abort_reason); !why.empty()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("loading job ", job_id, " failed: ", why));
   }
   baton::v1::JobStatus status;
@@ -165,15 +157,8 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
         addresses, run, [&](size_t) { return rr; },
         absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts + options_.rpc_slack,
         [&] { return DeadWorkerIn(mesh); }, &abort_reason);
-    std::vector<grpc::Status> statuses;
-    bool ok = abort_reason.empty();
-    for (const auto& r : results) {
-      statuses.push_back(r.status);
-      ok = ok && r.status.ok();
-    }
-    if (!ok) {
-      const std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
-      AbortMesh(mesh, why);  // also fails the job
+    if (const std::string why = AbortOnFailure(mesh, results, abort_reason); !why.empty()) {
+      // AbortMesh also failed the job.
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("job ", job.status.job_id(), " step ", step, " failed: ", why));
     }

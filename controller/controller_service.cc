@@ -230,15 +230,7 @@ absl::StatusOr<baton::v1::Mesh> ControllerService::EnsureMesh(const baton::v1::M
         return dead_worker;
       },
       &abort_reason);
-  std::vector<grpc::Status> statuses;
-  bool ok = abort_reason.empty();
-  for (const auto& r : results) {
-    statuses.push_back(r.status);
-    ok = ok && r.status.ok();
-  }
-  if (!ok) {
-    std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
-    AbortMesh(mesh, why);
+  if (const std::string why = AbortOnFailure(mesh, results, abort_reason); !why.empty()) {
     return absl::UnavailableError(
         absl::StrCat("forming mesh ", FormatMeshSpec(axes), " failed: ", why));
   }
@@ -342,15 +334,11 @@ grpc::Status ControllerService::CheckCollectives(grpc::ServerContext*,
     auto results = dispatcher_.Call<baton::v1::CollectiveCheckRequest, baton::v1::CollectiveCheckResponse>(
         addresses, run, [&](size_t) { return creq; }, deadline,
         [&] { return DeadWorkerIn(mesh); }, &abort_reason);
-    std::vector<grpc::Status> statuses;
-    bool rpc_ok = abort_reason.empty();
-    for (const auto& r : results) {
-      statuses.push_back(r.status);
-      rpc_ok = rpc_ok && r.status.ok() && r.response.results_size() == static_cast<int>(ops.size());
-    }
-    if (!rpc_ok) {
-      std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
-      AbortMesh(mesh, why);
+    const std::string why = AbortOnFailure<baton::v1::CollectiveCheckResponse>(
+        mesh, results, abort_reason, [&](const baton::v1::CollectiveCheckResponse& r) {
+          return r.results_size() == static_cast<int>(ops.size());
+        });
+    if (!why.empty()) {
       events_->Append("check_failed", "", -1, why);
       return Error(grpc::StatusCode::UNAVAILABLE,
                    absl::StrCat("collective check on axis \"", axis, "\" failed: ", why));

@@ -81,6 +81,24 @@ class ControllerService final : public baton::v1::Controller::Service {
   std::string ExplainFailure(const baton::v1::Mesh& mesh, const std::vector<grpc::Status>& statuses);
   static constexpr absl::Duration kProbeDeadline = absl::Seconds(2);
   void MonitorLoop();
+  // "" when every call of a fan-out over `mesh` succeeded (and `valid`, if
+  // given, accepts its response). Otherwise aborts the mesh everywhere and
+  // returns a sentence naming the worker most likely at fault.
+  template <typename Resp>
+  std::string AbortOnFailure(const baton::v1::Mesh& mesh, const std::vector<CallResult<Resp>>& results,
+                             const std::string& abort_reason,
+                             const std::function<bool(const Resp&)>& valid = nullptr) {
+    std::vector<grpc::Status> statuses;
+    bool ok = abort_reason.empty();
+    for (const auto& r : results) {
+      statuses.push_back(r.status);
+      ok = ok && r.status.ok() && (!valid || valid(r.response));
+    }
+    if (ok) return "";
+    const std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
+    AbortMesh(mesh, why);
+    return why;
+  }
   // Marks the current job FAILED (if it runs on `mesh`) with `reason`.
   void FailJob(const baton::v1::Mesh& mesh, const std::string& reason);
   int64_t LiveWorkers() const;

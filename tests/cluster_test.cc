@@ -19,6 +19,7 @@
 #include "proto/grpc_health_v1.grpc.pb.h"
 #include "proto/registry.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "tests/cluster_util.h"
 #include "tests/process_util.h"
 
 namespace baton {
@@ -29,35 +30,11 @@ using testing::AwaitLine;
 using testing::Runfile;
 using testing::RunCommand;
 
-std::string Baton() { return Runfile("client/baton"); }
+using testing::PidOf;
+using testing::StartCluster;
 
-LocalClusterOptions Options(int workers) {
-  LocalClusterOptions o;
-  o.workers = workers;
-  o.controller_bin = Runfile("controller/baton-controller");
-  o.worker_bin = Runfile("worker/baton-worker");
-  return o;
-}
-
-std::unique_ptr<LocalCluster> StartCluster(int workers) {
-  auto cluster = LocalCluster::Start(Options(workers));
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? std::move(*cluster) : nullptr;
-}
-
-pid_t PidOf(const LocalCluster& cluster, const std::string& name) {
-  for (const auto& p : cluster.processes()) {
-    if (p.name == name) return p.pid;
-  }
-  return 0;
-}
-
-void ExpectAllGone(LocalCluster& cluster) {
-  std::vector<pid_t> pids;
-  for (const auto& p : cluster.processes()) pids.push_back(p.pid);
-  cluster.Stop(absl::Seconds(4));
-  for (pid_t pid : pids) EXPECT_TRUE(AwaitGone(pid, absl::Seconds(1))) << "pid " << pid << " left behind";
-}
+std::string Baton() { return testing::BatonBinary(); }
+void ExpectAllGone(LocalCluster& cluster) { testing::StopAndExpectAllGone(cluster); }
 
 // `baton up`, `baton check --mesh dp=2,tp=2`, `baton status`, then SIGTERM:
 // every collective checked with ring byte counts, every process gone in 5 s.
@@ -355,12 +332,6 @@ TEST(ClusterTest, WatchStreamsFleetEvents) {
   EXPECT_EQ(kinds["mesh_created"], 1);
   ExpectAllGone(*cluster);
 }
-
-class HardTimeout : public ::testing::Environment {
- public:
-  void SetUp() override { testing::ArmHardTimeout(absl::Seconds(280)); }
-};
-const auto* const kHardTimeout = ::testing::AddGlobalTestEnvironment(new HardTimeout);
 
 }  // namespace
 }  // namespace baton

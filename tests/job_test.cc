@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/local_cluster.h"
+#include "tests/cluster_util.h"
 #include "tests/process_util.h"
 
 namespace baton {
@@ -23,24 +24,10 @@ namespace {
 using testing::Runfile;
 using testing::RunCommand;
 
-std::string Baton() { return Runfile("client/baton"); }
+using testing::StartCluster;
+using testing::StopAndExpectAllGone;
 
-std::unique_ptr<LocalCluster> StartCluster(int workers) {
-  LocalClusterOptions o;
-  o.workers = workers;
-  o.controller_bin = Runfile("controller/baton-controller");
-  o.worker_bin = Runfile("worker/baton-worker");
-  auto cluster = LocalCluster::Start(o);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? std::move(*cluster) : nullptr;
-}
-
-void StopAndExpectAllGone(LocalCluster& cluster) {
-  std::vector<pid_t> pids;
-  for (const auto& p : cluster.processes()) pids.push_back(p.pid);
-  cluster.Stop(absl::Seconds(4));
-  for (pid_t pid : pids) EXPECT_TRUE(testing::AwaitGone(pid, absl::Seconds(1))) << pid;
-}
+std::string Baton() { return testing::BatonBinary(); }
 
 // The value of a numeric JSON key in one of our flat step objects.
 double Field(const std::string& line, const std::string& key) {
@@ -147,10 +134,7 @@ TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
          absl::Now() - start < absl::Seconds(60)) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  pid_t victim = 0;
-  for (const auto& p : cluster->processes()) {
-    if (p.name == "worker-1") victim = p.pid;
-  }
+  const pid_t victim = testing::PidOf(*cluster, "worker-1");
   const absl::Time killed = absl::Now();
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   bool timed_out = true;
@@ -171,12 +155,6 @@ TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
   EXPECT_EQ(status->job().state(), baton::v1::JOB_FAILED) << status->job().DebugString();
   StopAndExpectAllGone(*cluster);
 }
-
-class HardTimeout : public ::testing::Environment {
- public:
-  void SetUp() override { testing::ArmHardTimeout(absl::Seconds(280)); }
-};
-const auto* const kHardTimeout = ::testing::AddGlobalTestEnvironment(new HardTimeout);
 
 }  // namespace
 }  // namespace baton

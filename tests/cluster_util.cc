@@ -1,0 +1,46 @@
+#include "tests/cluster_util.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/process_util.h"
+
+namespace baton::testing {
+namespace {
+
+// Kills the test binary (and through PR_SET_PDEATHSIG every fleet it
+// started) before Bazel's own timeout: no multi-process test may hang.
+class HardTimeout : public ::testing::Environment {
+ public:
+  void SetUp() override { ArmHardTimeout(absl::Seconds(280)); }
+};
+const auto* const kHardTimeout = ::testing::AddGlobalTestEnvironment(new HardTimeout);
+
+}  // namespace
+
+std::string BatonBinary() { return Runfile("client/baton"); }
+
+std::unique_ptr<LocalCluster> StartCluster(int workers) {
+  LocalClusterOptions o;
+  o.workers = workers;
+  o.controller_bin = Runfile("controller/baton-controller");
+  o.worker_bin = Runfile("worker/baton-worker");
+  auto cluster = LocalCluster::Start(o);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
+pid_t PidOf(const LocalCluster& cluster, const std::string& name) {
+  for (const auto& p : cluster.processes()) {
+    if (p.name == name) return p.pid;
+  }
+  return 0;
+}
+
+void StopAndExpectAllGone(LocalCluster& cluster) {
+  std::vector<pid_t> pids;
+  for (const auto& p : cluster.processes()) pids.push_back(p.pid);
+  cluster.Stop(absl::Seconds(4));
+  for (pid_t pid : pids) EXPECT_TRUE(AwaitGone(pid, absl::Seconds(1))) << "pid " << pid << " left behind";
+}
+
+}  // namespace baton::testing

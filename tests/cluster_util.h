@@ -1,0 +1,27 @@
+// Shared pieces of the integration tests: a local fleet from the test's
+// runfiles, stopping it while checking that nothing is left behind, and the
+// hard timeout every multi-process test binary arms.
+#ifndef BATON_TESTS_CLUSTER_UTIL_H_
+#define BATON_TESTS_CLUSTER_UTIL_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "client/local_cluster.h"
+
+namespace baton::testing {
+
+// The `baton` CLI in the runfiles.
+std::string BatonBinary();
+// A controller and `workers` workers; nullptr (and a test failure) if it
+// could not start.
+std::unique_ptr<LocalCluster> StartCluster(int workers);
+pid_t PidOf(const LocalCluster& cluster, const std::string& name);
+// Stops the fleet and expects every process of it to be gone.
+void StopAndExpectAllGone(LocalCluster& cluster);
+
+}  // namespace baton::testing
+
+#endif  // BATON_TESTS_CLUSTER_UTIL_H_
