@@ -13,9 +13,10 @@ namespace {
 
 constexpr int64_t kDefaultStepTimeoutMs = 30000;
 constexpr int64_t kMaxStepTimeoutMs = 600000;
-// A step is many collectives; its RPC deadline is this many collective
-// timeouts (a failing collective ends the step long before).
+// A step is many collectives and much compute; its RPC deadline is the larger
+// of these (a failing collective or a dead worker ends it long before).
 constexpr int kStepDeadlineInTimeouts = 4;
+constexpr absl::Duration kMinStepDeadline = absl::Minutes(10);
 
 bool Finished(baton::v1::JobState s) {
   return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
@@ -54,6 +55,9 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
                                      alive, " are alive (", fleet, " registered); start ",
                                      need - alive, " more or shrink the mesh"));
   }
+  // From here on one fleet operation at a time: the "no active job" check
+  // and the loading below cannot interleave with another CreateJob.
+  absl::MutexLock op(&op_mu_);
   std::string job_id;
   {
     absl::MutexLock lock(&mu_);
@@ -68,7 +72,6 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
   auto programs = CompilePrograms(job, job_id);
   if (!programs.ok()) return ToGrpcStatus(programs.status());
 
-  absl::MutexLock op(&op_mu_);
   baton::v1::MeshSpec spec;
   *spec.mutable_axes() = job.mesh();
   auto formed = EnsureMesh(spec, req->backend());
@@ -145,6 +148,10 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
   registry_->SetState(names, baton::v1::RUNNING);
   int step = job.status.step();
   for (int i = 0; i < steps && step < job.status.steps(); ++i) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (job_.status.job_id() != job.status.job_id() || Finished(job_.status.state())) break;  // stopped
+    }
     ++step;
     baton::v1::RunStepRequest rr;
     rr.set_epoch(mesh.epoch());
@@ -155,7 +162,8 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
     const absl::Time started = absl::Now();
     auto results = dispatcher_.Call<baton::v1::RunStepRequest, baton::v1::RunStepResponse>(
         addresses, run, [&](size_t) { return rr; },
-        absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts + options_.rpc_slack,
+        std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) +
+            options_.rpc_slack,
         [&] { return DeadWorkerIn(mesh); }, &abort_reason);
     if (const std::string why = AbortOnFailure(mesh, results, abort_reason); !why.empty()) {
       // AbortMesh also failed the job.
@@ -180,7 +188,7 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
     m.set_tokens_per_s(m.step_ms() > 0 ? tokens / (m.step_ms() / 1e3) : 0);
     *resp->add_metrics() = m;
     absl::MutexLock lock(&mu_);
-    if (job_.status.job_id() == job.status.job_id()) {
+    if (job_.status.job_id() == job.status.job_id() && !Finished(job_.status.state())) {
       job_.status.set_step(step);
       job_.status.set_state(step >= job_.status.steps() ? baton::v1::JOB_FINISHED : baton::v1::JOB_RUNNING);
       *job_.status.mutable_last() = m;

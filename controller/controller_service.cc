@@ -192,10 +192,14 @@ absl::StatusOr<baton::v1::Mesh> ControllerService::EnsureMesh(const baton::v1::M
   }
   baton::v1::Mesh mesh;
   std::vector<std::string> incarnations;
+  baton::v1::Mesh previous;
   {
     absl::MutexLock lock(&mu_);
     mesh.set_epoch(next_epoch_++);
+    previous = current_;
   }
+  // Workers of the old mesh that the new one leaves out must drop it too.
+  if (previous.epoch() != 0) AbortMesh(previous, absl::StrCat("replaced by ", FormatMeshSpec(axes)));
   mesh.set_mesh_id(absl::StrCat("mesh-", mesh.epoch()));
   *mesh.mutable_axes() = spec.axes();
   std::vector<std::string> addresses, names;
@@ -257,10 +261,23 @@ grpc::Status ControllerService::Status(grpc::ServerContext*, const baton::v1::St
   return grpc::Status::OK;
 }
 
+std::string ControllerService::ActiveJob() const {
+  absl::MutexLock lock(&mu_);
+  if (job_.status.job_id().empty() || job_.status.state() == baton::v1::JOB_FINISHED ||
+      job_.status.state() == baton::v1::JOB_STOPPED || job_.status.state() == baton::v1::JOB_FAILED) {
+    return "";
+  }
+  return job_.status.job_id();
+}
+
 grpc::Status ControllerService::CreateMesh(grpc::ServerContext*,
                                            const baton::v1::CreateMeshRequest* req,
                                            baton::v1::CreateMeshResponse* resp) {
   absl::MutexLock op(&op_mu_);
+  if (const std::string job = ActiveJob(); !job.empty()) {
+    return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                 absl::StrCat("job ", job, " is using the fleet; stop it (StopJob) before forming a mesh"));
+  }
   auto mesh = EnsureMesh(req->spec(), req->backend());
   if (!mesh.ok()) return ToGrpcStatus(mesh.status());
   *resp->mutable_mesh() = *mesh;
@@ -306,6 +323,10 @@ grpc::Status ControllerService::CheckCollectives(grpc::ServerContext*,
   if (ops.empty()) ops = AllCollectiveOps();
 
   absl::MutexLock op(&op_mu_);
+  if (const std::string job = ActiveJob(); !job.empty()) {
+    return Error(grpc::StatusCode::FAILED_PRECONDITION,
+                 absl::StrCat("job ", job, " is using the fleet; stop it (StopJob) before checking collectives"));
+  }
   auto formed = EnsureMesh(req->spec(), req->backend());
   if (!formed.ok()) return ToGrpcStatus(formed.status());
   const baton::v1::Mesh mesh = *formed;

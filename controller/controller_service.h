@@ -102,6 +102,8 @@ class ControllerService final : public baton::v1::Controller::Service {
   // Marks the current job FAILED (if it runs on `mesh`) with `reason`.
   void FailJob(const baton::v1::Mesh& mesh, const std::string& reason);
   int64_t LiveWorkers() const;
+  // The id of the job that holds the fleet (created or running), or "".
+  std::string ActiveJob() const;
 
   WorkerRegistry* const registry_;
   KeyValueStore* const kv_;

@@ -48,6 +48,9 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
     }
     case baton::v1::ModelSpec::kDecoder: {
       const auto& d = model.decoder();
+      if (!baton::v1::DecoderModel::Mlp_IsValid(d.mlp())) {
+        return Invalid(absl::StrCat("model.decoder.mlp ", d.mlp(), " is not GELU or SWIGLU"));
+      }
       if (d.vocab() < 2) return Invalid(absl::StrCat("model.decoder.vocab must be >= 2, got ", d.vocab()));
       if (d.dim() < 1) return Invalid(absl::StrCat("model.decoder.dim must be >= 1, got ", d.dim()));
       if (d.layers() < 1) return Invalid(absl::StrCat("model.decoder.layers must be >= 1, got ", d.layers()));
@@ -109,6 +112,14 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   auto mesh = DeviceMesh::Create(Axes(job));
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
   const auto mode = job.plan().mode();
+  // proto3 enums are open: a number no name stands for must not slip through.
+  if (!baton::v1::ParallelMode_IsValid(mode)) {
+    return Invalid(absl::StrCat("plan.mode ", mode, " is not FSDP, ZERO1, ZERO2, DDP or HSDP"));
+  }
+  if (!baton::v1::Precision_IsValid(job.plan().mixed_precision().param_dtype()) ||
+      !baton::v1::Precision_IsValid(job.plan().mixed_precision().reduce_dtype())) {
+    return Invalid("plan.mixed_precision dtypes must be FP32 or BF16");
+  }
   if (mode == baton::v1::HSDP && job.mesh_size() != 2) {
     return Invalid(absl::StrCat("plan.mode HSDP needs a 2-D mesh (replicate, shard), got ",
                                 job.mesh_size(), " axes"));
@@ -152,6 +163,9 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (data.has_token_file()) {
     if (!job.model().has_decoder()) return Invalid("data.token_file needs a decoder model");
     if (data.token_file().path().empty()) return Invalid("data.token_file.path is empty");
+    if (!baton::v1::TokenFile::Format_IsValid(data.token_file().format())) {
+      return Invalid("data.token_file.format must be UINT16, UINT32 or TEXT_BYTES");
+    }
     if (data.token_file().format() == baton::v1::TokenFile::TEXT_BYTES &&
         job.model().decoder().vocab() < 256) {
       return Invalid("data.token_file format TEXT_BYTES needs model.decoder.vocab >= 256");

@@ -70,6 +70,9 @@ TEST(JobSpecTest, RejectsWhatCannotRunWithActionableMessages) {
   EXPECT_NE(ErrorOf(R"({"model": {"mlp": {"dModel": 32, "blocks": 4, "depth": 2}}})", true).find("depth"),
             std::string::npos);
   EXPECT_NE(ErrorOf("steps: 1").find("model is missing"), std::string::npos);
+  // proto3 enums accept unknown numbers; the validation must not.
+  EXPECT_NE(ErrorOf(Replace(kDecoder, "mode: FSDP", "mode: 5")).find("plan.mode 5"), std::string::npos);
+  EXPECT_NE(ErrorOf(Replace(kDecoder, "seq_len: 16", "seq_len: 16 mlp: 7")).find("mlp 7"), std::string::npos);
 }
 
 }  // namespace

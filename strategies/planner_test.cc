@@ -6,6 +6,7 @@
 #include <set>
 
 #include "strategies/job_spec.h"
+#include "strategies/program_check.h"
 
 namespace baton {
 namespace {
@@ -178,6 +179,28 @@ TEST(PlannerTest, HsdpShardsAlongTheLastAxisAndReducesAcrossReplicas) {
     }
   }
   EXPECT_EQ(all_reduce, 3);
+}
+
+TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {
+  auto programs = CompilePrograms(SeedLab("mode: FSDP", 2), "job-1");
+  ASSERT_TRUE(programs.ok());
+  for (const auto& p : *programs) EXPECT_TRUE(ValidateProgram(p).ok()) << ValidateProgram(p);
+  auto bad = (*programs)[0];
+  bad.set_dp_size(0);
+  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = (*programs)[0];
+  bad.mutable_instructions(3)->set_stage(99);
+  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = (*programs)[0];
+  bad.mutable_units(0)->mutable_params(0)->set_rows(5);
+  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = (*programs)[0];
+  bad.mutable_units(1)->mutable_params(0)->clear_shape();
+  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = (*programs)[0];
+  bad.mutable_job()->mutable_data()->set_microbatches(0);
+  std::printf("broken program: %s\n", ValidateProgram(bad).ToString().c_str());
+  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PlannerTest, TheoryMatchesTheFsdpFormulas) {

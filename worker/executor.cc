@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mesh/shard_geometry.h"
+#include "strategies/program_check.h"
 #include "worker/model/adamw.h"
 
 namespace baton {
@@ -74,6 +75,7 @@ Executor::~Executor() { (void)WaitReductions(); }
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Program& program,
                                                            CommunicatorMap comms) {
+  if (auto s = ValidateProgram(program); !s.ok()) return s;  // before anything divides by it
   auto data = DataSource::Open(program.job());
   if (!data.ok()) return data.status();
   std::unique_ptr<Executor> e(new Executor(program, std::move(comms), std::move(*data)));
@@ -397,12 +399,23 @@ absl::Status Executor::ReduceScatterGrads(Unit& unit, const std::string& axis) {
 }
 
 absl::Status Executor::AllReduceGrads(Unit& unit, const std::string& axis, bool full) {
+  if (!full) {
+    // HSDP: the replicas' all-reduce needs the unit's reduce-scatter result.
+    // Chain it instead of waiting here, so backward goes on meanwhile;
+    // WaitReductions issues it, in the same order on every rank.
+    for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
+      if (it->unit == unit.index) {
+        it->then_all_reduce_axis = axis;
+        return absl::OkStatus();
+      }
+    }
+  }
+  return IssueAllReduce(unit, axis, full);
+}
+
+absl::Status Executor::IssueAllReduce(Unit& unit, const std::string& axis, bool full) {
   auto comm = Comm(axis);
   if (!comm.ok()) return comm.status();
-  if (!full) {
-    // HSDP: the unit's gradient shards must be reduce-scattered first.
-    if (auto s = WaitReductions(); !s.ok()) return s;
-  }
   int64_t total = 0;
   for (Param& p : unit.params) total += full ? p.numel() : p.local_numel();
   at::Tensor flat = at::zeros({total}, at::kFloat);
@@ -437,15 +450,23 @@ absl::Status Executor::AllReduceGrads(Unit& unit, const std::string& axis, bool 
 
 absl::Status Executor::WaitReductions() {
   absl::Status first;
-  for (auto& p : pending_) {
-    absl::Status s = p.handle->Wait();
-    if (s.ok()) {
+  while (!pending_.empty()) {
+    std::vector<Pending> batch = std::move(pending_);
+    pending_.clear();
+    for (auto& p : batch) {
+      absl::Status s = p.handle->Wait();
+      if (!s.ok()) {
+        if (first.ok()) first = s;
+        continue;
+      }
       p.finish();
-    } else if (first.ok()) {
-      first = s;
+      if (!p.then_all_reduce_axis.empty() && first.ok()) {
+        if (auto t = IssueAllReduce(*units_.at(p.unit), p.then_all_reduce_axis, /*full=*/false); !t.ok()) {
+          first = t;
+        }
+      }
     }
   }
-  pending_.clear();
   return first;
 }
 
@@ -486,7 +507,7 @@ void Executor::OptimizerStep() {
       at::Tensor grad = program_.mode() == baton::v1::DDP
                             ? (p.full_grad.defined() ? p.full_grad : at::zeros_like(p.master))
                             : p.grad_shard;
-      p.last_grad_shard = grad.clone();
+      if (keep_last_grads_) p.last_grad_shard = grad.clone();
       AdamWUpdate(p.master, grad, p.exp_avg, p.exp_avg_sq, step_, program_.job().optimizer());
     }
   }

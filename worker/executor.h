@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,6 +46,9 @@ class Executor {
   // Runs step `step` (1-based, consecutive).
   absl::StatusOr<baton::v1::StepMetrics> RunStep(int64_t step, Milliseconds timeout);
 
+  // For tests: keep a copy of each gradient shard as it was right before the
+  // optimizer step (off by default: it costs a copy of the gradients).
+  void set_keep_last_grads(bool keep) { keep_last_grads_ = keep; }
   // For tests: this rank's rows of a parameter (fp32 master) and of its
   // gradient as it was right before the last optimizer step.
   absl::StatusOr<at::Tensor> MasterShard(const std::string& name) const;
@@ -96,7 +100,10 @@ class Executor {
     std::unique_ptr<CommHandle> handle;
     std::function<void()> finish;
     int unit;
+    std::string then_all_reduce_axis;  // HSDP: all-reduce the shards once reduced
   };
+  absl::Status IssueAllReduce(Unit& unit, const std::string& axis, bool full);
+  bool keep_last_grads_ = false;
   std::vector<Pending> pending_;
 };
 

@@ -64,6 +64,7 @@ std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int s
       }
       auto e = Executor::Create((*programs)[r], d->comms[r].comms);
       ASSERT_TRUE(e.ok()) << e.status();
+      (*e)->set_keep_last_grads(true);
       d->executors[r] = std::move(*e);
     });
   }

@@ -127,12 +127,14 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const baton::v1::Con
           s.code(), absl::StrCat("worker ", name(), " (rank ", req->rank(), "): ", s.message())));
     }
     int64_t generation;
+    std::shared_ptr<MeshState> old;
     {
       absl::MutexLock lock(&mu_);
       generation = ++configure_generation_;
       configuring_epoch_ = req->mesh().epoch();
-      current_.reset();  // leave the old mesh before joining the new one
+      old = std::move(current_);  // leave the old mesh before joining the new one
     }
+    ReleaseInBackground(std::move(old));
     auto state = BuildMesh(*req);
     absl::MutexLock lock(&mu_);
     if (generation == configure_generation_) configuring_epoch_ = 0;
@@ -214,10 +216,14 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const baton::v1::AbortRe
       configuring_epoch_ = 0;
     }
   }
-  // Communicators are released when their last user finishes; with gloo a
-  // destructor may wait for an operation in flight, so do it off this thread.
-  if (dropped != nullptr) std::thread([d = std::move(dropped)]() mutable { d.reset(); }).detach();
+  ReleaseInBackground(std::move(dropped));
   return grpc::Status::OK;
+}
+
+void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state) {
+  // Communicators are released when their last user finishes; a gloo
+  // destructor may wait for an operation in flight, so never on an RPC thread.
+  if (state != nullptr) std::thread([s = std::move(state)]() mutable { s.reset(); }).detach();
 }
 
 absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::MeshOfEpoch(int64_t epoch) {

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Jo
         return absl::InvalidArgumentError(absl::StrCat(file.path(), " has ", bytes.size(),
                                                        " bytes, not a multiple of ", width));
       }
+      source->tokens_.reserve(bytes.size() / width);
       for (size_t i = 0; i < bytes.size(); i += width) {
         uint32_t v = 0;
         for (size_t b = 0; b < width; ++b) v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + b])) << (8 * b);
@@ -58,12 +59,13 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Jo
           return absl::InvalidArgumentError(absl::StrCat(file.path(), ": token ", v, " at index ", i / width,
                                                          " is outside the vocabulary of ", vocab));
         }
-        source->tokens_.push_back(v);
+        source->tokens_.push_back(static_cast<int32_t>(v));
       }
       break;
     }
     case baton::v1::TokenFile::TEXT_BYTES:
-      for (unsigned char c : bytes) source->tokens_.push_back(c);
+      source->tokens_.assign(bytes.begin(), bytes.end());
+      for (auto& t : source->tokens_) t &= 0xff;  // bytes, not signed chars
       break;
     default:
       return absl::InvalidArgumentError("unknown token file format");

@@ -34,7 +34,7 @@ class DataSource {
   explicit DataSource(const baton::v1::JobSpec& job) : job_(job) {}
 
   baton::v1::JobSpec job_;
-  std::vector<int64_t> tokens_;  // token-file data, empty for synthetic
+  std::vector<int32_t> tokens_;  // token-file data, empty for synthetic
 };
 
 }  // namespace baton
