@@ -88,6 +88,8 @@ demo() {
   done
   address=$(cat "$dir/controller.addr")
   ./bazel-bin/client/baton status --controller "$address"
+  # Every collective along both axes of a 2x2 mesh, checked bit for bit.
+  ./bazel-bin/client/baton check --controller "$address" --mesh dp=2,tp=2 --numel 262144
   # The main job: a small decoder trained with FSDP on the 4 workers,
   # driven step by step through the controller.
   ./bazel-bin/client/baton run --controller "$address" examples/decoder_demo.textproto
