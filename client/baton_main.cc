@@ -5,6 +5,7 @@
 //   baton check --controller ADDR --mesh dp=2,tp=2  check every collective
 //   baton run --controller ADDR JOBFILE [--output=json]  train through the controller
 //   baton reference JOBFILE [--output=json]          the same job in this process
+//   baton stop --controller ADDR JOB_ID              stop a job
 //
 // Exit status: 0 success, 1 failure, 2 bad usage.
 #include <signal.h>
@@ -59,7 +60,8 @@ std::string Usage() {
          "  baton status --controller HOST:PORT [--output=json]\n"
          "  baton check --controller HOST:PORT --mesh dp=2,tp=2 [--numel N] [--iters K]\n"
          "  baton run --controller HOST:PORT JOBFILE [--output=json]\n"
-         "  baton reference JOBFILE [--output=json]\n";
+         "  baton reference JOBFILE [--output=json]\n"
+         "  baton stop --controller HOST:PORT JOB_ID\n";
 }
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -139,6 +141,12 @@ int StatusCommand() {
       absl::StrAppend(&spec, spec.empty() ? "" : ",", a.name(), "=", a.size());
     }
     std::printf("mesh: %s %s\n", status->mesh().mesh_id().c_str(), spec.c_str());
+  }
+  if (status->has_job()) {
+    const auto& job = status->job();
+    std::printf("job: %s \"%s\" %s step %d/%d%s\n", job.job_id().c_str(), job.name().c_str(),
+                baton::v1::JobState_Name(job.state()).c_str(), job.step(), job.steps(),
+                job.error().empty() ? "" : (" (" + job.error() + ")").c_str());
   }
   return 0;
 }
@@ -220,6 +228,8 @@ int Run(const std::string& path) {
   // A bad job file fails here, before any worker is touched.
   auto job = LoadJobOrExplain("run", path);
   if (!job) return kUsage;
+  // Ctrl-C stops the job after the step in flight instead of orphaning it.
+  sigset_t signals = BlockTerminationSignals();
   const bool json = absl::GetFlag(FLAGS_output) == "json";
   auto client = ConnectFromFlag();
   if (!client.ok()) {
@@ -243,6 +253,14 @@ int Run(const std::string& path) {
                static_cast<long long>(created->expected_state_bytes()));
   ProgressBar progress(job->steps());
   for (int step = 1; step <= job->steps(); ++step) {
+    timespec no_wait{0, 0};
+    if (int sig = sigtimedwait(&signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
+      progress.Finish();
+      auto stopped = (*client)->StopJob(job_id);
+      std::fprintf(stderr, "baton run: interrupted; job %s %s\n", job_id.c_str(),
+                   stopped.ok() ? "stopped" : stopped.status().ToString().c_str());
+      return 1;
+    }
     baton::v1::StepRequest req;
     req.set_job_id(job_id);
     req.set_steps(1);
@@ -262,6 +280,23 @@ int Run(const std::string& path) {
     progress.Update(step);
   }
   progress.Finish();
+  return 0;
+}
+
+int StopCommand(const std::string& job_id) {
+  auto client = ConnectFromFlag();
+  if (!client.ok()) {
+    std::fprintf(stderr, "baton stop: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  auto stopped = (*client)->StopJob(job_id);
+  if (!stopped.ok()) {
+    std::fprintf(stderr, "baton stop: %s\n", stopped.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s %s after %d of %d steps\n", stopped->job().job_id().c_str(),
+              baton::v1::JobState_Name(stopped->job().state()).c_str(), stopped->job().step(),
+              stopped->job().steps());
   return 0;
 }
 
@@ -303,6 +338,7 @@ int Main(int argc, char** argv) {
       return kUsage;
     }
     if (command == "run") return Run(positional[2]);
+    if (command == "stop") return StopCommand(positional[2]);
     if (command == "reference") return Reference(positional[2]);
   }
   if (positional.size() != 2) {
