@@ -4,6 +4,13 @@
 
 namespace baton {
 
+bool Dispatcher::IsConnectFailure(const grpc::Status& s) {
+  // gRPC's wording when no connection to the address could be made; a
+  // handler's own UNAVAILABLE (e.g. a failed collective) is never retried.
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         s.error_message().find("failed to connect") != std::string::npos;
+}
+
 std::shared_ptr<baton::v1::Worker::Stub> Dispatcher::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];

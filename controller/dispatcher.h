@@ -32,6 +32,11 @@ class Dispatcher {
  public:
   // How often an in-progress fan-out re-evaluates `should_abort`.
   static constexpr absl::Duration kAbortPollInterval = absl::Milliseconds(100);
+  // A call whose connection could not be made is tried once more after this
+  // pause (seen once under load on loopback with a live worker); a worker
+  // that is really gone refuses again and fails within the pause.
+  static constexpr absl::Duration kReconnectPause = absl::Milliseconds(200);
+  static bool IsConnectFailure(const grpc::Status& s);
 
   std::shared_ptr<baton::v1::Worker::Stub> StubFor(const std::string& address);
 
@@ -60,17 +65,33 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
   const size_t n = addresses.size();
   std::vector<CallResult<Resp>> results(n);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-  absl::Mutex done_mu;
-  size_t done = 0;       // guarded by done_mu
-  bool failed = false;   // guarded by done_mu
-  bool cancelled = false;  // only the waiting thread touches it
+  absl::Mutex done_mu;      // guards done, failed, cancelled and contexts
+  size_t done = 0;
+  bool failed = false;
+  bool cancelled = false;
   std::vector<std::thread> threads;
-  const auto when = absl::ToChronoTime(absl::Now() + deadline);
+  const absl::Time end = absl::Now() + deadline;
+  const auto when = absl::ToChronoTime(end);
   for (size_t i = 0; i < n; ++i) {
     contexts[i] = std::make_unique<grpc::ClientContext>();
     contexts[i]->set_deadline(when);
     threads.emplace_back([&, i, stub = StubFor(addresses[i]), req = request(i)] {
-      grpc::Status s = method(stub.get(), contexts[i].get(), req, &results[i].response);
+      grpc::Status s;
+      for (int attempt = 0;; ++attempt) {
+        grpc::ClientContext* ctx;
+        {
+          absl::MutexLock lock(&done_mu);
+          if (attempt > 0) {
+            if (cancelled) break;
+            contexts[i] = std::make_unique<grpc::ClientContext>();
+            contexts[i]->set_deadline(when);
+          }
+          ctx = contexts[i].get();
+        }
+        s = method(stub.get(), ctx, req, &results[i].response);
+        if (attempt > 0 || !IsConnectFailure(s) || absl::Now() + kReconnectPause >= end) break;
+        absl::SleepFor(kReconnectPause);
+      }
       absl::MutexLock lock(&done_mu);
       results[i].status = s;
       ++done;
