@@ -6,6 +6,7 @@
 //   baton run --controller ADDR JOBFILE [--output=json]  train through the controller
 //   baton reference JOBFILE [--output=json]          the same job in this process
 //   baton stop --controller ADDR JOB_ID              stop a job
+//   baton watch --controller ADDR [--seconds S]      stream the fleet's events
 //
 // Exit status: 0 success, 1 failure, 2 bad usage.
 #include <signal.h>
@@ -48,6 +49,7 @@ ABSL_FLAG(int, iters, 3, "check: timed iterations per collective.");
 ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
 ABSL_FLAG(std::string, backend, "gloo", "check, run: gloo or nccl.");
 ABSL_FLAG(int64_t, step_timeout_ms, 30000, "run: timeout of one collective within a step.");
+ABSL_FLAG(int64_t, seconds, 0, "watch: stop after this many seconds (0 = until interrupted).");
 
 namespace baton {
 namespace {
@@ -61,7 +63,8 @@ std::string Usage() {
          "  baton check --controller HOST:PORT --mesh dp=2,tp=2 [--numel N] [--iters K]\n"
          "  baton run --controller HOST:PORT JOBFILE [--output=json]\n"
          "  baton reference JOBFILE [--output=json]\n"
-         "  baton stop --controller HOST:PORT JOB_ID\n";
+         "  baton stop --controller HOST:PORT JOB_ID\n"
+         "  baton watch --controller HOST:PORT [--seconds S]\n";
 }
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -300,6 +303,37 @@ int StopCommand(const std::string& job_id) {
   return 0;
 }
 
+int Watch() {
+  auto client = ConnectFromFlag();
+  if (!client.ok()) {
+    std::fprintf(stderr, "baton watch: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t seconds = absl::GetFlag(FLAGS_seconds);
+  const bool json = absl::GetFlag(FLAGS_output) == "json";
+  auto s = (*client)->Watch(
+      0,
+      [&](const baton::v1::Event& e) {
+        if (json) {
+          std::printf("%s\n", ToJson(e).c_str());
+        } else {
+          std::printf("%s %-18s %-10s %s\n",
+                      absl::FormatTime("%H:%M:%E3S", absl::FromUnixMillis(e.time_unix_ms()),
+                                       absl::LocalTimeZone())
+                          .c_str(),
+                      e.kind().c_str(), e.worker_name().c_str(), e.message().c_str());
+        }
+        std::fflush(stdout);
+        return true;
+      },
+      seconds > 0 ? absl::Seconds(seconds) : absl::InfiniteDuration());
+  if (!s.ok()) {
+    std::fprintf(stderr, "baton watch: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 int Reference(const std::string& path) {
   auto job = LoadJobOrExplain("reference", path);
   if (!job) return kUsage;
@@ -353,6 +387,7 @@ int Main(int argc, char** argv) {
   if (command == "up") return Up();
   if (command == "status") return StatusCommand();
   if (command == "check") return Check();
+  if (command == "watch") return Watch();
   std::fprintf(stderr, "unknown command \"%s\"\n%s", command.c_str(), Usage().c_str());
   return kUsage;
 }

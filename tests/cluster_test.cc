@@ -330,6 +330,13 @@ TEST(ClusterTest, WatchStreamsFleetEvents) {
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(kinds["worker_registered"], 2);
   EXPECT_EQ(kinds["mesh_created"], 1);
+  // The CLI prints the same stream.
+  auto watch = RunCommand({Baton(), "watch", "--controller=" + cluster->controller_address(), "--seconds=1"},
+                          absl::Seconds(20));
+  std::printf("baton watch:\n%s", watch.output.c_str());
+  EXPECT_EQ(watch.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(watch.output, "worker_registered")) << watch.output;
+  EXPECT_TRUE(absl::StrContains(watch.output, "mesh_created")) << watch.output;
   ExpectAllGone(*cluster);
 }
 
