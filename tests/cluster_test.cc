@@ -143,6 +143,33 @@ TEST(ClusterTest, KilledWorkerIsDeadWithinFiveSecondsAndNamedByCheck) {
                              "--numel=1024", "--iters=1"},
                             absl::Seconds(60));
   EXPECT_EQ(smaller.exit_code, 0) << smaller.output;
+
+  // A replacement with the same name takes the dead worker's rank back and
+  // the full mesh works again.
+  const std::string dir = testing::TempDir("replacement");
+  auto replacement = testing::StartBackground(
+      {Runfile("worker/baton-worker"), "--controller=" + address, "--name=worker-2", "--port=0"},
+      dir + "/worker.log");
+  bool rejoined = false;
+  for (int i = 0; i < 100 && !rejoined; ++i) {
+    auto status = RunCommand({Baton(), "status", "--controller=" + address}, absl::Seconds(5));
+    for (absl::string_view line : absl::StrSplit(status.output, '\n')) {
+      if (absl::StartsWith(line, "worker-2 ") && absl::StrContains(line, "REGISTERED") &&
+          absl::StrContains(line, "    2  ")) {
+        rejoined = true;
+      }
+    }
+    if (!rejoined) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(rejoined) << testing::ReadFile(dir + "/worker.log");
+  auto full = RunCommand({Baton(), "check", "--controller=" + address, "--mesh=dp=2,tp=2",
+                          "--numel=1024", "--iters=1"},
+                         absl::Seconds(60));
+  std::printf("check with the replacement worker-2: exit %d\n", full.exit_code);
+  EXPECT_EQ(full.exit_code, 0) << full.output;
+  kill(replacement.pid, SIGTERM);
+  EXPECT_EQ(testing::WaitBackground(replacement, absl::Seconds(10)), 0);
+  EXPECT_TRUE(AwaitGone(replacement.pid, absl::Seconds(1)));
   ExpectAllGone(*cluster);
 }
 
