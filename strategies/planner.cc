@@ -67,17 +67,29 @@ void EmitShardedMicrobatch(const JobSpec& job, const ModelLayout& layout, int mb
   std::set<int> ready, in_flight;
   const int last_block = static_cast<int>(layout.units.size()) - 1;
   auto reshard_after_forward = [&](int unit) { return ReshardsAfterForward(plan, unit, last_block); };
-  auto ensure = [&](int unit) {
+  auto gather = [&](int unit) {
+    if (unit < 0 || ready.count(unit) || in_flight.count(unit)) return;
+    w->Unit(Instruction::GATHER_PARAMS, unit);
+    in_flight.insert(unit);
+  };
+  // Makes `unit` usable, issuing the prefetch of `next` before waiting, so
+  // both gathers are in flight together whenever the first one is exposed.
+  auto prepare = [&](int unit, int next) {
+    gather(unit);
+    if (plan.prefetch()) gather(next);
     if (ready.count(unit)) return;
-    if (!in_flight.count(unit)) w->Unit(Instruction::GATHER_PARAMS, unit);
     in_flight.erase(unit);
     w->Unit(Instruction::WAIT_PARAMS, unit);
     ready.insert(unit);
   };
-  auto prefetch = [&](int unit) {
-    if (!plan.prefetch() || unit < 0 || ready.count(unit) || in_flight.count(unit)) return;
-    w->Unit(Instruction::GATHER_PARAMS, unit);
-    in_flight.insert(unit);
+  // The unit of the nearest stage after (step +1) or before (step -1) `s`
+  // that belongs to another unit, or -1.
+  auto next_unit = [&](int s, int step) {
+    const int u = layout.stages[s].unit();
+    for (int t = s + step; t >= 0 && t < n_stages; t += step) {
+      if (layout.stages[t].unit() != u) return layout.stages[t].unit();
+    }
+    return -1;
   };
   // First and last forward stage of each unit.
   std::vector<int> first(layout.units.size(), -1), last(layout.units.size(), -1);
@@ -89,14 +101,7 @@ void EmitShardedMicrobatch(const JobSpec& job, const ModelLayout& layout, int mb
   w->Stage(Instruction::LOAD_BATCH, 0, mb);
   for (int s = 0; s < n_stages; ++s) {
     const int u = layout.stages[s].unit();
-    ensure(u);
-    // The next stage of another unit that is not gathered yet.
-    for (int t = s + 1; t < n_stages; ++t) {
-      if (layout.stages[t].unit() != u) {
-        prefetch(layout.stages[t].unit());
-        break;
-      }
-    }
+    prepare(u, next_unit(s, +1));
     w->Stage(Instruction::FORWARD, s, mb);
     if (s == last[u] && reshard_after_forward(u)) {
       w->Unit(Instruction::FREE_PARAMS, u);
@@ -105,13 +110,7 @@ void EmitShardedMicrobatch(const JobSpec& job, const ModelLayout& layout, int mb
   }
   for (int s = n_stages - 1; s >= 0; --s) {
     const int u = layout.stages[s].unit();
-    ensure(u);
-    for (int t = s - 1; t >= 0; --t) {
-      if (layout.stages[t].unit() != u) {
-        prefetch(layout.stages[t].unit());
-        break;
-      }
-    }
+    prepare(u, next_unit(s, -1));
     w->Stage(Instruction::BACKWARD, s, mb);
     if (s == first[u]) {  // the unit's backward is complete
       w->Unit(Instruction::FREE_PARAMS, u);
