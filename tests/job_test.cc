@@ -51,9 +51,10 @@ std::vector<std::string> JsonLines(const std::string& output) {
 TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
   auto cluster = StartCluster(4);
   ASSERT_NE(cluster, nullptr);
-  for (const char* example : {"decoder_fsdp2", "decoder_fsdp4", "decoder_zero1", "decoder_zero2",
-                              "decoder_ddp", "decoder_hsdp", "mlp_seed_lab"}) {
-    const std::string file = Runfile(absl::StrCat("examples/", example, ".textproto"));
+  for (const char* example : {"decoder_fsdp2.textproto", "decoder_fsdp4.textproto", "decoder_zero1.textproto",
+                              "decoder_zero2.textproto", "decoder_ddp.textproto", "decoder_hsdp.textproto",
+                              "mlp_seed_lab.textproto", "decoder_zero2.json"}) {
+    const std::string file = Runfile(absl::StrCat("examples/", example));
     auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file,
                            "--output=json"},
                           absl::Seconds(120));
@@ -153,6 +154,40 @@ TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
   auto status = (*client)->Status();
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->job().state(), baton::v1::JOB_FAILED) << status->job().DebugString();
+  StopAndExpectAllGone(*cluster);
+}
+
+// A worker that stops answering without dying (SIGSTOP: a hung host, a
+// partitioned pod) is found by its missing heartbeats; the run fails naming
+// it instead of waiting for it.
+TEST(JobTest, SilentWorkerFailsTheRunWithinTenSeconds) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  const std::string dir = testing::TempDir("silent");
+  auto run = testing::StartBackground({Baton(), "run", "--controller=" + cluster->controller_address(),
+                                       Runfile("examples/decoder_demo.textproto"),
+                                       "--step_timeout_ms=60000"},
+                                      dir + "/run.log");
+  const absl::Time start = absl::Now();
+  while (!absl::StrContains(testing::ReadFile(dir + "/run.log"), "step    1/") &&
+         absl::Now() - start < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const pid_t victim = testing::PidOf(*cluster, "worker-1");
+  const absl::Time stopped = absl::Now();
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  bool timed_out = true;
+  const int code = testing::WaitBackground(run, absl::Seconds(30), &timed_out);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - stopped);
+  kill(victim, SIGCONT);
+  const std::string output = testing::ReadFile(dir + "/run.log");
+  std::printf("run ended %.2f s after worker-1 went silent, exit %d: %s", seconds, code,
+              output.substr(output.rfind("baton run:") == std::string::npos ? 0 : output.rfind("baton run:")).c_str());
+  EXPECT_FALSE(timed_out);
+  EXPECT_EQ(code, 1);
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_TRUE(absl::StrContains(output, "worker-1")) << output;
+  EXPECT_TRUE(absl::StrContains(output, "DEAD")) << output;
   StopAndExpectAllGone(*cluster);
 }
 
