@@ -29,6 +29,7 @@
 #include "client/local_cluster.h"
 #include "client/step_output.h"
 #include "strategies/job_spec.h"
+#include "strategies/mesh_proto.h"
 #include "worker/model/reference_trainer.h"
 #include "common/process.h"
 #include "google/protobuf/util/json_util.h"
@@ -139,11 +140,8 @@ int StatusCommand() {
                 baton::v1::WorkerState_Name(w.state()).c_str(), w.heartbeat_age_s());
   }
   if (status->has_mesh()) {
-    std::string spec;
-    for (const auto& a : status->mesh().axes()) {
-      absl::StrAppend(&spec, spec.empty() ? "" : ",", a.name(), "=", a.size());
-    }
-    std::printf("mesh: %s %s\n", status->mesh().mesh_id().c_str(), spec.c_str());
+    std::printf("mesh: %s %s\n", status->mesh().mesh_id().c_str(),
+                FormatMeshSpec(ToMeshAxes(status->mesh().axes())).c_str());
   }
   if (status->has_job()) {
     const auto& job = status->job();
@@ -207,10 +205,7 @@ int Check() {
     if (!r.passed()) std::printf("       error: %s\n", r.error().c_str());
     passed += r.passed();
   }
-  std::string mesh_spec;
-  for (const auto& a : resp->mesh().axes()) {
-    absl::StrAppend(&mesh_spec, mesh_spec.empty() ? "" : ",", a.name(), "=", a.size());
-  }
+  const std::string mesh_spec = FormatMeshSpec(ToMeshAxes(resp->mesh().axes()));
   std::printf("check %s: %d of %d collectives checked on mesh %s (%s)\n",
               resp->passed() ? "passed" : "FAILED", passed, resp->results_size(), mesh_spec.c_str(),
               resp->mesh().mesh_id().c_str());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/collective_ops.h"
+#include "strategies/mesh_proto.h"
 
 namespace baton {
 namespace {
@@ -15,23 +16,9 @@ namespace {
 using baton::v1::CollectiveOp;
 
 constexpr int64_t kDefaultCheckNumel = 1 << 20;
-constexpr int64_t kMaxCheckNumel = int64_t{64} << 20;
 constexpr int kDefaultCheckIters = 3;
 constexpr int kMaxCheckIters = 100;
 constexpr int64_t kDefaultCheckTimeoutMs = 5000;
-constexpr int64_t kMaxCheckTimeoutMs = 600000;
-
-std::vector<MeshAxisSpec> AxesOf(const baton::v1::MeshSpec& spec) {
-  std::vector<MeshAxisSpec> axes;
-  for (const auto& a : spec.axes()) axes.push_back({a.name(), a.size()});
-  return axes;
-}
-
-std::vector<MeshAxisSpec> AxesOf(const baton::v1::Mesh& mesh) {
-  std::vector<MeshAxisSpec> axes;
-  for (const auto& a : mesh.axes()) axes.push_back({a.name(), a.size()});
-  return axes;
-}
 
 std::string Label(const baton::v1::Mesh& mesh, int rank) {
   return absl::StrCat("worker ", mesh.worker_names(rank), " (rank ", rank, ", ",
@@ -155,14 +142,14 @@ void ControllerService::AbortMesh(const baton::v1::Mesh& mesh, const std::string
 
 absl::StatusOr<baton::v1::Mesh> ControllerService::EnsureMesh(const baton::v1::MeshSpec& spec,
                                                               baton::v1::CommBackend backend) {
-  std::vector<MeshAxisSpec> axes = AxesOf(spec);
+  std::vector<MeshAxisSpec> axes = ToMeshAxes(spec.axes());
   auto device_mesh = DeviceMesh::Create(axes);
   if (!device_mesh.ok()) return device_mesh.status();
   if (backend == baton::v1::COMM_BACKEND_UNSPECIFIED) backend = baton::v1::GLOO;
   {
     absl::MutexLock lock(&mu_);
     bool same = current_.epoch() != 0 && current_backend_ == backend &&
-                FormatMeshSpec(AxesOf(current_)) == FormatMeshSpec(axes);
+                FormatMeshSpec(ToMeshAxes(current_.axes())) == FormatMeshSpec(axes);
     for (int r = 0; same && r < current_.worker_names_size(); ++r) {
       auto info = registry_->Get(current_.worker_names(r));
       same = info.ok() && info->state() != baton::v1::DEAD &&
@@ -288,7 +275,7 @@ grpc::Status ControllerService::CheckCollectives(grpc::ServerContext*,
                                                  const baton::v1::CheckCollectivesRequest* req,
                                                  baton::v1::CheckCollectivesResponse* resp) {
   // Validate everything before touching a worker.
-  auto device_mesh = DeviceMesh::Create(AxesOf(req->spec()));
+  auto device_mesh = DeviceMesh::Create(ToMeshAxes(req->spec().axes()));
   if (!device_mesh.ok()) return ToGrpcStatus(device_mesh.status());
   const int64_t numel = req->numel() == 0 ? kDefaultCheckNumel : req->numel();
   const int iters = req->iters() == 0 ? kDefaultCheckIters : req->iters();

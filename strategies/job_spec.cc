@@ -11,6 +11,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "mesh/device_mesh.h"
+#include "strategies/mesh_proto.h"
 
 namespace baton {
 namespace {
@@ -30,12 +31,6 @@ absl::Status Invalid(const std::string& msg) {
 }
 
 bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
-
-std::vector<MeshAxisSpec> Axes(const JobSpec& job) {
-  std::vector<MeshAxisSpec> axes;
-  for (const auto& a : job.mesh()) axes.push_back({a.name(), a.size()});
-  return axes;
-}
 
 absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
   switch (model.kind_case()) {
@@ -109,7 +104,7 @@ int DataParallelSize(const JobSpec& job) { return MeshSize(job); }
 absl::Status ValidateJobSpec(const JobSpec& job) {
   if (auto s = ValidateModel(job.model()); !s.ok()) return s;
   if (job.mesh_size() == 0) return Invalid("mesh is missing, e.g. mesh { name: \"dp\" size: 2 }");
-  auto mesh = DeviceMesh::Create(Axes(job));
+  auto mesh = DeviceMesh::Create(ToMeshAxes(job.mesh()));
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
   const auto mode = job.plan().mode();
   // proto3 enums are open: a number no name stands for must not slip through.

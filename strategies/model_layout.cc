@@ -53,8 +53,13 @@ int64_t ModelLayout::parameters() const {
   return n;
 }
 
+int64_t TokensPerRow(const baton::v1::ModelSpec& model) {
+  return model.has_decoder() ? model.decoder().seq_len() : 1;
+}
+
 ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
   ModelLayout layout;
+  layout.tokens_per_row = TokensPerRow(model);
   if (model.has_mlp()) {
     const auto& m = model.mlp();
     const int64_t d = m.d_model(), h = m.hidden();
@@ -72,7 +77,6 @@ ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
       layout.stages.push_back(MakeStage(Stage::MLP_BLOCK, b + 1));
     }
     layout.stages.push_back(MakeStage(Stage::MLP_HEAD_MSE, 0));
-    layout.tokens_per_row = 1;
     return layout;
   }
   const auto& dec = model.decoder();
@@ -96,7 +100,6 @@ ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
     layout.stages.push_back(MakeStage(Stage::DECODER_BLOCK, l + 1));
   }
   layout.stages.push_back(MakeStage(Stage::LM_HEAD_CE, 0));
-  layout.tokens_per_row = dec.seq_len();
   return layout;
 }
 

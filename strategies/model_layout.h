@@ -35,6 +35,9 @@ struct ModelLayout {
   int64_t tokens_per_row = 1;
 };
 
+// Tokens one batch row carries: seq_len for the decoder, 1 for the MLP.
+int64_t TokensPerRow(const baton::v1::ModelSpec& model);
+
 // `model` must be valid (see ValidateJobSpec) with defaults applied.
 ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model);
 

@@ -7,6 +7,7 @@
 #include "mesh/device_mesh.h"
 #include "mesh/shard_geometry.h"
 #include "strategies/job_spec.h"
+#include "strategies/mesh_proto.h"
 
 namespace baton {
 namespace {
@@ -163,9 +164,7 @@ int ParamBytes(const JobSpec& job) {
 absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const std::string& job_id) {
   if (auto s = ValidateJobSpec(job); !s.ok()) return s;
   const ModelLayout layout = BuildModelLayout(job.model());
-  std::vector<MeshAxisSpec> axes;
-  for (const auto& a : job.mesh()) axes.push_back({a.name(), a.size()});
-  auto mesh = DeviceMesh::Create(axes);
+  auto mesh = DeviceMesh::Create(ToMeshAxes(job.mesh()));
   if (!mesh.ok()) return mesh.status();
   const ParallelMode mode = job.plan().mode();
   const std::string shard_axis = ShardAxis(job);

@@ -122,33 +122,49 @@ TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
   StopAndExpectAllGone(*cluster);
 }
 
-TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
-  auto cluster = StartCluster(4);
-  ASSERT_NE(cluster, nullptr);
-  const std::string dir = testing::TempDir("killed");
-  auto run = testing::StartBackground({Baton(), "run", "--controller=" + cluster->controller_address(),
-                                       Runfile("examples/decoder_demo.textproto")},
+// What became of a `baton run` of the demo job after worker-1 got `signal`
+// (sent once the first step is printed).
+struct Interrupted {
+  int code = 0;
+  bool timed_out = true;
+  double seconds = 0;  // from the signal to the end of the run
+  std::string output;
+};
+
+Interrupted RunAndSignalWorker(LocalCluster& cluster, int signal, const std::string& name) {
+  const std::string dir = testing::TempDir(name);
+  auto run = testing::StartBackground({Baton(), "run", "--controller=" + cluster.controller_address(),
+                                       Runfile("examples/decoder_demo.textproto"),
+                                       "--step_timeout_ms=60000"},
                                       dir + "/run.log");
-  // Wait for the first step line, then kill worker-1.
   const absl::Time start = absl::Now();
   while (!absl::StrContains(testing::ReadFile(dir + "/run.log"), "step    1/") &&
          absl::Now() - start < absl::Seconds(60)) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  const pid_t victim = testing::PidOf(*cluster, "worker-1");
-  const absl::Time killed = absl::Now();
-  ASSERT_EQ(kill(victim, SIGKILL), 0);
-  bool timed_out = true;
-  const int code = testing::WaitBackground(run, absl::Seconds(30), &timed_out);
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - killed);
-  const std::string output = testing::ReadFile(dir + "/run.log");
-  std::printf("run ended %.2f s after worker-1 was killed, exit %d:\n%s", seconds, code,
-              output.substr(output.size() > 600 ? output.size() - 600 : 0).c_str());
-  EXPECT_FALSE(timed_out);
-  EXPECT_EQ(code, 1);
-  EXPECT_LT(seconds, 10.0);
-  EXPECT_TRUE(absl::StrContains(output, "worker-1")) << output;
-  EXPECT_TRUE(absl::StrContains(output, "rank 1")) << output;
+  const pid_t victim = testing::PidOf(cluster, "worker-1");
+  const absl::Time signalled = absl::Now();
+  EXPECT_EQ(kill(victim, signal), 0);
+  Interrupted r;
+  r.code = testing::WaitBackground(run, absl::Seconds(30), &r.timed_out);
+  r.seconds = absl::ToDoubleSeconds(absl::Now() - signalled);
+  if (signal == SIGSTOP) kill(victim, SIGCONT);
+  r.output = testing::ReadFile(dir + "/run.log");
+  const size_t tail = r.output.rfind("baton run:");
+  std::printf("run ended %.2f s after worker-1 got signal %d, exit %d: %s", r.seconds, signal, r.code,
+              r.output.substr(tail == std::string::npos ? 0 : tail).c_str());
+  return r;
+}
+
+TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  const Interrupted r = RunAndSignalWorker(*cluster, SIGKILL, "killed");
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(absl::StrContains(r.output, "worker-1")) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "rank 1")) << r.output;
   auto client = Client::Connect(cluster->controller_address());
   ASSERT_TRUE(client.ok());
   auto status = (*client)->Status();
@@ -163,31 +179,12 @@ TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
 TEST(JobTest, SilentWorkerFailsTheRunWithinTenSeconds) {
   auto cluster = StartCluster(4);
   ASSERT_NE(cluster, nullptr);
-  const std::string dir = testing::TempDir("silent");
-  auto run = testing::StartBackground({Baton(), "run", "--controller=" + cluster->controller_address(),
-                                       Runfile("examples/decoder_demo.textproto"),
-                                       "--step_timeout_ms=60000"},
-                                      dir + "/run.log");
-  const absl::Time start = absl::Now();
-  while (!absl::StrContains(testing::ReadFile(dir + "/run.log"), "step    1/") &&
-         absl::Now() - start < absl::Seconds(60)) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  const pid_t victim = testing::PidOf(*cluster, "worker-1");
-  const absl::Time stopped = absl::Now();
-  ASSERT_EQ(kill(victim, SIGSTOP), 0);
-  bool timed_out = true;
-  const int code = testing::WaitBackground(run, absl::Seconds(30), &timed_out);
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - stopped);
-  kill(victim, SIGCONT);
-  const std::string output = testing::ReadFile(dir + "/run.log");
-  std::printf("run ended %.2f s after worker-1 went silent, exit %d: %s", seconds, code,
-              output.substr(output.rfind("baton run:") == std::string::npos ? 0 : output.rfind("baton run:")).c_str());
-  EXPECT_FALSE(timed_out);
-  EXPECT_EQ(code, 1);
-  EXPECT_LT(seconds, 10.0);
-  EXPECT_TRUE(absl::StrContains(output, "worker-1")) << output;
-  EXPECT_TRUE(absl::StrContains(output, "DEAD")) << output;
+  const Interrupted r = RunAndSignalWorker(*cluster, SIGSTOP, "silent");
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(absl::StrContains(r.output, "worker-1")) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "DEAD")) << r.output;
   StopAndExpectAllGone(*cluster);
 }
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "mesh/shard_geometry.h"
+#include "strategies/model_layout.h"
 #include "strategies/program_check.h"
 #include "worker/model/adamw.h"
 
@@ -216,8 +217,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_loss(loss_);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.set_step_ms(seconds * 1e3);
-  const int64_t tokens_per_row = program_.job().model().has_decoder() ? program_.job().model().decoder().seq_len() : 1;
-  m.set_tokens(program_.job().data().batch_size() / program_.dp_size() * tokens_per_row);
+  m.set_tokens(program_.job().data().batch_size() / program_.dp_size() * TokensPerRow(program_.job().model()));
   m.set_tokens_per_s(m.tokens() / seconds);
   int64_t sent = 0;
   for (const auto& [axis, c] : comms_) sent += c->stats().bytes_sent - before[axis].bytes_sent;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kv_store.h"
 #include "strategies/job_spec.h"
+#include "strategies/mesh_proto.h"
 #include "strategies/planner.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"
@@ -43,9 +44,7 @@ std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int s
   auto d = std::make_unique<Distributed>();
   auto programs = CompilePrograms(job, "test");
   EXPECT_TRUE(programs.ok()) << programs.status();
-  std::vector<MeshAxisSpec> axes;
-  for (const auto& a : job.mesh()) axes.push_back({a.name(), a.size()});
-  auto mesh = DeviceMesh::Create(axes);
+  auto mesh = DeviceMesh::Create(ToMeshAxes(job.mesh()));
   const int n = mesh->size();
   d->comms.resize(n);
   d->executors.resize(n);

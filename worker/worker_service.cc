@@ -4,8 +4,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/collective_ops.h"
 #include "common/grpc_status.h"
 #include "mesh/device_mesh.h"
+#include "strategies/mesh_proto.h"
 #include "worker/collective_check.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"
@@ -14,11 +16,8 @@
 namespace baton {
 namespace {
 
-// Bounds on what one RunCollectiveCheck may ask for: 64 Mi elements is 256 MiB
-// of fp32 per buffer, and a check holds a few buffers at once.
-constexpr int64_t kMaxCheckNumel = int64_t{64} << 20;
 constexpr int kMaxCheckIters = 1000;
-constexpr int64_t kMaxTimeoutMs = 600000;
+constexpr int64_t kMaxTimeoutMs = kMaxCheckTimeoutMs;
 constexpr int64_t kDefaultRendezvousTimeoutMs = 30000;
 
 grpc::Status Invalid(const std::string& msg) {
@@ -36,12 +35,6 @@ grpc::Status Guarded(const char* rpc, F&& body) {
     if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
     return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(rpc, ": ", what));
   }
-}
-
-std::vector<MeshAxisSpec> AxesOf(const baton::v1::Mesh& m) {
-  std::vector<MeshAxisSpec> axes;
-  for (const auto& a : m.axes()) axes.push_back({a.name(), a.size()});
-  return axes;
 }
 
 int64_t RendezvousTimeoutMs(const baton::v1::ConfigureRequest& req) {
@@ -66,7 +59,7 @@ std::string WorkerService::name() {
 
 absl::Status WorkerService::ValidateConfigure(const baton::v1::ConfigureRequest& req) {
   const baton::v1::Mesh& m = req.mesh();
-  const std::vector<MeshAxisSpec> axes = AxesOf(m);
+  const std::vector<MeshAxisSpec> axes = ToMeshAxes(m.axes());
   auto mesh = DeviceMesh::Create(axes);
   if (!mesh.ok()) return mesh.status();
   if (m.worker_names_size() != mesh->size()) {
@@ -93,7 +86,7 @@ absl::Status WorkerService::ValidateConfigure(const baton::v1::ConfigureRequest&
 absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMesh(
     const baton::v1::ConfigureRequest& req) {
   const baton::v1::Mesh& m = req.mesh();
-  const std::vector<MeshAxisSpec> axes = AxesOf(m);
+  const std::vector<MeshAxisSpec> axes = ToMeshAxes(m.axes());
   auto mesh = DeviceMesh::Create(axes);
   if (!mesh.ok()) return mesh.status();
   const int64_t timeout_ms = RendezvousTimeoutMs(req);
