@@ -12,8 +12,8 @@ namespace baton {
 std::string FormatStep(const baton::v1::StepMetrics& m, int total_steps, bool json) {
   if (json) {
     return absl::StrFormat(
-        "{\"step\":%d,\"loss\":%.9g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"comm_bytes\":%d,"
-        "\"state_bytes\":%d,\"peak_unsharded_param_bytes\":%d,\"grad_norm\":%.9g,\"tokens\":%d}",
+        "{\"step\":%d,\"loss\":%.17g,\"tokens_per_s\":%.1f,\"step_ms\":%.3f,\"comm_bytes\":%d,"
+        "\"state_bytes\":%d,\"peak_unsharded_param_bytes\":%d,\"grad_norm\":%.17g,\"tokens\":%d}",
         m.step(), m.loss(), m.tokens_per_s(), m.step_ms(), m.comm_bytes(), m.state_bytes(),
         m.peak_unsharded_param_bytes(), m.grad_norm(), m.tokens());
   }
