@@ -84,16 +84,6 @@ absl::Status CheckPeer(int peer, int rank, int size, const char* op) {
   return absl::OkStatus();
 }
 
-int64_t RingAllGatherBytes(int64_t chunk_numel, int64_t elem_bytes, int size) {
-  return chunk_numel * elem_bytes * (size - 1);
-}
-
-int64_t RingAllReduceBytes(int64_t numel, int64_t elem_bytes, int size) {
-  // Reduce-scatter then all-gather of ceil(numel / size)-element chunks.
-  ChunkGeometry g(numel, size);
-  return 2 * RingAllGatherBytes(g.chunk(), elem_bytes, size);
-}
-
 absl::Status AllGatherShards(Communicator& comm, const at::Tensor& local,
                              const ChunkGeometry& geometry, const at::Tensor& full,
                              Milliseconds timeout) {

@@ -43,6 +43,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "mesh/collective_cost.h"  // the byte counts every backend reports
 #include "mesh/placement.h"
 #include "mesh/shard_geometry.h"
 
@@ -141,12 +142,6 @@ class Communicator {
 absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& output, int size);
 absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& output, int size);
 absl::Status CheckPeer(int peer, int rank, int size, const char* op);
-
-// Per-rank ring traffic of each operation, in bytes, for `numel` elements of
-// `elem_bytes` each (numel = the per-rank chunk k for all-gather and
-// reduce-scatter, the whole tensor for all-reduce).
-int64_t RingAllGatherBytes(int64_t chunk_numel, int64_t elem_bytes, int size);
-int64_t RingAllReduceBytes(int64_t numel, int64_t elem_bytes, int size);
 
 // All-gathers uneven Shard(0) pieces of a 1-D or N-D tensor with torch.chunk
 // geometry: `local` holds this rank's rows (possibly 0), `full` receives all

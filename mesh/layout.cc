@@ -1,0 +1,93 @@
+#include "mesh/layout.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "mesh/shard_geometry.h"
+
+namespace baton {
+
+int64_t Piece::numel() const { return NumElements(shape); }
+
+bool Piece::Contains(const Piece& inner) const {
+  if (inner.shape.size() != shape.size() || inner.offset.size() != offset.size()) return false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (inner.offset[d] < offset[d] || inner.offset[d] + inner.shape[d] > offset[d] + shape[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool IsRowRangeOf(const Piece& inner, const Piece& outer) {
+  if (!outer.Contains(inner)) return false;
+  for (size_t d = 1; d < inner.shape.size(); ++d) {
+    if (inner.offset[d] != outer.offset[d] || inner.shape[d] != outer.shape[d]) return false;
+  }
+  return true;
+}
+
+std::string Piece::ToString() const {
+  std::vector<std::string> dims;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    dims.push_back(absl::StrCat(offset[d], ":", offset[d] + shape[d]));
+  }
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+std::string TensorLayout::ToString() const {
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ") ",
+                      absl::StrJoin(placements, ", ", [](std::string* out, const Placement& p) {
+                        absl::StrAppend(out, p.ToString());
+                      }));
+}
+
+absl::Status CheckLayout(const TensorLayout& layout, const DeviceMesh& mesh) {
+  if (static_cast<int>(layout.placements.size()) != mesh.ndim()) {
+    return absl::InvalidArgumentError(absl::StrCat("layout ", layout.ToString(), " has ",
+                                                   layout.placements.size(),
+                                                   " placements for a mesh of ", mesh.ndim(), " axes"));
+  }
+  for (int64_t s : layout.shape) {
+    if (s < 0) return absl::InvalidArgumentError(absl::StrCat("layout ", layout.ToString(), " has a negative extent"));
+  }
+  for (const Placement& p : layout.placements) {
+    if (p.is_shard() && (p.dim() < 0 || p.dim() >= static_cast<int>(layout.shape.size()))) {
+      return absl::InvalidArgumentError(absl::StrCat("layout ", layout.ToString(), ": ", p.ToString(),
+                                                     " is out of range for a ", layout.shape.size(),
+                                                     "-d tensor"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Piece> LocalPiece(const TensorLayout& layout, const DeviceMesh& mesh, int rank) {
+  if (auto s = CheckLayout(layout, mesh); !s.ok()) return s;
+  auto coords = mesh.Coordinates(rank);
+  if (!coords.ok()) return coords.status();
+  Piece piece;
+  piece.offset.assign(layout.shape.size(), 0);
+  piece.shape = layout.shape;
+  for (int axis = 0; axis < mesh.ndim(); ++axis) {
+    const Placement& p = layout.placements[axis];
+    if (!p.is_shard()) continue;
+    ChunkGeometry g(piece.shape[p.dim()], mesh.axes()[axis].size);
+    piece.offset[p.dim()] += g.offset((*coords)[axis]);
+    piece.shape[p.dim()] = g.length((*coords)[axis]);
+  }
+  return piece;
+}
+
+int64_t ReplicationFactor(const TensorLayout& layout, const DeviceMesh& mesh,
+                          const std::vector<std::string>& stage_axes) {
+  int64_t copies = 1;
+  for (int axis = 0; axis < mesh.ndim() && axis < static_cast<int>(layout.placements.size()); ++axis) {
+    const std::string& name = mesh.axes()[axis].name;
+    if (std::find(stage_axes.begin(), stage_axes.end(), name) != stage_axes.end()) continue;
+    if (layout.placements[axis].is_replicate()) copies *= mesh.axes()[axis].size;
+  }
+  return copies;
+}
+
+}  // namespace baton

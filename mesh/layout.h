@@ -1,0 +1,64 @@
+// The piece of a global tensor that one rank of a DeviceMesh holds, given one
+// Placement per mesh axis: DTensor's local shard. Placements apply in mesh-axis
+// order; Shard(d) on axis i splits the extent dimension d has after the
+// earlier axes with torch.chunk over that axis (see shard_geometry.h), so
+// trailing ranks may hold short or empty pieces. Replicate and Partial leave
+// the piece unchanged (a Partial piece is a full-shape addend).
+//
+//   shape (4, 10), mesh (dp=2), [Shard(1)]:  rank 0 holds [0:4, 0:5], rank 1 [0:4, 5:10]
+//   shape (5, 3),  mesh (a=2, b=3), [Shard(0), Shard(0)]:
+//       a chunks rows into [0:3) and [3:5); b then chunks each again.
+#ifndef BATON_MESH_LAYOUT_H_
+#define BATON_MESH_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "mesh/device_mesh.h"
+#include "mesh/placement.h"
+
+namespace baton {
+
+// A box of a global tensor: its first index and its extent in every dim.
+struct Piece {
+  std::vector<int64_t> offset;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+  bool operator==(const Piece& o) const { return offset == o.offset && shape == o.shape; }
+  bool operator!=(const Piece& o) const { return !(*this == o); }
+  // Whether `inner` lies inside this box.
+  bool Contains(const Piece& inner) const;
+  std::string ToString() const;
+};
+
+// Whether `inner` is a run of whole leading-dim rows of `outer` (equal in
+// every other dim): then it is one contiguous part of a row-major tensor
+// holding `outer`, and a tensor of `inner` can be a view into it.
+bool IsRowRangeOf(const Piece& inner, const Piece& outer);
+
+// Global shape plus one placement per mesh axis.
+struct TensorLayout {
+  std::vector<int64_t> shape;
+  std::vector<Placement> placements;
+  std::string ToString() const;
+};
+
+// Checks that `layout` fits `mesh`: one placement per axis, Shard dims in
+// range, no negative extents.
+absl::Status CheckLayout(const TensorLayout& layout, const DeviceMesh& mesh);
+
+// The piece `rank` holds. `layout` must pass CheckLayout.
+absl::StatusOr<Piece> LocalPiece(const TensorLayout& layout, const DeviceMesh& mesh, int rank);
+
+// Product of the sizes of the axes on which `layout` is Replicate, leaving
+// out `stage_axes` (along which ranks hold different parts of the model):
+// how many ranks hold an identical copy of each piece, so a sum over all
+// ranks of a per-piece quantity counts each piece this many times.
+int64_t ReplicationFactor(const TensorLayout& layout, const DeviceMesh& mesh,
+                          const std::vector<std::string>& stage_axes = {});
+
+}  // namespace baton
+
+#endif  // BATON_MESH_LAYOUT_H_
