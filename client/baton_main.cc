@@ -4,7 +4,7 @@
 //   baton status --controller ADDR [--output=json]  one line per worker
 //   baton check --controller ADDR --mesh dp=2,tp=2  check every collective
 //   baton run --controller ADDR JOBFILE [--output=json]  train through the controller
-//   baton reference JOBFILE [--output=json]          the same job in this process
+//   baton reference JOBFILE [--output=json]          the same job in one process (baton-reference)
 //   baton stop --controller ADDR JOB_ID              stop a job
 //   baton watch --controller ADDR [--seconds S]      stream the fleet's events
 //
@@ -12,11 +12,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <optional>
-
-#include <ATen/Parallel.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -28,10 +28,9 @@
 #include "client/client.h"
 #include "client/local_cluster.h"
 #include "client/step_output.h"
-#include "strategies/job_spec.h"
-#include "strategies/mesh_proto.h"
-#include "worker/model/reference_trainer.h"
+#include "client/job_file.h"
 #include "common/process.h"
+#include "common/wire.h"
 #include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT.");
@@ -41,6 +40,7 @@ ABSL_FLAG(int, workers, 4, "up: number of local workers.");
 ABSL_FLAG(std::string, address_file, "", "up: write the controller address here once ready.");
 ABSL_FLAG(std::string, controller_bin, "", "up: path of baton-controller (default: found beside baton).");
 ABSL_FLAG(std::string, worker_bin, "", "up: path of baton-worker (default: found beside baton).");
+ABSL_FLAG(std::string, reference_bin, "", "reference: path of baton-reference (default: found beside baton).");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "up: controller's heartbeat timeout.");
 // check
 ABSL_FLAG(std::string, mesh, "", "check: mesh spec, e.g. dp=2,tp=2.");
@@ -244,11 +244,12 @@ int Run(const std::string& path) {
   }
   const std::string job_id = created->job().job_id();
   std::fprintf(stderr, "%s \"%s\": %lld parameters on %s (%d ranks); theory per rank: comm %lld B/step, "
-               "state %lld B\n",
+               "state %lld B, peak unsharded %lld B\n",
                job_id.c_str(), job->name().c_str(), static_cast<long long>(created->parameters()),
                created->mesh().mesh_id().c_str(), created->mesh().worker_names_size(),
                static_cast<long long>(created->expected_comm_bytes()),
-               static_cast<long long>(created->expected_state_bytes()));
+               static_cast<long long>(created->expected_state_bytes()),
+               static_cast<long long>(created->expected_peak_unsharded_param_bytes()));
   ProgressBar progress(job->steps());
   for (int step = 1; step <= job->steps(); ++step) {
     timespec no_wait{0, 0};
@@ -329,32 +330,19 @@ int Watch() {
   return 0;
 }
 
+// The reference trainer links LibTorch, which this CLI does not: hand over
+// to baton-reference.
 int Reference(const std::string& path) {
-  auto job = LoadJobOrExplain("reference", path);
-  if (!job) return kUsage;
-  const bool json = absl::GetFlag(FLAGS_output) == "json";
-  UseCachingAllocation();  // as the workers do
-  at::set_num_threads(job->threads_per_rank());
-  auto trainer = ReferenceTrainer::Create(*job);
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "baton reference: %s\n", trainer.status().ToString().c_str());
+  auto binary = FindBinary(absl::GetFlag(FLAGS_reference_bin), "reference", "baton-reference");
+  if (!binary.ok()) {
+    std::fprintf(stderr, "baton reference: %s\n", binary.status().ToString().c_str());
     return 1;
   }
-  ProgressBar progress(job->steps());
-  for (int step = 1; step <= job->steps(); ++step) {
-    auto m = (*trainer)->Step();
-    if (!m.ok()) {
-      progress.Finish();
-      std::fprintf(stderr, "baton reference: %s\n", m.status().ToString().c_str());
-      return 1;
-    }
-    progress.Finish();
-    std::printf("%s\n", FormatStep(*m, job->steps(), json).c_str());
-    std::fflush(stdout);
-    progress.Update(step);
-  }
-  progress.Finish();
-  return 0;
+  std::string output = "--output=" + absl::GetFlag(FLAGS_output);
+  std::vector<char*> argv = {binary->data(), const_cast<char*>(path.c_str()), output.data(), nullptr};
+  execv(binary->c_str(), argv.data());
+  std::fprintf(stderr, "baton reference: cannot run %s: %s\n", binary->c_str(), strerror(errno));
+  return 1;
 }
 
 int Main(int argc, char** argv) {

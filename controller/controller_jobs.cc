@@ -6,6 +6,7 @@
 #include "common/grpc_status.h"
 #include "controller/controller_service.h"
 #include "strategies/job_spec.h"
+#include "strategies/plan_theory.h"
 #include "strategies/planner.h"
 
 namespace baton {
@@ -20,6 +21,32 @@ constexpr absl::Duration kMinStepDeadline = absl::Minutes(10);
 
 bool Finished(baton::v1::JobState s) {
   return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
+}
+
+// One step's figures for the job from every rank's. The step's time is the
+// controller's wall time for the whole fan-out (what a user waits for); the
+// loss and gradient norm are those of a rank that computes the loss (they
+// agree after REDUCE_METRICS); tokens are summed over the ranks that count
+// them (once per data-parallel replica); per-rank figures are the maximum.
+baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::RunStepResponse>>& results,
+                                     double wall_ms) {
+  baton::v1::StepMetrics m;
+  m.set_step_ms(wall_ms);
+  for (const auto& r : results) {
+    const auto& rm = r.response.metrics();
+    m.set_step(rm.step());
+    if (rm.has_loss() && !m.has_loss()) {
+      m.set_has_loss(true);
+      m.set_loss(rm.loss());
+      m.set_grad_norm(rm.grad_norm());
+    }
+    m.set_tokens(m.tokens() + rm.tokens());
+    m.set_comm_bytes(std::max(m.comm_bytes(), rm.comm_bytes()));
+    m.set_state_bytes(std::max(m.state_bytes(), rm.state_bytes()));
+    m.set_peak_unsharded_param_bytes(std::max(m.peak_unsharded_param_bytes(), rm.peak_unsharded_param_bytes()));
+  }
+  m.set_tokens_per_s(wall_ms > 0 ? m.tokens() / (wall_ms / 1e3) : 0);
+  return m;
 }
 
 }  // namespace
@@ -71,6 +98,8 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
   }
   auto programs = CompilePrograms(job, job_id);
   if (!programs.ok()) return ToGrpcStatus(programs.status());
+  auto theory = AnalyzePrograms(*programs);
+  if (!theory.ok()) return ToGrpcStatus(theory.status());
 
   baton::v1::MeshSpec spec;
   *spec.mutable_axes() = job.mesh();
@@ -106,12 +135,12 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
     job_.mesh = mesh;
   }
   events_->Append("job_created", "", -1, absl::StrCat(job_id, " \"", job.name(), "\" on ", mesh.mesh_id()));
-  const PlanTheory theory = ComputeTheory(job);
   *resp->mutable_job() = status;
   *resp->mutable_mesh() = mesh;
-  resp->set_parameters(theory.parameters);
-  resp->set_expected_comm_bytes(theory.comm_bytes);
-  resp->set_expected_state_bytes(theory.state_bytes);
+  resp->set_parameters(theory->parameters);
+  resp->set_expected_comm_bytes(theory->comm_bytes);
+  resp->set_expected_state_bytes(theory->state_bytes);
+  resp->set_expected_peak_unsharded_param_bytes(theory->peak_unsharded_param_bytes);
   return grpc::Status::OK;
 }
 
@@ -170,22 +199,7 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           absl::StrCat("job ", job.status.job_id(), " step ", step, " failed: ", why));
     }
-    // The step's time is the controller's wall time for the whole fan-out
-    // (what a user waits for); per-rank figures are the max over ranks;
-    // tokens are summed over ranks.
-    const double wall_ms = absl::ToDoubleMilliseconds(absl::Now() - started);
-    baton::v1::StepMetrics m = results[0].response.metrics();
-    m.set_step_ms(wall_ms);
-    int64_t tokens = 0;
-    for (const auto& r : results) {
-      const auto& rm = r.response.metrics();
-      tokens += rm.tokens();
-      m.set_comm_bytes(std::max(m.comm_bytes(), rm.comm_bytes()));
-      m.set_state_bytes(std::max(m.state_bytes(), rm.state_bytes()));
-      m.set_peak_unsharded_param_bytes(std::max(m.peak_unsharded_param_bytes(), rm.peak_unsharded_param_bytes()));
-    }
-    m.set_tokens(tokens);
-    m.set_tokens_per_s(m.step_ms() > 0 ? tokens / (m.step_ms() / 1e3) : 0);
+    const baton::v1::StepMetrics m = AggregateStep(results, absl::ToDoubleMilliseconds(absl::Now() - started));
     *resp->add_metrics() = m;
     absl::MutexLock lock(&mu_);
     if (job_.status.job_id() == job.status.job_id() && !Finished(job_.status.state())) {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/collective_ops.h"
-#include "strategies/mesh_proto.h"
+#include "common/wire.h"
 
 namespace baton {
 namespace {

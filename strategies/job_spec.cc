@@ -1,17 +1,13 @@
 #include "strategies/job_spec.h"
 
-#include <cmath>
-#include <fstream>
-#include <sstream>
-
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "mesh/device_mesh.h"
-#include "strategies/mesh_proto.h"
+#include "common/spec_check.h"
+#include "common/wire.h"
 
 namespace baton {
 namespace {
@@ -30,38 +26,10 @@ absl::Status Invalid(const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat("invalid job: ", msg));
 }
 
-bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
-
-absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
-  switch (model.kind_case()) {
-    case baton::v1::ModelSpec::kMlp: {
-      const auto& m = model.mlp();
-      if (m.d_model() < 1) return Invalid(absl::StrCat("model.mlp.d_model must be >= 1, got ", m.d_model()));
-      if (m.blocks() < 1) return Invalid(absl::StrCat("model.mlp.blocks must be >= 1, got ", m.blocks()));
-      if (m.hidden() < 1) return Invalid(absl::StrCat("model.mlp.hidden must be >= 1, got ", m.hidden()));
-      return absl::OkStatus();
-    }
-    case baton::v1::ModelSpec::kDecoder: {
-      const auto& d = model.decoder();
-      if (!baton::v1::DecoderModel::Mlp_IsValid(d.mlp())) {
-        return Invalid(absl::StrCat("model.decoder.mlp ", d.mlp(), " is not GELU or SWIGLU"));
-      }
-      if (d.vocab() < 2) return Invalid(absl::StrCat("model.decoder.vocab must be >= 2, got ", d.vocab()));
-      if (d.dim() < 1) return Invalid(absl::StrCat("model.decoder.dim must be >= 1, got ", d.dim()));
-      if (d.layers() < 1) return Invalid(absl::StrCat("model.decoder.layers must be >= 1, got ", d.layers()));
-      if (d.heads() < 1) return Invalid(absl::StrCat("model.decoder.heads must be >= 1, got ", d.heads()));
-      if (d.dim() % d.heads() != 0) {
-        return Invalid(absl::StrCat("model.decoder.dim ", d.dim(), " is not divisible by heads ",
-                                    d.heads(), " (each head needs dim / heads features)"));
-      }
-      if (d.ffn_dim() < 1) return Invalid(absl::StrCat("model.decoder.ffn_dim must be >= 1, got ", d.ffn_dim()));
-      if (d.seq_len() < 1) return Invalid(absl::StrCat("model.decoder.seq_len must be >= 1, got ", d.seq_len()));
-      if (!PositiveFinite(d.norm_eps())) return Invalid("model.decoder.norm_eps must be positive");
-      return absl::OkStatus();
-    }
-    default:
-      return Invalid("model is missing: set model { mlp { ... } } or model { decoder { ... } }");
-  }
+// A shared check's error, said of the job.
+absl::Status OfJob(const absl::Status& s) {
+  if (s.ok()) return s;
+  return Invalid(std::string(s.message()));
 }
 
 }  // namespace
@@ -102,7 +70,7 @@ int MeshSize(const JobSpec& job) {
 int DataParallelSize(const JobSpec& job) { return MeshSize(job); }
 
 absl::Status ValidateJobSpec(const JobSpec& job) {
-  if (auto s = ValidateModel(job.model()); !s.ok()) return s;
+  if (auto s = ValidateModel(job.model()); !s.ok()) return OfJob(s);
   if (job.mesh_size() == 0) return Invalid("mesh is missing, e.g. mesh { name: \"dp\" size: 2 }");
   auto mesh = DeviceMesh::Create(ToMeshAxes(job.mesh()));
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
@@ -130,23 +98,10 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (mp.param_dtype() == baton::v1::BF16 && mode != baton::v1::FSDP && mode != baton::v1::HSDP) {
     return Invalid("plan.mixed_precision.param_dtype BF16 needs plan.mode FSDP or HSDP");
   }
-  const auto& opt = job.optimizer();
-  if (!PositiveFinite(opt.lr())) {
-    return Invalid(absl::StrCat("optimizer.lr must be positive, got ", opt.lr()));
-  }
-  if (!(opt.beta1() >= 0 && opt.beta1() < 1) || !(opt.beta2() >= 0 && opt.beta2() < 1)) {
-    return Invalid("optimizer.beta1 and beta2 must be in [0, 1)");
-  }
-  if (!PositiveFinite(opt.eps())) return Invalid("optimizer.eps must be positive");
-  if (!(opt.weight_decay() >= 0) || !std::isfinite(opt.weight_decay())) {
-    return Invalid(absl::StrCat("optimizer.weight_decay must be >= 0, got ", opt.weight_decay()));
-  }
-  if (!(opt.max_grad_norm() >= 0) || !std::isfinite(opt.max_grad_norm())) {
-    return Invalid(absl::StrCat("optimizer.max_grad_norm must be >= 0, got ", opt.max_grad_norm()));
-  }
+  if (auto s = ValidateOptimizer(job.optimizer()); !s.ok()) return OfJob(s);
   const auto& data = job.data();
+  if (auto s = ValidateData(data, job.model()); !s.ok()) return OfJob(s);
   const int dp = DataParallelSize(job);
-  if (data.batch_size() < 1) return Invalid(absl::StrCat("data.batch_size must be >= 1, got ", data.batch_size()));
   if (data.batch_size() % dp != 0) {
     return Invalid(absl::StrCat("data.batch_size ", data.batch_size(), " is not divisible by the ", dp,
                                 " data-parallel ranks of the mesh"));
@@ -154,17 +109,6 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (data.microbatches() < 1 || (data.batch_size() / dp) % data.microbatches() != 0) {
     return Invalid(absl::StrCat("data.microbatches ", data.microbatches(), " must divide the per-rank batch ",
                                 data.batch_size() / dp));
-  }
-  if (data.has_token_file()) {
-    if (!job.model().has_decoder()) return Invalid("data.token_file needs a decoder model");
-    if (data.token_file().path().empty()) return Invalid("data.token_file.path is empty");
-    if (!baton::v1::TokenFile::Format_IsValid(data.token_file().format())) {
-      return Invalid("data.token_file.format must be UINT16, UINT32 or TEXT_BYTES");
-    }
-    if (data.token_file().format() == baton::v1::TokenFile::TEXT_BYTES &&
-        job.model().decoder().vocab() < 256) {
-      return Invalid("data.token_file format TEXT_BYTES needs model.decoder.vocab >= 256");
-    }
   }
   if (job.steps() < 1) return Invalid(absl::StrCat("steps must be >= 1, got ", job.steps()));
   if (job.threads_per_rank() < 1 || job.threads_per_rank() > 256) {
@@ -190,18 +134,6 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text, bool json) {
   }
   job = WithDefaults(std::move(job));
   if (auto s = ValidateJobSpec(job); !s.ok()) return s;
-  return job;
-}
-
-absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto job = ParseJobSpec(ss.str(), absl::EndsWith(path, ".json"));
-  if (!job.ok()) {
-    return absl::Status(job.status().code(), absl::StrCat(path, ": ", job.status().message()));
-  }
   return job;
 }
 

@@ -1,8 +1,8 @@
-// Reading and validating a JobSpec. Job files are textproto (any name) or
-// JSON (*.json), parsed into baton.v1.JobSpec so the schema rejects unknown
-// fields; ValidateJobSpec then rejects impossible combinations, each with a
-// message that names the field and what would be valid. Nothing here talks
-// to a worker: a bad job fails before any is touched.
+// Parsing and validating a JobSpec. Job files are textproto or JSON, parsed
+// into baton.v1.JobSpec so the schema rejects unknown fields; ValidateJobSpec
+// then rejects impossible combinations, each with a message that names the
+// field and what would be valid. Nothing here talks to a worker or reads a
+// file (client/job_file.h does): a bad job fails before any worker is touched.
 #ifndef BATON_STRATEGIES_JOB_SPEC_H_
 #define BATON_STRATEGIES_JOB_SPEC_H_
 
@@ -16,8 +16,6 @@ namespace baton {
 // Parses text (JSON when `json`, else textproto), applies defaults and
 // validates.
 absl::StatusOr<baton::v1::JobSpec> ParseJobSpec(const std::string& text, bool json);
-// Reads `path` and parses it (JSON if it ends in .json).
-absl::StatusOr<baton::v1::JobSpec> LoadJobSpec(const std::string& path);
 
 // Fills every unset optional field with its documented default.
 baton::v1::JobSpec WithDefaults(baton::v1::JobSpec job);

@@ -63,29 +63,27 @@ ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
   if (model.has_mlp()) {
     const auto& m = model.mlp();
     const int64_t d = m.d_model(), h = m.hidden();
-    UnitInfo root{"root", {Linear("head.weight", 1, d)}};
-    if (m.bias()) root.params.push_back(Bias("head.bias", 1, d));
-    layout.units.push_back(root);
-    layout.stages.push_back(MakeStage(Stage::MLP_INPUT, 0));
+    layout.stages.push_back(MakeStage(Stage::MLP_INPUT, -1));
     for (int b = 0; b < m.blocks(); ++b) {
       const std::string p = absl::StrCat("blocks.", b, ".");
       UnitInfo unit{absl::StrCat("blocks.", b), {Linear(p + "w1.weight", h, d)}};
       if (m.bias()) unit.params.push_back(Bias(p + "w1.bias", h, d));
       unit.params.push_back(Linear(p + "w2.weight", d, h));
       if (m.bias()) unit.params.push_back(Bias(p + "w2.bias", d, h));
+      layout.stages.push_back(MakeStage(Stage::MLP_BLOCK, static_cast<int>(layout.units.size())));
       layout.units.push_back(unit);
-      layout.stages.push_back(MakeStage(Stage::MLP_BLOCK, b + 1));
     }
-    layout.stages.push_back(MakeStage(Stage::MLP_HEAD_MSE, 0));
+    UnitInfo head{"head", {Linear("head.weight", 1, d)}, /*root=*/true};
+    if (m.bias()) head.params.push_back(Bias("head.bias", 1, d));
+    layout.stages.push_back(MakeStage(Stage::MLP_HEAD_MSE, static_cast<int>(layout.units.size())));
+    layout.units.push_back(head);
     return layout;
   }
   const auto& dec = model.decoder();
   const int64_t v = dec.vocab(), d = dec.dim(), f = dec.ffn_dim();
-  layout.units.push_back(UnitInfo{"root",
-                                  {{"tok_embeddings.weight", {v, d}, Rule(InitRule::NORMAL, 0.02)},
-                                   Ones("norm.weight", d),
-                                   Linear("output.weight", v, d)}});
   layout.stages.push_back(MakeStage(Stage::EMBEDDING, 0));
+  layout.units.push_back(
+      UnitInfo{"tok_embeddings", {{"tok_embeddings.weight", {v, d}, Rule(InitRule::NORMAL, 0.02)}}, /*root=*/true});
   for (int l = 0; l < dec.layers(); ++l) {
     const std::string p = absl::StrCat("layers.", l, ".");
     UnitInfo unit{absl::StrCat("layers.", l),
@@ -96,10 +94,11 @@ ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
     if (dec.mlp() == baton::v1::DecoderModel::SWIGLU) {
       unit.params.push_back(Linear(p + "feed_forward.w3.weight", f, d));
     }
+    layout.stages.push_back(MakeStage(Stage::DECODER_BLOCK, static_cast<int>(layout.units.size())));
     layout.units.push_back(unit);
-    layout.stages.push_back(MakeStage(Stage::DECODER_BLOCK, l + 1));
   }
-  layout.stages.push_back(MakeStage(Stage::LM_HEAD_CE, 0));
+  layout.stages.push_back(MakeStage(Stage::LM_HEAD_CE, static_cast<int>(layout.units.size())));
+  layout.units.push_back(UnitInfo{"head", {Ones("norm.weight", d), Linear("output.weight", v, d)}, /*root=*/true});
   return layout;
 }
 

@@ -1,7 +1,8 @@
-// The shape of a model as the planners see it: its FSDP units (a block each,
-// plus the root holding embedding, final norm and head — FSDP's bottom-up
-// rule), their parameters with shapes and init rules, and the forward stages.
-// Parameter names follow torchtitan / nn.Module FQNs.
+// The shape of a model as the planners see it: its units (what FSDP wraps:
+// the token embedding, each block, and the final norm + head, as torchtitan
+// does), their parameters with shapes and init rules, and the forward stages.
+// Units are listed in forward order. Parameter names follow torchtitan /
+// nn.Module FQNs.
 #ifndef BATON_STRATEGIES_MODEL_LAYOUT_H_
 #define BATON_STRATEGIES_MODEL_LAYOUT_H_
 
@@ -24,12 +25,16 @@ struct ParamInfo {
 struct UnitInfo {
   std::string name;
   std::vector<ParamInfo> params;
+  // The embedding and the final norm + head (FSDP2's root modules): backward
+  // needs the head right after forward, so these keep their parameters after
+  // forward unless the plan says otherwise (root_reshard_after_forward).
+  bool root = false;
   int64_t numel() const;
 };
 
 struct ModelLayout {
-  std::vector<UnitInfo> units;          // units[0] is the root
-  std::vector<baton::v1::Stage> stages;  // forward order
+  std::vector<UnitInfo> units;           // forward order
+  std::vector<baton::v1::Stage> stages;  // forward order; Stage.unit indexes `units`, -1 = none
   int64_t parameters() const;
   // Tokens one batch row carries (seq_len for the decoder, 1 for the MLP).
   int64_t tokens_per_row = 1;

@@ -1,13 +1,11 @@
 #include "strategies/planner.h"
 
-#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/wire.h"
 #include "mesh/device_mesh.h"
-#include "mesh/shard_geometry.h"
 #include "strategies/job_spec.h"
-#include "strategies/mesh_proto.h"
 
 namespace baton {
 namespace {
@@ -17,270 +15,243 @@ using baton::v1::JobSpec;
 using baton::v1::ParallelMode;
 using baton::v1::Program;
 
-bool Sharded(ParallelMode mode) { return mode == baton::v1::FSDP || mode == baton::v1::HSDP; }
+// How a data-parallel mode lays out every parameter and treats every unit.
+struct DataParallelLayout {
+  std::vector<Placement> storage, compute;  // one per mesh axis
+  std::string shard_axis;                   // gathers and reduce-scatters run along it ("" for DDP)
+  std::string replicate_axis;               // gradients are all-reduced along it ("" for FSDP, ZeRO)
+  bool resident = false;                    // compute parameters persist (ZeRO, DDP)
+  bool free_grads = true;                   // compute gradients dropped once reduced (not ZeRO-1)
+  bool regather_after_step = false;         // updated parameters gathered after the step (ZeRO)
+};
 
-// Mesh axis along which shards live ("" for DDP), and HSDP's replica axis.
-std::string ShardAxis(const JobSpec& job) {
-  if (job.plan().mode() == baton::v1::DDP) return "";
-  return job.plan().mode() == baton::v1::HSDP ? job.mesh(1).name() : job.mesh(0).name();
+DataParallelLayout LayoutFor(const JobSpec& job) {
+  DataParallelLayout l;
+  const ParallelMode mode = job.plan().mode();
+  const std::string first = job.mesh(0).name();
+  switch (mode) {
+    case baton::v1::HSDP:
+      l.storage = {Placement::Replicate(), Placement::Shard(0)};
+      l.compute = {Placement::Replicate(), Placement::Replicate()};
+      l.shard_axis = job.mesh(1).name();
+      l.replicate_axis = first;
+      break;
+    case baton::v1::DDP:
+      l.storage = l.compute = {Placement::Replicate()};
+      l.replicate_axis = first;
+      l.resident = true;
+      break;
+    default:  // FSDP, ZERO1, ZERO2
+      l.storage = {Placement::Shard(0)};
+      l.compute = {Placement::Replicate()};
+      l.shard_axis = first;
+      l.resident = mode == baton::v1::ZERO1 || mode == baton::v1::ZERO2;
+      l.regather_after_step = l.resident;
+      l.free_grads = mode != baton::v1::ZERO1;
+      break;
+  }
+  return l;
 }
 
-std::string ReplicateAxis(const JobSpec& job) {
-  return job.plan().mode() == baton::v1::HSDP ? job.mesh(0).name() : "";
-}
-
-int ShardSize(const JobSpec& job) {
-  if (job.plan().mode() == baton::v1::DDP) return 1;
-  return job.plan().mode() == baton::v1::HSDP ? job.mesh(1).size() : job.mesh(0).size();
-}
-
-class InstructionWriter {
+// Writes one rank's step: walks the schedule's passes and inserts around
+// them the loads, gathers, frees and reductions the layouts call for,
+// keeping track of which units are gathered or in flight so every unit is
+// gathered exactly when needed and prefetched one unit ahead.
+class StepWriter {
  public:
-  explicit InstructionWriter(Program* program) : program_(program) {}
+  StepWriter(const JobSpec& job, const ModelLayout& model, const DataParallelLayout& layout,
+             const DeviceMesh& mesh, int rank, Program* program)
+      : job_(job), model_(model), layout_(layout), mesh_(mesh), rank_(rank), program_(program) {
+    const int n_units = static_cast<int>(model.units.size());
+    first_stage_.assign(n_units, -1);
+    last_stage_.assign(n_units, -1);
+    for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) {
+      const int u = model.stages[s].unit();
+      if (u < 0) continue;
+      if (first_stage_[u] < 0) first_stage_[u] = s;
+      last_stage_[u] = s;
+    }
+    for (int u = n_units - 1; u >= 0 && last_block_ < 0; --u) {
+      if (!model.units[u].root) last_block_ = u;
+    }
+    if (layout.resident) {
+      for (int u = 0; u < n_units; ++u) ready_.insert(u);
+    }
+  }
+
+  void Write(const std::vector<Pass>& order) {
+    Add(Instruction::ZERO_GRAD);
+    std::set<int> loaded;
+    std::vector<int> backwards_done(model_.units.size(), 0);
+    const int microbatches = job_.data().microbatches();
+    for (size_t i = 0; i < order.size(); ++i) {
+      const Pass& pass = order[i];
+      const int unit = model_.stages[pass.stage].unit();
+      if (pass.kind == Pass::kForward && loaded.insert(pass.microbatch).second) LoadBatch(pass.microbatch);
+      Prepare(unit, NextUnit(order, i));
+      Instruction* run = Add(pass.kind == Pass::kForward ? Instruction::FORWARD : Instruction::BACKWARD);
+      run->set_stage(pass.stage);
+      run->set_microbatch(pass.microbatch);
+      if (unit < 0) continue;
+      if (pass.kind == Pass::kForward) {
+        if (pass.stage == last_stage_[unit] &&
+            ReshardsAfterForward(job_.plan(), model_.units[unit], unit == last_block_)) {
+          Free(unit);
+        }
+      } else if (pass.stage == first_stage_[unit]) {  // the unit's backward is complete
+        Free(unit);
+        if (++backwards_done[unit] == microbatches) ReduceGrads(unit);
+      }
+    }
+    Instruction* metrics = Add(Instruction::REDUCE_METRICS);
+    for (const auto& axis : mesh_.axes()) metrics->add_axes(axis.name);
+    metrics->set_value(mesh_.size());  // every rank computes the loss of its rows
+    if (job_.optimizer().max_grad_norm() > 0) {
+      // The norm is summed over the ranks whose gradient pieces make up the
+      // whole gradient: the shard group (DDP: every rank holds it all).
+      Instruction* clip = Add(Instruction::CLIP_GRAD_NORM);
+      if (!layout_.shard_axis.empty()) clip->add_axes(layout_.shard_axis);
+      clip->set_value(job_.optimizer().max_grad_norm());
+    }
+    Add(Instruction::OPTIMIZER_STEP);
+    if (layout_.regather_after_step) {
+      for (int u = 0; u < static_cast<int>(model_.units.size()); ++u) {
+        UnitOp(Instruction::GATHER_PARAMS, u, layout_.shard_axis);
+        UnitOp(Instruction::WAIT_PARAMS, u);
+      }
+    }
+  }
+
+ private:
   Instruction* Add(Instruction::Op op) {
     Instruction* i = program_->add_instructions();
     i->set_op(op);
     return i;
   }
-  void Unit(Instruction::Op op, int unit, const std::string& axis = "", bool full = false) {
+
+  void UnitOp(Instruction::Op op, int unit, const std::string& axis = "") {
     Instruction* i = Add(op);
     i->set_unit(unit);
-    i->set_axis(axis);
-    i->set_full(full);
-  }
-  void Stage(Instruction::Op op, int stage, int microbatch) {
-    Instruction* i = Add(op);
-    i->set_stage(stage);
-    i->set_microbatch(microbatch);
+    if (!axis.empty()) i->add_axes(axis);
   }
 
- private:
-  Program* program_;
-};
+  // This rank's rows of the global batch: data parallelism splits it over
+  // every rank of the mesh, then into microbatches.
+  void LoadBatch(int mb) {
+    const int64_t per_rank = job_.data().batch_size() / mesh_.size();
+    const int64_t rows = per_rank / job_.data().microbatches();
+    Instruction* i = Add(Instruction::LOAD_BATCH);
+    i->set_microbatch(mb);
+    i->set_row_offset(rank_ * per_rank + mb * rows);
+    i->set_rows(rows);
+  }
 
-// Emits one microbatch's forward and backward for the sharded modes, keeping
-// track of which units are gathered or in flight so every unit is gathered
-// exactly when needed and prefetched one unit ahead.
-void EmitShardedMicrobatch(const JobSpec& job, const ModelLayout& layout, int mb, bool last_mb,
-                           InstructionWriter* w) {
-  const auto& plan = job.plan();
-  const int n_stages = static_cast<int>(layout.stages.size());
-  std::set<int> ready, in_flight;
-  const int last_block = static_cast<int>(layout.units.size()) - 1;
-  auto reshard_after_forward = [&](int unit) { return ReshardsAfterForward(plan, unit, last_block); };
-  auto gather = [&](int unit) {
-    if (unit < 0 || ready.count(unit) || in_flight.count(unit)) return;
-    w->Unit(Instruction::GATHER_PARAMS, unit);
-    in_flight.insert(unit);
-  };
-  // Makes `unit` usable, issuing the prefetch of `next` before waiting, so
-  // both gathers are in flight together whenever the first one is exposed.
-  auto prepare = [&](int unit, int next) {
-    gather(unit);
-    if (plan.prefetch()) gather(next);
-    if (ready.count(unit)) return;
-    in_flight.erase(unit);
-    w->Unit(Instruction::WAIT_PARAMS, unit);
-    ready.insert(unit);
-  };
-  // The unit of the nearest stage after (step +1) or before (step -1) `s`
-  // that belongs to another unit, or -1.
-  auto next_unit = [&](int s, int step) {
-    const int u = layout.stages[s].unit();
-    for (int t = s + step; t >= 0 && t < n_stages; t += step) {
-      if (layout.stages[t].unit() != u) return layout.stages[t].unit();
+  // The unit of the nearest pass after `i` in the same run (same kind and
+  // microbatch) that uses other parameters, or -1.
+  int NextUnit(const std::vector<Pass>& order, size_t i) const {
+    const int unit = model_.stages[order[i].stage].unit();
+    for (size_t j = i + 1; j < order.size(); ++j) {
+      if (order[j].kind != order[i].kind || order[j].microbatch != order[i].microbatch) break;
+      const int u = model_.stages[order[j].stage].unit();
+      if (u >= 0 && u != unit) return u;
     }
     return -1;
-  };
-  // First and last forward stage of each unit.
-  std::vector<int> first(layout.units.size(), -1), last(layout.units.size(), -1);
-  for (int s = 0; s < n_stages; ++s) {
-    const int u = layout.stages[s].unit();
-    if (first[u] < 0) first[u] = s;
-    last[u] = s;
   }
-  w->Stage(Instruction::LOAD_BATCH, 0, mb);
-  for (int s = 0; s < n_stages; ++s) {
-    const int u = layout.stages[s].unit();
-    prepare(u, next_unit(s, +1));
-    w->Stage(Instruction::FORWARD, s, mb);
-    if (s == last[u] && reshard_after_forward(u)) {
-      w->Unit(Instruction::FREE_PARAMS, u);
-      ready.erase(u);
-    }
-  }
-  for (int s = n_stages - 1; s >= 0; --s) {
-    const int u = layout.stages[s].unit();
-    prepare(u, next_unit(s, -1));
-    w->Stage(Instruction::BACKWARD, s, mb);
-    if (s == first[u]) {  // the unit's backward is complete
-      w->Unit(Instruction::FREE_PARAMS, u);
-      ready.erase(u);
-      if (last_mb) {
-        w->Unit(Instruction::REDUCE_SCATTER_GRADS, u, ShardAxis(job));
-        if (job.plan().mode() == baton::v1::HSDP) {
-          w->Unit(Instruction::ALL_REDUCE_GRADS, u, ReplicateAxis(job));
-        }
-      }
-    }
-  }
-}
 
-void EmitReplicatedMicrobatch(const JobSpec& job, const ModelLayout& layout, int mb, bool last_mb,
-                              InstructionWriter* w) {
-  const int n_stages = static_cast<int>(layout.stages.size());
-  std::vector<int> first(layout.units.size(), -1);
-  for (int s = 0; s < n_stages; ++s) {
-    if (first[layout.stages[s].unit()] < 0) first[layout.stages[s].unit()] = s;
+  void Gather(int unit) {
+    if (unit < 0 || ready_.count(unit) || in_flight_.count(unit)) return;
+    UnitOp(Instruction::GATHER_PARAMS, unit, layout_.shard_axis);
+    in_flight_.insert(unit);
   }
-  w->Stage(Instruction::LOAD_BATCH, 0, mb);
-  for (int s = 0; s < n_stages; ++s) w->Stage(Instruction::FORWARD, s, mb);
-  for (int s = n_stages - 1; s >= 0; --s) {
-    w->Stage(Instruction::BACKWARD, s, mb);
-    const int u = layout.stages[s].unit();
-    if (s != first[u] || !last_mb) continue;
-    if (job.plan().mode() == baton::v1::DDP) {
-      w->Unit(Instruction::ALL_REDUCE_GRADS, u, job.mesh(0).name(), /*full=*/true);
-    } else {
-      w->Unit(Instruction::REDUCE_SCATTER_GRADS, u, ShardAxis(job));
-    }
+
+  // Makes `unit` usable, issuing the prefetch of `next` before waiting, so
+  // both gathers are in flight together whenever the first one is exposed.
+  void Prepare(int unit, int next) {
+    Gather(unit);
+    if (job_.plan().prefetch()) Gather(next);
+    if (unit < 0 || ready_.count(unit)) return;
+    in_flight_.erase(unit);
+    UnitOp(Instruction::WAIT_PARAMS, unit);
+    ready_.insert(unit);
   }
-}
+
+  void Free(int unit) {
+    if (layout_.resident || !ready_.count(unit)) return;
+    UnitOp(Instruction::FREE_PARAMS, unit);
+    ready_.erase(unit);
+  }
+
+  void ReduceGrads(int unit) {
+    if (!layout_.shard_axis.empty()) UnitOp(Instruction::REDUCE_SCATTER_GRADS, unit, layout_.shard_axis);
+    if (!layout_.shard_axis.empty() && layout_.free_grads) UnitOp(Instruction::FREE_GRADS, unit);
+    if (!layout_.replicate_axis.empty()) UnitOp(Instruction::ALL_REDUCE_GRADS, unit, layout_.replicate_axis);
+  }
+
+  const JobSpec& job_;
+  const ModelLayout& model_;
+  const DataParallelLayout& layout_;
+  const DeviceMesh& mesh_;
+  const int rank_;
+  Program* const program_;
+  std::vector<int> first_stage_, last_stage_;
+  int last_block_ = -1;
+  std::set<int> ready_, in_flight_;
+};
 
 }  // namespace
 
-bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, int unit, int last_block) {
-  if (unit == 0) return plan.root_reshard_after_forward();
-  if (unit == last_block && last_block > 0) {
-    return plan.reshard_after_forward() && plan.reshard_last_block();
-  }
+bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, const UnitInfo& unit, bool last_block) {
+  if (unit.root) return plan.root_reshard_after_forward();
+  if (last_block) return plan.reshard_after_forward() && plan.reshard_last_block();
   return plan.reshard_after_forward();
-}
-
-int ParamBytes(const JobSpec& job) {
-  return job.plan().mixed_precision().param_dtype() == baton::v1::BF16 ? 2 : 4;
 }
 
 absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const std::string& job_id) {
   if (auto s = ValidateJobSpec(job); !s.ok()) return s;
-  const ModelLayout layout = BuildModelLayout(job.model());
-  auto mesh = DeviceMesh::Create(ToMeshAxes(job.mesh()));
+  const ModelLayout model = BuildModelLayout(job.model());
+  auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();
-  const ParallelMode mode = job.plan().mode();
-  const std::string shard_axis = ShardAxis(job);
-  const int shard_size = ShardSize(job);
-  const int microbatches = job.data().microbatches();
+  const DataParallelLayout layout = LayoutFor(job);
+  std::vector<int> stages;
+  for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) stages.push_back(s);
+  const SequentialSchedule schedule;
+  const std::vector<Pass> order = schedule.Order(stages, job.data().microbatches());
 
   std::vector<Program> programs;
   for (int rank = 0; rank < mesh->size(); ++rank) {
     Program p;
     p.set_job_id(job_id);
     p.set_rank(rank);
-    *p.mutable_job() = job;
-    p.set_mode(mode);
-    p.set_shard_axis(shard_axis);
-    p.set_shard_size(shard_size);
-    p.set_shard_rank(shard_axis.empty() ? 0 : *mesh->LocalRank(shard_axis, rank));
-    p.set_dp_size(mesh->size());
-    p.set_dp_rank(rank);
-    p.set_replicated_params(!Sharded(mode));
-    p.set_keep_full_grads(mode == baton::v1::ZERO1 || mode == baton::v1::DDP);
-    for (size_t u = 0; u < layout.units.size(); ++u) {
+    *p.mutable_mesh() = job.mesh();
+    *p.mutable_model() = job.model();
+    *p.mutable_optimizer() = job.optimizer();
+    *p.mutable_data() = job.data();
+    p.set_seed(job.seed());
+    p.set_compute_dtype(job.plan().mixed_precision().param_dtype() == baton::v1::BF16 ? baton::v1::BF16
+                                                                                       : baton::v1::FP32);
+    p.set_threads(job.threads_per_rank());
+    p.set_microbatches(job.data().microbatches());
+    p.set_reports_loss(true);
+    p.set_counts_tokens(true);
+    for (size_t u = 0; u < model.units.size(); ++u) {
       auto* unit = p.add_units();
       unit->set_index(static_cast<int>(u));
-      unit->set_name(layout.units[u].name);
-      for (const ParamInfo& info : layout.units[u].params) {
-        ChunkGeometry g(info.shape[0], shard_size);
+      unit->set_name(model.units[u].name);
+      unit->set_resident(layout.resident);
+      for (const ParamInfo& info : model.units[u].params) {
         auto* param = unit->add_params();
         param->set_name(info.name);
         for (int64_t d : info.shape) param->add_shape(d);
         *param->mutable_init() = info.init;
-        param->set_row_offset(g.offset(p.shard_rank()));
-        param->set_rows(g.length(p.shard_rank()));
-        param->set_chunk_rows(g.chunk());
+        for (const Placement& pl : layout.storage) *param->add_placements() = ToWire(pl);
+        for (const Placement& pl : layout.compute) *param->add_compute_placements() = ToWire(pl);
       }
     }
-    for (const auto& s : layout.stages) *p.add_stages() = s;
-
-    InstructionWriter w(&p);
-    w.Add(Instruction::ZERO_GRAD);
-    for (int mb = 0; mb < microbatches; ++mb) {
-      if (Sharded(mode)) {
-        EmitShardedMicrobatch(job, layout, mb, mb == microbatches - 1, &w);
-      } else {
-        EmitReplicatedMicrobatch(job, layout, mb, mb == microbatches - 1, &w);
-      }
-    }
-    w.Unit(Instruction::REDUCE_LOSS, 0, "world");
-    if (job.optimizer().max_grad_norm() > 0) {
-      Instruction* clip = w.Add(Instruction::CLIP_GRAD_NORM);
-      clip->set_axis(shard_axis);
-      clip->set_value(job.optimizer().max_grad_norm());
-    }
-    w.Add(Instruction::OPTIMIZER_STEP);
-    if (mode == baton::v1::ZERO1 || mode == baton::v1::ZERO2) {
-      for (size_t u = 0; u < layout.units.size(); ++u) {
-        w.Unit(Instruction::GATHER_UPDATED_PARAMS, static_cast<int>(u), shard_axis);
-      }
-    }
+    for (const auto& s : model.stages) *p.add_stages() = s;
+    StepWriter(job, model, layout, *mesh, rank, &p).Write(order);
     programs.push_back(std::move(p));
   }
   return programs;
-}
-
-PlanTheory ComputeTheory(const JobSpec& job) {
-  const ModelLayout layout = BuildModelLayout(job.model());
-  PlanTheory t;
-  t.parameters = layout.parameters();
-  const ParallelMode mode = job.plan().mode();
-  const double n = ShardSize(job);
-  const double r = mode == baton::v1::HSDP ? job.mesh(0).size() : 1;
-  const double dp = DataParallelSize(job);
-  const double pbytes = ParamBytes(job);
-  const int m = job.data().microbatches();
-  double comm = 0;
-  for (size_t u = 0; u < layout.units.size(); ++u) {
-    const double p = static_cast<double>(layout.units[u].numel());
-    const double unsharded = p * pbytes;
-    if (u == 0) {
-      t.root_param_bytes = static_cast<int64_t>(unsharded);
-    } else {
-      t.max_unit_param_bytes = std::max(t.max_unit_param_bytes, static_cast<int64_t>(unsharded));
-    }
-    switch (mode) {
-      case baton::v1::FSDP:
-      case baton::v1::HSDP: {
-        const bool reshard =
-            ReshardsAfterForward(job.plan(), static_cast<int>(u), static_cast<int>(layout.units.size()) - 1);
-        const int gathers = (reshard ? 2 : 1) * m;
-        comm += gathers * p * (n - 1) / n * pbytes + p * (n - 1) / n * 4;
-        if (mode == baton::v1::HSDP) comm += 2 * (p / n) * (r - 1) / r * 4;
-        break;
-      }
-      case baton::v1::ZERO1:
-      case baton::v1::ZERO2:
-        comm += 2 * p * (n - 1) / n * 4;
-        break;
-      case baton::v1::DDP:
-        comm += 2 * p * (dp - 1) / dp * 4;
-        break;
-      default:
-        break;
-    }
-  }
-  t.comm_bytes = static_cast<int64_t>(comm);
-  const double P = static_cast<double>(t.parameters);
-  double state = 0;
-  switch (mode) {
-    case baton::v1::FSDP:
-    case baton::v1::HSDP: state = 16 * P / n; break;
-    case baton::v1::ZERO1: state = 4 * P + 4 * P + 12 * P / n; break;
-    case baton::v1::ZERO2: state = 4 * P + 12 * P / n; break;
-    case baton::v1::DDP: state = 16 * P; break;
-    default: break;
-  }
-  t.state_bytes = static_cast<int64_t>(state);
-  return t;
 }
 
 }  // namespace baton

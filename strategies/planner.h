@@ -1,14 +1,24 @@
 // The data-parallel planner: FSDP (ZeRO-3), HSDP, ZeRO-1, ZeRO-2 and DDP.
-// Turns a validated JobSpec into one Program per rank: the shard layout of
-// every parameter and the instruction list the worker's Executor runs each
-// step. Pure planning: no sockets, no tensors.
+// Turns a validated JobSpec into one Program per rank: a layout for every
+// parameter and the instructions the worker's Executor runs each step. Pure
+// planning: no sockets, no tensors, no files.
 //
-// FSDP per microbatch (units reshard after forward, root keeps its params):
-//   forward:  GATHER root, WAIT root, [GATHER u+1 (prefetch), WAIT u, FORWARD u, FREE u]...
-//   backward: reverse order, re-gathering resharded units; after a unit's last
-//             backward stage: FREE, and on the last microbatch
-//             REDUCE_SCATTER_GRADS (HSDP: then ALL_REDUCE_GRADS on the replicas).
-// then REDUCE_LOSS, CLIP_GRAD_NORM, OPTIMIZER_STEP (on local shards only).
+// Layouts (master / gradient / AdamW pieces | compute tensor, per mesh axis):
+//   FSDP   Shard(0) | Replicate on the shard axis
+//   HSDP   (Replicate, Shard(0)) | (Replicate, Replicate) on (replicate, shard)
+//   ZeRO   as FSDP, with resident units: the full parameters persist and
+//          each master is a view of its rows
+//   DDP    Replicate | Replicate, resident units
+//
+// Around the passes a Schedule yields (data parallelism: each microbatch's
+// forward, then its backward):
+//   gather a unit before its stage runs, prefetching the next unit's; free it
+//   after its last forward stage (reshard_after_forward; the embedding, the
+//   head and the last block keep theirs by default) and after its backward;
+//   after a unit's last backward: REDUCE_SCATTER_GRADS along the shard axis,
+//   FREE_GRADS (not ZeRO-1), ALL_REDUCE_GRADS along the replicate axis;
+// then REDUCE_METRICS, CLIP_GRAD_NORM, OPTIMIZER_STEP, and (ZeRO) gathering
+// every unit's updated parameters.
 #ifndef BATON_STRATEGIES_PLANNER_H_
 #define BATON_STRATEGIES_PLANNER_H_
 
@@ -19,29 +29,16 @@
 #include "proto/job.pb.h"
 #include "proto/program.pb.h"
 #include "strategies/model_layout.h"
+#include "strategies/schedule.h"
 
 namespace baton {
-
-// What the plan predicts per rank and step, for checking measured figures.
-struct PlanTheory {
-  int64_t parameters = 0;        // P
-  int64_t comm_bytes = 0;        // sent per rank per step (unpadded P)
-  int64_t state_bytes = 0;       // params + grads + AdamW moments held per rank
-  int64_t root_param_bytes = 0;  // the root unit unsharded, in compute dtype
-  int64_t max_unit_param_bytes = 0;  // the largest non-root unit unsharded
-};
 
 // `job` must be valid with defaults applied (strategies/job_spec.h).
 absl::StatusOr<std::vector<baton::v1::Program>> CompilePrograms(const baton::v1::JobSpec& job,
                                                                 const std::string& job_id);
-PlanTheory ComputeTheory(const baton::v1::JobSpec& job);
 
-// Whether `unit` frees its gathered parameters after its last forward stage
-// (units are numbered as in ModelLayout: 0 the root, last_block the last).
-bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, int unit, int last_block);
-
-// Bytes of one element of the compute / all-gather dtype.
-int ParamBytes(const baton::v1::JobSpec& job);
+// Whether `unit` frees its gathered parameters after its last forward stage.
+bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, const UnitInfo& unit, bool last_block);
 
 }  // namespace baton
 

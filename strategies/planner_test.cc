@@ -5,20 +5,24 @@
 #include <map>
 #include <set>
 
+#include "common/program_check.h"
+#include "common/wire.h"
+#include "mesh/layout.h"
 #include "strategies/job_spec.h"
-#include "strategies/program_check.h"
+#include "strategies/plan_theory.h"
 
 namespace baton {
 namespace {
 
 using baton::v1::Instruction;
 
-baton::v1::JobSpec SeedLab(const std::string& plan = "mode: FSDP", int microbatches = 1) {
+baton::v1::JobSpec SeedLab(const std::string& plan = "mode: FSDP", int microbatches = 1,
+                           const std::string& extra = "") {
   auto job = ParseJobSpec(R"pb(
     model { mlp { d_model: 32 blocks: 4 } }
     mesh { name: "dp" size: 2 }
     plan { )pb" + plan + R"pb( }
-    optimizer { lr: 0.01 }
+    optimizer { lr: 0.01 )pb" + extra + R"pb( }
     data { batch_size: 8 microbatches: )pb" + std::to_string(microbatches) + R"pb( }
     steps: 3
   )pb",
@@ -27,21 +31,44 @@ baton::v1::JobSpec SeedLab(const std::string& plan = "mode: FSDP", int microbatc
   return *job;
 }
 
+baton::v1::JobSpec Decoder(const std::string& mesh, const std::string& plan) {
+  auto job = ParseJobSpec(R"pb(
+    model { decoder { vocab: 64 dim: 32 layers: 2 heads: 2 ffn_dim: 64 seq_len: 8 } }
+    )pb" + mesh + R"pb( plan { )pb" + plan + R"pb( } optimizer { lr: 0.01 } data { batch_size: 8 } steps: 1
+  )pb",
+                          false);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return *job;
+}
+
+// Unit index by name in a program.
+int UnitIndex(const baton::v1::Program& p, const std::string& name) {
+  for (const auto& u : p.units()) {
+    if (u.name() == name) return u.index();
+  }
+  return -1;
+}
+
 // Replays a program's gather/free instructions and checks that every stage
 // runs with its unit gathered, and how many units are gathered at most.
 struct Replay {
   int max_gathered_blocks = 0;  // non-root units gathered or in flight at once
   std::map<int, int> gathers;   // unit -> GATHER_PARAMS count
   std::map<int, int> reduce_scatters;
+  std::map<Instruction::Op, int> ops;
 };
 
-Replay ReplayProgram(const baton::v1::Program& p) {
+Replay ReplayProgram(const baton::v1::Program& p, const std::set<int>& roots) {
   Replay r;
   std::set<int> ready, in_flight;
+  for (const auto& u : p.units()) {
+    if (u.resident()) ready.insert(u.index());
+  }
   for (const auto& i : p.instructions()) {
+    r.ops[i.op()]++;
     switch (i.op()) {
       case Instruction::GATHER_PARAMS:
-        EXPECT_FALSE(ready.count(i.unit()) || in_flight.count(i.unit())) << "double gather";
+        EXPECT_FALSE(in_flight.count(i.unit())) << "double gather";
         in_flight.insert(i.unit());
         r.gathers[i.unit()]++;
         break;
@@ -55,10 +82,11 @@ Replay ReplayProgram(const baton::v1::Program& p) {
         ready.erase(i.unit());
         break;
       case Instruction::FORWARD:
-      case Instruction::BACKWARD:
-        EXPECT_TRUE(ready.count(p.stages(i.stage()).unit()))
-            << "stage " << i.stage() << " runs without its parameters";
+      case Instruction::BACKWARD: {
+        const int unit = p.stages(i.stage()).unit();
+        EXPECT_TRUE(unit < 0 || ready.count(unit)) << "stage " << i.stage() << " runs without its parameters";
         break;
+      }
       case Instruction::REDUCE_SCATTER_GRADS:
         r.reduce_scatters[i.unit()]++;
         break;
@@ -66,11 +94,13 @@ Replay ReplayProgram(const baton::v1::Program& p) {
         break;
     }
     int blocks = 0;
-    for (int u : ready) blocks += u != 0;
-    for (int u : in_flight) blocks += u != 0;
+    for (int u : ready) blocks += !roots.count(u);
+    for (int u : in_flight) blocks += !roots.count(u);
     r.max_gathered_blocks = std::max(r.max_gathered_blocks, blocks);
   }
-  EXPECT_TRUE(ready.empty() && in_flight.empty()) << "parameters left gathered after the step";
+  bool resident = false;
+  for (const auto& u : p.units()) resident |= u.resident();
+  if (!resident) EXPECT_TRUE(ready.empty() && in_flight.empty()) << "parameters left gathered after the step";
   return r;
 }
 
@@ -80,15 +110,17 @@ TEST(PlannerTest, SeedLabShardsFollowTorchChunkAndRankOneHoldsTheEmptyHead) {
   ASSERT_EQ(programs->size(), 2u);
   int64_t local[2] = {0, 0}, total = 0;
   for (int r = 0; r < 2; ++r) {
-    for (const auto& unit : (*programs)[r].units()) {
+    const auto& program = (*programs)[r];
+    auto mesh = ToDeviceMesh(program.mesh());
+    ASSERT_TRUE(mesh.ok());
+    for (const auto& unit : program.units()) {
       for (const auto& p : unit.params()) {
-        int64_t row = 1;
-        for (int d = 1; d < p.shape_size(); ++d) row *= p.shape(d);
-        local[r] += p.rows() * row;
-        if (r == 0) total += p.shape(0) * row;
+        auto piece = LocalPiece(*StorageLayout(p), *mesh, r);
+        ASSERT_TRUE(piece.ok()) << piece.status();
+        local[r] += piece->numel();
+        if (r == 0) total += LocalPiece(*ComputeLayout(p), *mesh, r)->numel();
         if (p.name() == "head.weight" || p.name() == "head.bias") {
-          EXPECT_EQ(p.rows(), r == 0 ? 1 : 0) << p.name();
-          EXPECT_EQ(p.chunk_rows(), 1);
+          EXPECT_EQ(piece->shape[0], r == 0 ? 1 : 0) << p.name();
         }
       }
     }
@@ -101,18 +133,56 @@ TEST(PlannerTest, SeedLabShardsFollowTorchChunkAndRankOneHoldsTheEmptyHead) {
   EXPECT_LE(share, 0.55);
 }
 
-TEST(PlannerTest, FsdpGathersBlocksTwiceRootOnceAndPrefetchesOneAhead) {
+TEST(PlannerTest, LayoutsArePlacementsPerMeshAxis) {
+  auto fsdp = CompilePrograms(SeedLab(), "j");
+  auto ddp = CompilePrograms(SeedLab("mode: DDP"), "j");
+  auto hsdp = CompilePrograms(Decoder(R"pb(mesh { name: "replicate" size: 2 } mesh { name: "shard" size: 2 })pb",
+                                      "mode: HSDP"),
+                              "j");
+  ASSERT_TRUE(fsdp.ok() && ddp.ok() && hsdp.ok());
+  auto describe = [](const baton::v1::ParamLayout& p) {
+    return StorageLayout(p)->ToString() + " | " + ComputeLayout(p)->ToString();
+  };
+  EXPECT_EQ(describe((*fsdp)[0].units(0).params(0)), "(32, 32) Shard(0) | (32, 32) Replicate()");
+  EXPECT_EQ(describe((*ddp)[1].units(0).params(0)), "(32, 32) Replicate() | (32, 32) Replicate()");
+  EXPECT_EQ(describe((*hsdp)[3].units(0).params(0)),
+            "(64, 32) Replicate(), Shard(0) | (64, 32) Replicate(), Replicate()");
+  EXPECT_FALSE((*fsdp)[0].units(0).resident());
+  EXPECT_TRUE((*ddp)[0].units(0).resident());
+}
+
+// The embedding and the final norm + head are units of their own (as
+// torchtitan wraps them), so a pipeline boundary can fall between them.
+TEST(PlannerTest, EmbeddingAndHeadAreSeparateUnits) {
+  auto programs = CompilePrograms(Decoder(R"pb(mesh { name: "dp" size: 2 })pb", "mode: FSDP"), "j");
+  ASSERT_TRUE(programs.ok());
+  const auto& p = (*programs)[0];
+  ASSERT_EQ(p.units_size(), 4);
+  EXPECT_EQ(p.units(0).name(), "tok_embeddings");
+  EXPECT_EQ(p.units(3).name(), "head");
+  ASSERT_EQ(p.units(3).params_size(), 2);
+  EXPECT_EQ(p.units(3).params(0).name(), "norm.weight");
+  EXPECT_EQ(p.units(3).params(1).name(), "output.weight");
+  EXPECT_EQ(p.stages(0).unit(), 0);
+  EXPECT_EQ(p.stages(p.stages_size() - 1).unit(), 3);
+}
+
+TEST(PlannerTest, FsdpGathersBlocksTwiceRootsOnceAndPrefetchesOneAhead) {
   auto programs = CompilePrograms(SeedLab(), "job-1");
   ASSERT_TRUE(programs.ok());
-  Replay r = ReplayProgram((*programs)[0]);
-  EXPECT_EQ(r.gathers[0], 1);  // the root keeps its parameters through backward
-  for (int u = 1; u <= 4; ++u) {
+  const auto& p = (*programs)[0];
+  const int head = UnitIndex(p, "head");
+  Replay r = ReplayProgram(p, {head});
+  EXPECT_EQ(r.gathers[head], 1);  // the head keeps its parameters through backward
+  for (int b = 0; b < 4; ++b) {
+    const int u = UnitIndex(p, "blocks." + std::to_string(b));
     // Forward and again for backward; the last block keeps its parameters
     // (backward needs it first).
-    EXPECT_EQ(r.gathers[u], u == 4 ? 1 : 2) << "unit " << u;
+    EXPECT_EQ(r.gathers[u], b == 3 ? 1 : 2) << "unit " << u;
     EXPECT_EQ(r.reduce_scatters[u], 1);
   }
-  EXPECT_EQ(r.reduce_scatters[0], 1);
+  EXPECT_EQ(r.reduce_scatters[head], 1);
+  EXPECT_EQ(r.ops[Instruction::FREE_GRADS], 5);
   std::printf("most blocks gathered at once: %d\n", r.max_gathered_blocks);
   EXPECT_EQ(r.max_gathered_blocks, 2);  // the one computing and the one prefetched
 }
@@ -120,101 +190,161 @@ TEST(PlannerTest, FsdpGathersBlocksTwiceRootOnceAndPrefetchesOneAhead) {
 TEST(PlannerTest, ReshardLastBlockOnRequest) {
   auto programs = CompilePrograms(SeedLab("mode: FSDP reshard_last_block: true"), "job-1");
   ASSERT_TRUE(programs.ok());
-  EXPECT_EQ(ReplayProgram((*programs)[0]).gathers[4], 2);
+  EXPECT_EQ(ReplayProgram((*programs)[0], {}).gathers[UnitIndex((*programs)[0], "blocks.3")], 2);
 }
 
 TEST(PlannerTest, WithoutPrefetchOneBlockAtATime) {
   auto programs = CompilePrograms(SeedLab("mode: FSDP prefetch: false"), "job-1");
   ASSERT_TRUE(programs.ok());
-  EXPECT_EQ(ReplayProgram((*programs)[1]).max_gathered_blocks, 1);
+  EXPECT_EQ(ReplayProgram((*programs)[1], {UnitIndex((*programs)[1], "head")}).max_gathered_blocks, 1);
 }
 
 TEST(PlannerTest, AccumulationReducesOnlyOnTheLastMicrobatch) {
   auto programs = CompilePrograms(SeedLab("mode: FSDP", 2), "job-1");
   ASSERT_TRUE(programs.ok());
-  Replay r = ReplayProgram((*programs)[0]);
-  for (int u = 0; u <= 4; ++u) EXPECT_EQ(r.reduce_scatters[u], 1);
-  EXPECT_EQ(r.gathers[1], 4);
-  EXPECT_EQ(r.gathers[4], 2);  // the last block: once per microbatch
+  const auto& p = (*programs)[0];
+  Replay r = ReplayProgram(p, {});
+  for (const auto& u : p.units()) EXPECT_EQ(r.reduce_scatters[u.index()], 1);
+  EXPECT_EQ(r.gathers[UnitIndex(p, "blocks.0")], 4);
+  EXPECT_EQ(r.gathers[UnitIndex(p, "blocks.3")], 2);  // the last block: once per microbatch
+  // Each microbatch loads its own rows: rank 0 holds rows [0, 4) of 8.
+  std::vector<std::pair<int64_t, int64_t>> loads;
+  for (const auto& i : p.instructions()) {
+    if (i.op() == Instruction::LOAD_BATCH) loads.push_back({i.row_offset(), i.rows()});
+  }
+  EXPECT_EQ(loads, (std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}}));
+  const auto& other = (*programs)[1];
+  for (const auto& i : other.instructions()) {
+    if (i.op() == Instruction::LOAD_BATCH) EXPECT_GE(i.row_offset(), 4);
+  }
 }
 
-TEST(PlannerTest, ReplicatedModesNeverGatherForCompute) {
+TEST(PlannerTest, ReplicatedModesKeepResidentUnits) {
   for (const char* plan : {"mode: DDP", "mode: ZERO1", "mode: ZERO2"}) {
     auto programs = CompilePrograms(SeedLab(plan), "job-1");
     ASSERT_TRUE(programs.ok());
-    std::map<Instruction::Op, int> ops;
-    for (const auto& i : (*programs)[0].instructions()) ops[i.op()]++;
-    EXPECT_EQ(ops[Instruction::GATHER_PARAMS], 0) << plan;
-    EXPECT_TRUE((*programs)[0].replicated_params());
+    const auto& p = (*programs)[0];
+    Replay r = ReplayProgram(p, {});
+    for (const auto& u : p.units()) EXPECT_TRUE(u.resident()) << plan;
+    EXPECT_EQ(r.ops[Instruction::FREE_PARAMS], 0) << plan;
     if (std::string(plan) == "mode: DDP") {
-      EXPECT_EQ(ops[Instruction::ALL_REDUCE_GRADS], 5);
-      EXPECT_EQ((*programs)[0].shard_size(), 1);
+      EXPECT_EQ(r.ops[Instruction::ALL_REDUCE_GRADS], 5);
+      EXPECT_EQ(r.ops[Instruction::GATHER_PARAMS], 0);
     } else {
-      EXPECT_EQ(ops[Instruction::REDUCE_SCATTER_GRADS], 5) << plan;
-      EXPECT_EQ(ops[Instruction::GATHER_UPDATED_PARAMS], 5) << plan;
+      EXPECT_EQ(r.ops[Instruction::REDUCE_SCATTER_GRADS], 5) << plan;
+      // Updated parameters gathered once, after the optimizer step.
+      EXPECT_EQ(r.ops[Instruction::GATHER_PARAMS], 5) << plan;
+      EXPECT_EQ(p.instructions(p.instructions_size() - 1).op(), Instruction::WAIT_PARAMS);
+      // ZeRO-1 keeps the full gradients, ZeRO-2 drops them once reduced.
+      EXPECT_EQ(r.ops[Instruction::FREE_GRADS], std::string(plan) == "mode: ZERO1" ? 0 : 5) << plan;
     }
   }
 }
 
 TEST(PlannerTest, HsdpShardsAlongTheLastAxisAndReducesAcrossReplicas) {
-  auto job = ParseJobSpec(R"pb(
-    model { decoder { vocab: 64 dim: 32 layers: 2 heads: 2 ffn_dim: 64 seq_len: 8 } }
-    mesh { name: "replicate" size: 2 } mesh { name: "shard" size: 2 }
-    plan { mode: HSDP } optimizer { lr: 0.01 } data { batch_size: 8 } steps: 1
-  )pb",
-                          false);
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto programs = CompilePrograms(*job, "j");
+  auto programs = CompilePrograms(
+      Decoder(R"pb(mesh { name: "replicate" size: 2 } mesh { name: "shard" size: 2 })pb", "mode: HSDP"), "j");
   ASSERT_TRUE(programs.ok());
   ASSERT_EQ(programs->size(), 4u);
-  EXPECT_EQ((*programs)[3].shard_axis(), "shard");
-  EXPECT_EQ((*programs)[3].shard_rank(), 1);
-  EXPECT_EQ((*programs)[2].shard_rank(), 0);
-  EXPECT_EQ((*programs)[3].dp_rank(), 3);
   int all_reduce = 0;
   for (const auto& i : (*programs)[0].instructions()) {
     if (i.op() == Instruction::ALL_REDUCE_GRADS) {
-      EXPECT_EQ(i.axis(), "replicate");
+      EXPECT_EQ(std::vector<std::string>(i.axes().begin(), i.axes().end()), std::vector<std::string>{"replicate"});
       ++all_reduce;
     }
+    if (i.op() == Instruction::GATHER_PARAMS || i.op() == Instruction::REDUCE_SCATTER_GRADS) {
+      EXPECT_EQ(std::vector<std::string>(i.axes().begin(), i.axes().end()), std::vector<std::string>{"shard"});
+    }
+    if (i.op() == Instruction::REDUCE_METRICS) EXPECT_EQ(i.axes_size(), 2);
   }
-  EXPECT_EQ(all_reduce, 3);
+  EXPECT_EQ(all_reduce, 4);  // embedding, two layers, head
+  // Ranks 2 and 3 hold the same pieces as 0 and 1: rows follow the shard axis.
+  auto mesh = ToDeviceMesh((*programs)[0].mesh());
+  const auto& emb = (*programs)[3].units(0).params(0);
+  EXPECT_EQ(LocalPiece(*StorageLayout(emb), *mesh, 3)->ToString(), "[32:64, 0:32]");
+  EXPECT_EQ(LocalPiece(*StorageLayout(emb), *mesh, 1)->ToString(), "[32:64, 0:32]");
 }
 
 TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {
+  for (const char* plan : {"mode: FSDP", "mode: ZERO1", "mode: DDP"}) {
+    auto programs = CompilePrograms(SeedLab(plan, 2, "max_grad_norm: 1"), "job-1");
+    ASSERT_TRUE(programs.ok());
+    for (const auto& p : *programs) EXPECT_TRUE(ValidateProgram(p).ok()) << ValidateProgram(p);
+  }
   auto programs = CompilePrograms(SeedLab("mode: FSDP", 2), "job-1");
   ASSERT_TRUE(programs.ok());
-  for (const auto& p : *programs) EXPECT_TRUE(ValidateProgram(p).ok()) << ValidateProgram(p);
-  auto bad = (*programs)[0];
-  bad.set_dp_size(0);
-  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad = (*programs)[0];
+  auto expect_refused = [](const baton::v1::Program& bad, const std::string& why) {
+    const absl::Status s = ValidateProgram(bad);
+    std::printf("refused: %s\n", s.ToString().c_str());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find(why), std::string::npos) << s;
+  };
+  const auto& good = (*programs)[0];
+  auto bad = good;
+  bad.set_rank(2);
+  expect_refused(bad, "rank 2 is not in");
+  bad = good;
   bad.mutable_instructions(3)->set_stage(99);
-  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad = (*programs)[0];
-  bad.mutable_units(0)->mutable_params(0)->set_rows(5);
-  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad = (*programs)[0];
+  expect_refused(bad, "stage out of range");
+  bad = good;
+  bad.mutable_units(0)->mutable_params(0)->mutable_placements(0)->set_dim(2);
+  expect_refused(bad, "Shard(2) is out of range");
+  bad = good;
+  bad.mutable_units(0)->mutable_params(0)->mutable_compute_placements(0)->set_kind(baton::v1::Placement::SHARD);
+  expect_refused(bad, "REDUCE_SCATTER_GRADS (unit 0, stage 0, microbatch 0) along \"dp\": parameter "
+                      "blocks.0.w1.weight is Shard(0) -> Shard(0)");
+  bad.mutable_units(0)->mutable_params(0)->mutable_compute_placements(0)->set_dim(1);
+  expect_refused(bad, "only Shard(d) -> Replicate is gathered");
+  bad = good;
   bad.mutable_units(1)->mutable_params(0)->clear_shape();
-  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
-  bad = (*programs)[0];
-  bad.mutable_job()->mutable_data()->set_microbatches(0);
-  std::printf("broken program: %s\n", ValidateProgram(bad).ToString().c_str());
-  EXPECT_EQ(ValidateProgram(bad).code(), absl::StatusCode::kInvalidArgument);
+  expect_refused(bad, "has 0 dims");
+  bad = good;
+  bad.set_microbatches(0);
+  expect_refused(bad, "microbatches 0");
+  bad = good;
+  bad.mutable_units(0)->set_resident(true);
+  expect_refused(bad, "resident and is never freed");
+  bad = good;
+  for (auto& i : *bad.mutable_instructions()) {
+    if (i.op() == Instruction::LOAD_BATCH) i.set_rows(100);
+  }
+  expect_refused(bad, "not within the global batch of 8");
+  bad = good;
+  for (auto& i : *bad.mutable_instructions()) {
+    if (i.op() == Instruction::GATHER_PARAMS) i.set_axes(0, "tp");
+  }
+  expect_refused(bad, "unknown mesh axis \"tp\"");
+  bad = good;
+  auto* send = bad.add_instructions();
+  send->set_op(Instruction::SEND_ACTIVATION);
+  send->add_axes("dp");
+  send->set_peer(0);
+  expect_refused(bad, "peer 0 is not another rank");
+  bad = good;
+  bad.mutable_units()->erase(bad.mutable_units()->begin());
+  expect_refused(bad, "does not own");
 }
 
 TEST(PlannerTest, TheoryMatchesTheFsdpFormulas) {
   auto job = SeedLab();
-  PlanTheory t = ComputeTheory(job);
+  auto t = ComputeTheory(job);
+  ASSERT_TRUE(t.ok()) << t.status();
   const ModelLayout layout = BuildModelLayout(job.model());
-  const double root = layout.units[0].numel(), last = layout.units.back().numel();
-  const double blocks = layout.parameters() - root - last;
-  // 3 P (N-1)/N for resharded units, 2 P (N-1)/N for the root and the last
-  // block, which do not reshard; fp32, N = 2.
-  EXPECT_EQ(t.comm_bytes, static_cast<int64_t>((3 * blocks + 2 * (root + last)) * 0.5 * 4));
-  EXPECT_EQ(t.state_bytes, static_cast<int64_t>(16.0 * layout.parameters() / 2));
-  EXPECT_EQ(ComputeTheory(SeedLab("mode: DDP")).comm_bytes,
-            static_cast<int64_t>(2.0 * layout.parameters() * 0.5 * 4));
+  const double head = layout.units.back().numel(), last = layout.units[layout.units.size() - 2].numel();
+  const double blocks = layout.parameters() - head - last;
+  // 3 P (N-1)/N for resharded units, 2 P (N-1)/N for the head and the last
+  // block, which do not reshard; fp32, N = 2; plus the metrics all-reduce
+  // (two doubles).
+  EXPECT_EQ(t->ideal_comm_bytes, (3 * blocks + 2 * (head + last)) * 0.5 * 4 + 16);
+  // Padding: the (1, 32) head weight and (1,) bias are padded to one row on
+  // rank 1: 33 elements per gather and reduce-scatter more than unpadded.
+  EXPECT_EQ(t->comm_bytes, static_cast<int64_t>(t->ideal_comm_bytes) + 2 * (33 - 16.5) * 4);
+  // Rank 0 holds the head: the most state.
+  EXPECT_EQ(t->state_bytes, 16 * ((layout.parameters() - head) / 2 + head));
+  auto ddp = ComputeTheory(SeedLab("mode: DDP"));
+  EXPECT_EQ(ddp->ideal_comm_bytes, 2.0 * layout.parameters() * 0.5 * 4 + 16);
+  EXPECT_EQ(ddp->state_bytes, 16 * layout.parameters());
+  EXPECT_EQ(ddp->peak_unsharded_param_bytes, 4 * layout.parameters());
 }
 
 }  // namespace

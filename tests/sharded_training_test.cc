@@ -1,24 +1,26 @@
 // Sharded training checked number by number against the single-process
-// reference: every rank runs in its own thread with real gloo communicators
-// (the same Executor the worker daemon runs), the reference runs the same
-// model, initial weights, data and AdamW in one piece. Each test prints the
-// figure it asserts on.
-#include "worker/executor.h"
-
+// reference: the planner compiles each job, every rank runs its Program in
+// its own thread with real gloo communicators (the same Executor the worker
+// daemon runs), the reference runs the same model, initial weights, data and
+// AdamW in one piece. Each test prints the figure it asserts on.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/kv_store.h"
+#include "common/wire.h"
+#include "mesh/layout.h"
+#include "reference/reference_trainer.h"
 #include "strategies/job_spec.h"
-#include "strategies/mesh_proto.h"
+#include "strategies/plan_theory.h"
 #include "strategies/planner.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"
 #include "worker/comm/testing/sum_instead_of_avg.h"
-#include "worker/model/reference_trainer.h"
+#include "worker/executor.h"
 
 namespace baton {
 namespace {
@@ -37,14 +39,15 @@ baton::v1::JobSpec Job(const std::string& text) {
 }
 
 // Runs `steps` steps on every rank; `after_step(step)` runs once all ranks
-// finished that step (for inspecting gradients before the next one).
+// finished that step (for inspecting gradients before the next one). The
+// communicators of `buggy_axes` sum where they should average.
 std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int steps,
                                             const std::function<void(Distributed&, int)>& after_step = nullptr,
-                                            bool sum_instead_of_avg = false) {
+                                            const std::set<std::string>& buggy_axes = {}) {
   auto d = std::make_unique<Distributed>();
   auto programs = CompilePrograms(job, "test");
   EXPECT_TRUE(programs.ok()) << programs.status();
-  auto mesh = DeviceMesh::Create(ToMeshAxes(job.mesh()));
+  auto mesh = ToDeviceMesh(job.mesh());
   const int n = mesh->size();
   d->comms.resize(n);
   d->executors.resize(n);
@@ -58,8 +61,8 @@ std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int s
       auto comms = BuildMeshCommunicators(*mesh, r, "test/", factory);
       ASSERT_TRUE(comms.ok()) << comms.status();
       d->comms[r] = std::move(*comms);
-      if (sum_instead_of_avg) {
-        for (auto& [axis, c] : d->comms[r].comms) c = std::make_shared<testing::SumInsteadOfAvg>(c);
+      for (auto& [axis, c] : d->comms[r].comms) {
+        if (buggy_axes.count(axis)) c = std::make_shared<testing::SumInsteadOfAvg>(c);
       }
       auto e = Executor::Create((*programs)[r], d->comms[r].comms);
       ASSERT_TRUE(e.ok()) << e.status();
@@ -90,11 +93,17 @@ std::unique_ptr<ReferenceTrainer> Reference(const baton::v1::JobSpec& job) {
   return std::move(*ref);
 }
 
-// The rows of `full` that a rank's shard covers.
+// The part of `full` a rank's master piece covers.
 at::Tensor Rows(const at::Tensor& full, const Executor& e, const std::string& name) {
-  for (const auto& u : e.program().units()) {
+  const auto& program = e.program();
+  auto mesh = ToDeviceMesh(program.mesh());
+  for (const auto& u : program.units()) {
     for (const auto& p : u.params()) {
-      if (p.name() == name) return full.detach().narrow(0, p.row_offset(), p.rows());
+      if (p.name() != name) continue;
+      const Piece piece = *LocalPiece(*StorageLayout(p), *mesh, program.rank());
+      at::Tensor t = full.detach();
+      for (size_t d = 0; d < piece.shape.size(); ++d) t = t.narrow(d, piece.offset[d], piece.shape[d]);
+      return t;
     }
   }
   return at::Tensor();
@@ -182,9 +191,37 @@ TEST(ExecutorTest, GradientCheckCatchesASumInsteadOfAnAverage) {
         ASSERT_TRUE(ref->Step().ok());
         ratio = GradRatio(dist, *ref);
       },
-      /*sum_instead_of_avg=*/true);
+      /*buggy_axes=*/{"dp", "world"});
   std::printf("with AVG reduced as SUM the gradient ratio is %.6f\n", ratio.first);
   EXPECT_NEAR(ratio.first, 2.0, 1e-5);
+}
+
+// HSDP averages over the replicas too: with the replicate axis of size r >= 2
+// a reduction there that sums instead of averaging multiplies every gradient
+// by r, and the gradient check must say so.
+TEST(ExecutorTest, HsdpGradientsAverageOverTheReplicateAxis) {
+  for (int replicas : {2, 3}) {
+    const std::string text = With(With(kSeedLab, "mesh { name: \"dp\" size: 2 }",
+                                       "mesh { name: \"replicate\" size: " + std::to_string(replicas) +
+                                           " } mesh { name: \"shard\" size: 2 }"),
+                                  "mode: FSDP", "mode: HSDP");
+    auto job = Job(With(text, "batch_size: 8", "batch_size: " + std::to_string(4 * replicas)));
+    for (bool buggy : {false, true}) {
+      auto ref = Reference(job);
+      std::pair<double, double> ratio;
+      RunDistributed(
+          job, 1,
+          [&](Distributed& dist, int) {
+            ASSERT_TRUE(ref->Step().ok());
+            ratio = GradRatio(dist, *ref);
+          },
+          buggy ? std::set<std::string>{"replicate"} : std::set<std::string>{});
+      std::printf("HSDP %d x 2%s: gradient ratio %.9f (max abs diff %.3g)\n", replicas,
+                  buggy ? " with SUM for AVG on the replicate axis" : "", ratio.first, ratio.second);
+      EXPECT_NEAR(ratio.first, buggy ? replicas : 1.0, buggy ? 1e-5 : 1e-6);
+      if (!buggy) EXPECT_LE(ratio.second, 1e-6);
+    }
+  }
 }
 
 TEST(ExecutorTest, SeedLabBf16MixedPrecisionStaysClose) {
@@ -279,23 +316,26 @@ TEST_P(DecoderModesTest, LossFollowsTheReferenceForTwentySteps) {
   EXPECT_LE(worst, 1e-5);
   EXPECT_LT(ref_loss.back(), ref_loss.front());  // it trains
 
-  // Accounting against the plan's theory.
-  const PlanTheory t = ComputeTheory(job);
-  int64_t comm = 0, state = 0, peak = 0;
-  for (const auto& rank : d->metrics) {
-    comm = std::max(comm, rank.back().comm_bytes());
-    state = std::max(state, rank.back().state_bytes());
-    peak = std::max(peak, rank.back().peak_unsharded_param_bytes());
-  }
-  std::printf("%s: comm %lld bytes/rank/step vs theory %lld (%.4f); state %lld vs %lld (%.4f); "
-              "peak unsharded %lld (root %lld + 2 x unit %lld)\n",
-              c.name, (long long)comm, (long long)t.comm_bytes, double(comm) / t.comm_bytes,
-              (long long)state, (long long)t.state_bytes, double(state) / t.state_bytes, (long long)peak,
-              (long long)t.root_param_bytes, (long long)t.max_unit_param_bytes);
-  EXPECT_NEAR(double(comm) / t.comm_bytes, 1.0, 0.02);
-  EXPECT_NEAR(double(state) / t.state_bytes, 1.0, 0.05);
-  if (job.plan().mode() == baton::v1::FSDP || job.plan().mode() == baton::v1::HSDP) {
-    EXPECT_LE(peak, t.root_param_bytes + 2 * t.max_unit_param_bytes);
+  // Accounting: exactly what the plan's Programs predict, every step.
+  auto theory = ComputeTheory(job);
+  ASSERT_TRUE(theory.ok()) << theory.status();
+  const PlanTheory& t = *theory;
+  for (size_t step = 0; step < d->metrics[0].size(); ++step) {
+    int64_t comm = 0, state = 0, peak = 0;
+    for (const auto& rank : d->metrics) {
+      comm = std::max(comm, rank[step].comm_bytes());
+      state = std::max(state, rank[step].state_bytes());
+      peak = std::max(peak, rank[step].peak_unsharded_param_bytes());
+    }
+    if (step == 0) {
+      std::printf("%s: comm %lld bytes/rank/step, theory %lld (%.4f of the unpadded P(n-1)/n formulas); "
+                  "state %lld, theory %lld; peak unsharded %lld, theory %lld\n",
+                  c.name, (long long)comm, (long long)t.comm_bytes, comm / t.ideal_comm_bytes, (long long)state,
+                  (long long)t.state_bytes, (long long)peak, (long long)t.peak_unsharded_param_bytes);
+    }
+    EXPECT_EQ(comm, t.comm_bytes) << "step " << step + 1;
+    EXPECT_EQ(state, t.state_bytes) << "step " << step + 1;
+    EXPECT_EQ(peak, t.peak_unsharded_param_bytes) << "step " << step + 1;
   }
 }
 

@@ -1,18 +1,15 @@
-// Executor: runs one rank's Program, instruction by instruction, on local
-// shards and the communicators of its mesh.
+// Executor: runs one rank's Program, instruction by instruction. It has no
+// notion of which parallelism produced the Program: FSDP, HSDP, ZeRO, DDP (and
+// pipeline stages) differ only in the layouts and instructions they compile
+// to. It routes each instruction to the part that owns the state involved:
 //
-// Parameter lifecycle per unit (sharded modes):
-//   GATHER  pack the fp32 master shards (cast to the compute dtype) into one
-//           flat buffer and all-gather it asynchronously (prefetch)
-//   WAIT    copy each rank's rows out into the full parameters (leaf tensors,
-//           requires_grad), reallocating their storage
-//   FORWARD/BACKWARD  autograd on the unit's stages, input detached per stage
-//   FREE    release the full parameters' storage (autograd's saved tensors
-//           keep the same storage object, refilled by the next WAIT)
-//   REDUCE_SCATTER_GRADS  pack the full fp32 gradients rank-major, reduce-
-//           scatter them (AVG = SUM, then our division) into the gradient shard
-// AdamW then updates only local shards: optimizer state never exists
-// unsharded.
+//   ShardStore       parameters, gradients, AdamW moments (shard_store.h)
+//   UnitCollectives  gathers and gradient reductions of whole units
+//   Activations      batches, stage inputs/outputs, autograd, send/recv
+//   optimizer.h      norms, clipping, AdamW
+//
+// and keeps the step's metrics: the loss (global after REDUCE_METRICS),
+// tokens, bytes sent, state and peak unsharded bytes.
 //
 // Thread-safety: one thread drives an Executor; collectives run on the
 // communicators' own threads.
@@ -21,90 +18,61 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/program.pb.h"
-#include "worker/comm/communicator.h"
-#include "worker/model/data.h"
+#include "worker/activations.h"
+#include "worker/groups.h"
+#include "worker/shard_store.h"
+#include "worker/unit_collectives.h"
 
 namespace baton {
 
-using CommunicatorMap = std::map<std::string, std::shared_ptr<Communicator>>;
-
 class Executor {
  public:
-  // `comms` maps "world" and every mesh axis to this rank's communicator.
+  // Validates `program` (common/program_check.h), initialises this rank's
+  // pieces and opens its data. `comms` maps "world" and every mesh axis to
+  // this rank's communicator.
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const baton::v1::Program& program,
                                                           CommunicatorMap comms);
-  ~Executor();
 
   // Runs step `step` (1-based, consecutive).
   absl::StatusOr<baton::v1::StepMetrics> RunStep(int64_t step, Milliseconds timeout);
 
-  // For tests: keep a copy of each gradient shard as it was right before the
-  // optimizer step (off by default: it costs a copy of the gradients).
+  // For tests: keep a copy of each gradient piece as the optimizer applied
+  // it (off by default: it costs a copy of the gradients).
   void set_keep_last_grads(bool keep) { keep_last_grads_ = keep; }
-  // For tests: this rank's rows of a parameter (fp32 master) and of its
-  // gradient as it was right before the last optimizer step.
+  // For tests: this rank's piece of a parameter (fp32 master) and of its
+  // gradient as the last optimizer step applied it.
   absl::StatusOr<at::Tensor> MasterShard(const std::string& name) const;
   absl::StatusOr<at::Tensor> LastGradShard(const std::string& name) const;
+  // For tests: a parameter's compute tensor (empty when not gathered).
+  absl::StatusOr<at::Tensor> ComputeParam(const std::string& name) const;
   const baton::v1::Program& program() const { return program_; }
-  int64_t state_bytes() const;
+  int64_t state_bytes() const { return store_->state_bytes(); }
 
  private:
-  struct Param;
-  struct Unit;
-
-  Executor(baton::v1::Program program, CommunicatorMap comms, std::unique_ptr<DataSource> data);
-  absl::Status Init();
+  Executor(baton::v1::Program program, Groups groups) : program_(std::move(program)), groups_(std::move(groups)) {}
   absl::Status Execute(const baton::v1::Instruction& ins);
-  absl::StatusOr<Communicator*> Comm(const std::string& axis) const;
+  absl::StatusOr<ShardStore::Unit*> Unit(int index);
+  absl::Status ReduceMetrics(const baton::v1::Instruction& ins);
+  // Completes everything in flight (after a failure too: nothing may still
+  // write into tensors the next step reuses).
+  absl::Status Drain();
 
-  absl::Status Gather(Unit& unit);
-  absl::Status WaitGather(Unit& unit);
-  void Free(Unit& unit);
-  absl::Status Forward(int stage, int microbatch);
-  absl::Status Backward(int stage, int microbatch);
-  absl::Status ReduceScatterGrads(Unit& unit, const std::string& axis);
-  absl::Status AllReduceGrads(Unit& unit, const std::string& axis, bool full);
-  absl::Status WaitReductions();
-  absl::Status ClipGradNorm(const std::string& axis, double max_norm);
-  void OptimizerStep();
-  absl::Status GatherUpdatedParams(Unit& unit, const std::string& axis);
-  absl::Status ReduceLoss(const std::string& axis);
-  void ZeroGrad();
-  void TrackUnsharded(int64_t delta);
+  const baton::v1::Program program_;
+  const Groups groups_;
+  std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<UnitCollectives> collectives_;
+  std::unique_ptr<Activations> activations_;
 
-  baton::v1::Program program_;
-  CommunicatorMap comms_;
-  std::unique_ptr<DataSource> data_;
-  at::ScalarType compute_dtype_;
-  std::vector<std::unique_ptr<Unit>> units_;
-  std::map<std::string, Param*> by_name_;
-
-  // Per-step state.
   int64_t step_ = 0;
   Milliseconds timeout_{kDefaultCollectiveTimeout};
-  Batch batch_;
-  std::vector<at::Tensor> stage_inputs_, stage_outputs_;
-  double loss_sum_ = 0;
   double loss_ = 0;
   double grad_norm_ = 0;
-  int64_t unsharded_bytes_ = 0, peak_unsharded_bytes_ = 0;
-  struct Pending {
-    std::unique_ptr<CommHandle> handle;
-    std::function<void()> finish;
-    int unit;
-    std::string then_all_reduce_axis;  // HSDP: all-reduce the shards once reduced
-  };
-  absl::Status IssueAllReduce(Unit& unit, const std::string& axis, bool full);
   bool keep_last_grads_ = false;
-  std::vector<Pending> pending_;
 };
 
 }  // namespace baton

@@ -7,7 +7,7 @@
 #include "common/collective_ops.h"
 #include "common/grpc_status.h"
 #include "mesh/device_mesh.h"
-#include "strategies/mesh_proto.h"
+#include "common/wire.h"
 #include "worker/collective_check.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"

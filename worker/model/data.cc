@@ -9,40 +9,15 @@
 #include "common/counter_rng.h"
 
 namespace baton {
-namespace {
-
-Distribution ToDistribution(baton::v1::InitRule::Kind kind) {
-  switch (kind) {
-    case baton::v1::InitRule::ONES: return Distribution::kOnes;
-    case baton::v1::InitRule::UNIFORM: return Distribution::kUniform;
-    case baton::v1::InitRule::NORMAL: return Distribution::kNormal;
-    default: return Distribution::kZeros;
-  }
-}
-
-}  // namespace
-
-at::Tensor InitParamRows(const std::string& name, const std::vector<int64_t>& shape,
-                         const baton::v1::InitRule& rule, uint64_t seed, int64_t row_offset,
-                         int64_t rows) {
-  std::vector<int64_t> local = shape;
-  local[0] = rows;
-  int64_t row_numel = 1;
-  for (size_t d = 1; d < shape.size(); ++d) row_numel *= shape[d];
-  at::Tensor t = at::empty(local, at::kFloat);
-  FillCounter(ToDistribution(rule.kind()), rule.scale(), seed, name, row_offset * row_numel,
-              rows * row_numel, t.data_ptr<float>());
-  return t;
-}
-
-absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::JobSpec& job) {
-  std::unique_ptr<DataSource> source(new DataSource(job));
-  if (!job.data().has_token_file()) return source;
-  const auto& file = job.data().token_file();
+absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::DataSpec& data,
+                                                             const baton::v1::ModelSpec& model, uint64_t seed) {
+  std::unique_ptr<DataSource> source(new DataSource(data, model, seed));
+  if (!data.has_token_file()) return source;
+  const auto& file = data.token_file();
   std::ifstream in(file.path(), std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", file.path()));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const int64_t vocab = job.model().decoder().vocab();
+  const int64_t vocab = model.decoder().vocab();
   switch (file.format()) {
     case baton::v1::TokenFile::UINT16:
     case baton::v1::TokenFile::UINT32: {
@@ -70,7 +45,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Jo
     default:
       return absl::InvalidArgumentError("unknown token file format");
   }
-  const int64_t window = job.model().decoder().seq_len() + 1;
+  const int64_t window = model.decoder().seq_len() + 1;
   if (static_cast<int64_t>(source->tokens_.size()) < window) {
     return absl::InvalidArgumentError(absl::StrCat(file.path(), " holds ", source->tokens_.size(),
                                                    " tokens; one sequence needs ", window));
@@ -79,12 +54,12 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Jo
 }
 
 Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
-  const uint64_t seed = job_.seed();
-  const int64_t global_row = (step - 1) * job_.data().batch_size() + row_begin;
+  const uint64_t seed = seed_;
+  const int64_t global_row = (step - 1) * data_.batch_size() + row_begin;
   Batch batch;
   batch.rows = rows;
-  if (job_.model().has_mlp()) {
-    const int64_t d = job_.model().mlp().d_model();
+  if (model_.has_mlp()) {
+    const int64_t d = model_.mlp().d_model();
     batch.x = at::empty({rows, d}, at::kFloat);
     batch.y = at::empty({rows, 1}, at::kFloat);
     FillCounter(Distribution::kNormal, 1.0f, seed, "data.x", global_row * d, rows * d,
@@ -92,7 +67,7 @@ Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
     FillCounter(Distribution::kNormal, 1.0f, seed, "data.y", global_row, rows, batch.y.data_ptr<float>());
     return batch;
   }
-  const int64_t t = job_.model().decoder().seq_len(), window = t + 1;
+  const int64_t t = model_.decoder().seq_len(), window = t + 1;
   at::Tensor seq = at::empty({rows, window}, at::kLong);
   int64_t* out = seq.data_ptr<int64_t>();
   if (tokens_.empty()) {
@@ -100,7 +75,7 @@ Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
     // row is an arithmetic progression modulo the vocabulary, with a random
     // start and a random stride in [1, 8].
     const uint64_t starts = StreamId("data.start"), strides = StreamId("data.stride");
-    const int64_t vocab = job_.model().decoder().vocab();
+    const int64_t vocab = model_.decoder().vocab();
     for (int64_t r = 0; r < rows; ++r) {
       const uint64_t row = static_cast<uint64_t>(global_row + r);
       const int64_t start = CounterInt(seed, starts, row, vocab);

@@ -7,19 +7,18 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "strategies/job_spec.h"
+#include "google/protobuf/text_format.h"
 
 namespace baton {
 namespace {
 
-baton::v1::JobSpec Decoder(const std::string& data) {
-  auto job = ParseJobSpec(R"pb(
+absl::StatusOr<std::unique_ptr<DataSource>> Open(const std::string& data) {
+  baton::v1::JobSpec job;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(R"pb(
     model { decoder { vocab: 300 dim: 8 layers: 1 heads: 2 ffn_dim: 8 seq_len: 4 } }
-    mesh { name: "dp" size: 2 } optimizer { lr: 0.1 } steps: 1 seed: 3
-    data { )pb" + data + " }",
-                          false);
-  EXPECT_TRUE(job.ok()) << job.status();
-  return *job;
+    seed: 3 data { )pb" + data + " }",
+                                                            &job));
+  return DataSource::Open(job.data(), job.model(), job.seed());
 }
 
 std::string TempFile(const std::string& name, const std::string& bytes) {
@@ -30,7 +29,7 @@ std::string TempFile(const std::string& name, const std::string& bytes) {
 }
 
 TEST(DataTest, RanksReadTheirSlicesOfOneGlobalBatch) {
-  auto source = DataSource::Open(Decoder("synthetic {} batch_size: 4"));
+  auto source = Open("synthetic {} batch_size: 4");
   ASSERT_TRUE(source.ok());
   Batch all = (*source)->Get(2, 0, 4), first = (*source)->Get(2, 0, 2), second = (*source)->Get(2, 2, 2);
   EXPECT_TRUE(all.tokens.narrow(0, 0, 2).equal(first.tokens));
@@ -50,8 +49,7 @@ TEST(DataTest, ReadsUint16Uint32AndTextFiles) {
   for (const auto& [format, bytes] : std::vector<std::pair<std::string, std::string>>{
            {"UINT16", u16}, {"UINT32", u32}, {"TEXT_BYTES", text}}) {
     const std::string path = TempFile("tokens." + format, bytes);
-    auto source = DataSource::Open(
-        Decoder("token_file { path: \"" + path + "\" format: " + format + " } batch_size: 2"));
+    auto source = Open("token_file { path: \"" + path + "\" format: " + format + " } batch_size: 2");
     ASSERT_TRUE(source.ok()) << format << ": " << source.status();
     Batch b = (*source)->Get(1, 0, 2);
     ASSERT_EQ(b.tokens.size(1), 4);
@@ -66,17 +64,17 @@ TEST(DataTest, ReadsUint16Uint32AndTextFiles) {
 }
 
 TEST(DataTest, RejectsBadTokenFiles) {
-  auto missing = DataSource::Open(Decoder("token_file { path: \"/nonexistent/tokens\" } batch_size: 2"));
+  auto missing = Open("token_file { path: \"/nonexistent/tokens\" } batch_size: 2");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   const std::string odd = TempFile("odd.u16", std::string(7, '\1'));
-  auto truncated = DataSource::Open(Decoder("token_file { path: \"" + odd + "\" format: UINT16 } batch_size: 2"));
+  auto truncated = Open("token_file { path: \"" + odd + "\" format: UINT16 } batch_size: 2");
   EXPECT_EQ(truncated.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string big = TempFile("big.u16", std::string("\xff\xff\x01\x00\x01\x00\x01\x00\x01\x00\x01\x00", 12));
-  auto out_of_vocab = DataSource::Open(Decoder("token_file { path: \"" + big + "\" format: UINT16 } batch_size: 2"));
+  auto out_of_vocab = Open("token_file { path: \"" + big + "\" format: UINT16 } batch_size: 2");
   EXPECT_EQ(out_of_vocab.status().code(), absl::StatusCode::kInvalidArgument);
   std::printf("%s\n", out_of_vocab.status().ToString().c_str());
   const std::string tiny = TempFile("tiny.txt", "abc");
-  auto too_short = DataSource::Open(Decoder("token_file { path: \"" + tiny + "\" format: TEXT_BYTES } batch_size: 2"));
+  auto too_short = Open("token_file { path: \"" + tiny + "\" format: TEXT_BYTES } batch_size: 2");
   EXPECT_EQ(too_short.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,6 +1,7 @@
 // The model's forward pass as functions of (stage, parameters, input), in
 // LibTorch with autograd. The same code serves the single-process reference
-// and the sharded Executor: only where the parameters come from differs.
+// and the sharded Executor: only where the parameters come from differs (the
+// PyTorch-Python oracle in tests/oracle/ shares none of it).
 // Parameters are looked up by FQN; a unit's stage reads only its own.
 #ifndef BATON_WORKER_MODEL_STAGES_H_
 #define BATON_WORKER_MODEL_STAGES_H_
@@ -21,6 +22,8 @@ struct Batch {
   at::Tensor x, y;
   at::Tensor tokens, targets;
   int64_t rows = 0;
+  // Tokens the batch carries (rows x seq_len; an MLP row counts as one).
+  int64_t token_count() const { return tokens.defined() ? tokens.numel() : rows; }
 };
 
 using ParamLookup = std::function<const at::Tensor&(const std::string& fqn)>;

@@ -1,0 +1,294 @@
+#include "common/program_check.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/spec_check.h"
+#include "common/wire.h"
+#include "mesh/layout.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::Instruction;
+using baton::v1::Program;
+
+// Bounds on what a Program may make a worker allocate.
+constexpr int kMaxDims = 8;
+constexpr int64_t kMaxNumel = int64_t{1} << 36;
+constexpr int kMaxUnits = 1 << 16;
+
+absl::Status Bad(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("invalid program: ", what));
+}
+
+absl::Status CheckShape(const std::string& what, const google::protobuf::RepeatedField<int64_t>& shape) {
+  if (shape.empty() || shape.size() > kMaxDims) {
+    return Bad(absl::StrCat(what, " has ", shape.size(), " dims; expected 1 to ", kMaxDims));
+  }
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || d > kMaxNumel) return Bad(absl::StrCat(what, " has a dimension of ", d));
+    numel *= d;
+    if (numel > kMaxNumel) return Bad(absl::StrCat(what, " has more than ", kMaxNumel, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Describe(const Instruction& i) {
+  return absl::StrCat("instruction ", Instruction::Op_Name(i.op()), " (unit ", i.unit(), ", stage ",
+                      i.stage(), ", microbatch ", i.microbatch(), ")");
+}
+
+// What ValidateProgram learns about the program and checks instructions with.
+struct Context {
+  const Program& program;
+  DeviceMesh mesh;
+  std::map<int, const baton::v1::UnitLayout*> units;
+  std::map<std::string, std::pair<TensorLayout, TensorLayout>> layouts;  // storage, compute
+};
+
+// The one axis a collective of `ins` runs along.
+absl::StatusOr<int> SingleAxis(const Context& c, const Instruction& ins) {
+  if (ins.axes_size() != 1) {
+    return Bad(absl::StrCat(Describe(ins), " must name exactly one mesh axis, got [",
+                            absl::StrJoin(ins.axes(), ", "), "]"));
+  }
+  auto axis = c.mesh.AxisIndex(ins.axes(0));
+  if (!axis.ok()) return Bad(absl::StrCat(Describe(ins), ": ", axis.status().message()));
+  return *axis;
+}
+
+// GATHER_PARAMS (and, with `all_sharded`, REDUCE_SCATTER_GRADS) along `axis`:
+// every parameter's two layouts agree except, on `axis`, Shard(d) for the
+// master against Replicate for the compute tensor.
+absl::Status CheckGatherLayouts(const Context& c, const Instruction& ins, int axis, bool all_sharded) {
+  for (const auto& param : c.units.at(ins.unit())->params()) {
+    const auto& [storage, compute] = c.layouts.at(param.name());
+    for (int a = 0; a < c.mesh.ndim(); ++a) {
+      const Placement& s = storage.placements[a];
+      const Placement& t = compute.placements[a];
+      const bool gathered = s.is_shard() && t.is_replicate();
+      if (a == axis && (gathered || (!all_sharded && s == t))) continue;
+      if (a != axis && s == t) continue;
+      return Bad(absl::StrCat(Describe(ins), " along \"", c.mesh.axes()[axis].name, "\": parameter ",
+                              param.name(), " is ", s.ToString(), " -> ", t.ToString(), " on axis \"",
+                              c.mesh.axes()[a].name, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPeer(const Context& c, const Instruction& ins, int axis) {
+  const int rank = c.program.rank();
+  auto mine = c.mesh.Coordinates(rank);
+  auto theirs = c.mesh.Coordinates(ins.peer());
+  if (!theirs.ok() || ins.peer() == rank) {
+    return Bad(absl::StrCat(Describe(ins), ": peer ", ins.peer(), " is not another rank of the mesh"));
+  }
+  for (int a = 0; a < c.mesh.ndim(); ++a) {
+    if (a != axis && (*mine)[a] != (*theirs)[a]) {
+      return Bad(absl::StrCat(Describe(ins), ": peer ", ins.peer(), " is not in rank ", rank,
+                              "'s group along \"", c.mesh.axes()[axis].name, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInstruction(const Context& c, const Instruction& ins) {
+  const Program& p = c.program;
+  const auto op = ins.op();
+  if (!Instruction::Op_IsValid(op) || op == Instruction::OP_UNSPECIFIED) {
+    return Bad(absl::StrCat("unknown instruction op ", static_cast<int>(op)));
+  }
+  auto needs_unit = [&]() -> absl::Status {
+    if (!c.units.count(ins.unit())) {
+      return Bad(absl::StrCat(Describe(ins), " refers to unit ", ins.unit(), ", which rank ", p.rank(),
+                              " does not own"));
+    }
+    return absl::OkStatus();
+  };
+  auto needs_stage = [&]() -> absl::Status {
+    if (ins.stage() < 0 || ins.stage() >= p.stages_size()) {
+      return Bad(absl::StrCat(Describe(ins), " refers to a stage out of range (", p.stages_size(), " stages)"));
+    }
+    const int unit = p.stages(ins.stage()).unit();
+    if (unit != -1 && !c.units.count(unit)) {
+      return Bad(absl::StrCat(Describe(ins), ": the stage's unit ", unit, " is not owned by rank ", p.rank()));
+    }
+    if (ins.microbatch() < 0 || ins.microbatch() >= p.microbatches()) {
+      return Bad(absl::StrCat(Describe(ins), " refers to a microbatch out of range (", p.microbatches(), ")"));
+    }
+    return absl::OkStatus();
+  };
+  auto needs_group = [&]() -> absl::Status {
+    auto group = GroupCommunicator(c.mesh, ins.axes());
+    if (!group.ok()) return Bad(absl::StrCat(Describe(ins), ": ", group.status().message()));
+    return absl::OkStatus();
+  };
+  switch (op) {
+    case Instruction::LOAD_BATCH:
+      if (ins.microbatch() < 0 || ins.microbatch() >= p.microbatches()) {
+        return Bad(absl::StrCat(Describe(ins), " refers to a microbatch out of range (", p.microbatches(), ")"));
+      }
+      if (ins.rows() < 1 || ins.row_offset() < 0 || ins.row_offset() + ins.rows() > p.data().batch_size()) {
+        return Bad(absl::StrCat(Describe(ins), ": rows [", ins.row_offset(), ", ", ins.row_offset() + ins.rows(),
+                                ") are not within the global batch of ", p.data().batch_size()));
+      }
+      return absl::OkStatus();
+    case Instruction::GATHER_PARAMS: {
+      if (auto s = needs_unit(); !s.ok()) return s;
+      if (ins.axes_size() == 0) return CheckGatherLayouts(c, ins, -1, false);
+      auto axis = SingleAxis(c, ins);
+      if (!axis.ok()) return axis.status();
+      return CheckGatherLayouts(c, ins, *axis, false);
+    }
+    case Instruction::WAIT_PARAMS:
+    case Instruction::FREE_GRADS:
+      return needs_unit();
+    case Instruction::FREE_PARAMS:
+      if (auto s = needs_unit(); !s.ok()) return s;
+      if (c.units.at(ins.unit())->resident()) {
+        return Bad(absl::StrCat(Describe(ins), ": unit ", ins.unit(), " is resident and is never freed"));
+      }
+      return absl::OkStatus();
+    case Instruction::FORWARD:
+    case Instruction::BACKWARD:
+      return needs_stage();
+    case Instruction::REDUCE_SCATTER_GRADS: {
+      if (auto s = needs_unit(); !s.ok()) return s;
+      auto axis = SingleAxis(c, ins);
+      if (!axis.ok()) return axis.status();
+      return CheckGatherLayouts(c, ins, *axis, true);
+    }
+    case Instruction::ALL_REDUCE_GRADS:
+      if (auto s = needs_unit(); !s.ok()) return s;
+      if (ins.axes_size() == 0) return Bad(absl::StrCat(Describe(ins), " names no mesh axis"));
+      return needs_group();
+    case Instruction::CLIP_GRAD_NORM:
+      if (!(std::isfinite(ins.value()) && ins.value() > 0)) {
+        return Bad(absl::StrCat(Describe(ins), ": max norm ", ins.value(), " is not positive"));
+      }
+      return needs_group();
+    case Instruction::REDUCE_METRICS:
+      if (!(std::isfinite(ins.value()) && ins.value() >= 1)) {
+        return Bad(absl::StrCat(Describe(ins), ": ", ins.value(), " ranks compute the loss"));
+      }
+      return needs_group();
+    case Instruction::OPTIMIZER_STEP:
+    case Instruction::ZERO_GRAD:
+      return absl::OkStatus();
+    case Instruction::SEND_ACTIVATION:
+    case Instruction::RECV_ACTIVATION:
+    case Instruction::SEND_GRAD:
+    case Instruction::RECV_GRAD: {
+      if (auto s = needs_stage(); !s.ok()) return s;
+      auto axis = SingleAxis(c, ins);
+      if (!axis.ok()) return axis.status();
+      if (auto s = CheckPeer(c, ins, *axis); !s.ok()) return s;
+      if (op == Instruction::RECV_ACTIVATION || op == Instruction::RECV_GRAD) {
+        return CheckShape(Describe(ins), ins.shape());
+      }
+      return absl::OkStatus();
+    }
+    default:
+      return Bad(absl::StrCat("unknown instruction op ", static_cast<int>(op)));
+  }
+}
+
+bool StageFitsModel(baton::v1::Stage::Kind kind, const baton::v1::ModelSpec& model) {
+  switch (kind) {
+    case baton::v1::Stage::MLP_INPUT:
+    case baton::v1::Stage::MLP_BLOCK:
+    case baton::v1::Stage::MLP_HEAD_MSE:
+      return model.has_mlp();
+    case baton::v1::Stage::EMBEDDING:
+    case baton::v1::Stage::DECODER_BLOCK:
+    case baton::v1::Stage::LM_HEAD_CE:
+      return model.has_decoder();
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+bool IsLossStage(baton::v1::Stage::Kind kind) {
+  return kind == baton::v1::Stage::MLP_HEAD_MSE || kind == baton::v1::Stage::LM_HEAD_CE;
+}
+
+absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
+                                              const google::protobuf::RepeatedPtrField<std::string>& axes) {
+  std::set<std::string> names;
+  for (const std::string& a : axes) {
+    if (auto index = mesh.AxisIndex(a); !index.ok()) return absl::InvalidArgumentError(index.status().message());
+    if (!names.insert(a).second) return absl::InvalidArgumentError(absl::StrCat("mesh axis \"", a, "\" named twice"));
+  }
+  if (names.empty()) return std::string();
+  if (static_cast<int>(names.size()) == mesh.ndim()) return std::string("world");
+  if (names.size() == 1) return *names.begin();
+  return absl::InvalidArgumentError(absl::StrCat("no communicator spans axes [", absl::StrJoin(axes, ", "),
+                                                 "] of mesh ", FormatMeshSpec(mesh.axes()),
+                                                 ": a group is one axis or the whole mesh"));
+}
+
+absl::Status ValidateProgram(const Program& p) {
+  auto mesh = ToDeviceMesh(p.mesh());
+  if (!mesh.ok()) return Bad(absl::StrCat("mesh: ", mesh.status().message()));
+  if (!mesh->Contains(p.rank())) return Bad(absl::StrCat("rank ", p.rank(), " is not in ", mesh->ToString()));
+  for (auto s : {ValidateModel(p.model()), ValidateOptimizer(p.optimizer()), ValidateData(p.data(), p.model())}) {
+    if (!s.ok()) return Bad(std::string(s.message()));
+  }
+  if (!baton::v1::Precision_IsValid(p.compute_dtype())) return Bad("unknown compute dtype");
+  if (p.threads() < 1 || p.threads() > 256) return Bad(absl::StrCat("threads ", p.threads(), " not in [1, 256]"));
+  if (p.microbatches() < 1) return Bad(absl::StrCat("microbatches ", p.microbatches(), " < 1"));
+  if (p.stages_size() == 0) return Bad("no stages");
+  for (const std::string& axis : p.stage_axes()) {
+    if (auto a = mesh->AxisIndex(axis); !a.ok()) return Bad(absl::StrCat("stage_axes: ", a.status().message()));
+  }
+  if (p.units_size() > kMaxUnits) return Bad(absl::StrCat("more than ", kMaxUnits, " units"));
+  Context c{p, *mesh, {}, {}};
+  for (const auto& unit : p.units()) {
+    if (unit.index() < 0 || !c.units.emplace(unit.index(), &unit).second) {
+      return Bad(absl::StrCat("unit index ", unit.index(), " is negative or appears twice"));
+    }
+    for (const auto& param : unit.params()) {
+      if (auto s = CheckShape(absl::StrCat("parameter ", param.name()), param.shape()); !s.ok()) return s;
+      auto storage = StorageLayout(param);
+      auto compute = ComputeLayout(param);
+      for (const auto* layout : {&storage, &compute}) {
+        if (!layout->ok()) return Bad(std::string(layout->status().message()));
+        if (auto s = CheckLayout(**layout, c.mesh); !s.ok()) {
+          return Bad(absl::StrCat("parameter ", param.name(), ": ", s.message()));
+        }
+      }
+      for (int a = 0; a < c.mesh.ndim(); ++a) {
+        const Placement& s = storage->placements[a];
+        const Placement& t = compute->placements[a];
+        if (s != t && !(s.is_shard() && t.is_replicate())) {
+          return Bad(absl::StrCat("parameter ", param.name(), " is ", s.ToString(), " -> ", t.ToString(),
+                                  " on axis \"", c.mesh.axes()[a].name,
+                                  "\"; only Shard(d) -> Replicate is gathered for compute"));
+        }
+      }
+      if (!c.layouts.emplace(param.name(), std::make_pair(*storage, *compute)).second) {
+        return Bad(absl::StrCat("parameter ", param.name(), " appears twice"));
+      }
+    }
+  }
+  for (const auto& stage : p.stages()) {
+    if (!baton::v1::Stage::Kind_IsValid(stage.kind()) || !StageFitsModel(stage.kind(), p.model())) {
+      return Bad(absl::StrCat("stage kind ", static_cast<int>(stage.kind()), " does not fit the model"));
+    }
+    if (stage.unit() < -1) return Bad(absl::StrCat("stage unit ", stage.unit()));
+  }
+  for (const auto& ins : p.instructions()) {
+    if (auto s = CheckInstruction(c, ins); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton

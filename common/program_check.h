@@ -1,0 +1,30 @@
+// Checks a Program before a worker runs it: everything the Executor indexes,
+// divides by or allocates must be in range and consistent, so a malformed or
+// hostile LoadProgram gets INVALID_ARGUMENT naming what is wrong instead of
+// crashing the daemon. The planner's tests run every Program it compiles
+// through the same check.
+#ifndef BATON_COMMON_PROGRAM_CHECK_H_
+#define BATON_COMMON_PROGRAM_CHECK_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "mesh/device_mesh.h"
+#include "proto/program.pb.h"
+
+namespace baton {
+
+absl::Status ValidateProgram(const baton::v1::Program& program);
+
+// The communicator a group of mesh axes runs on: the axis itself for one
+// axis, "world" for every axis of the mesh. Other subsets have no
+// communicator (INVALID_ARGUMENT); an empty group is "" (nothing to do).
+absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
+                                              const google::protobuf::RepeatedPtrField<std::string>& axes);
+
+bool IsLossStage(baton::v1::Stage::Kind kind);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_PROGRAM_CHECK_H_

@@ -1,0 +1,43 @@
+// What a plan predicts per rank and step, read off the Programs it compiled,
+// so measured figures can be checked exactly, not just roughly:
+//   comm_bytes   every collective and send an instruction issues, priced with
+//                mesh/collective_cost.h on the pieces its layouts give (the
+//                padding of uneven shards included, as the communicators
+//                count it);
+//   state_bytes  what a rank holds between steps: fp32 master pieces (unless
+//                a view of resident parameters), AdamW moments, gradient
+//                pieces (unless they are the compute gradients themselves),
+//                resident compute parameters, compute gradients no
+//                FREE_GRADS releases;
+//   peak_unsharded_param_bytes  the most compute-parameter bytes allocated at
+//                once, replaying WAIT_PARAMS / FREE_PARAMS.
+// Figures are the maximum over ranks, as the controller reports them.
+#ifndef BATON_STRATEGIES_PLAN_THEORY_H_
+#define BATON_STRATEGIES_PLAN_THEORY_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+#include "proto/program.pb.h"
+
+namespace baton {
+
+struct PlanTheory {
+  int64_t parameters = 0;  // P
+  int64_t comm_bytes = 0;
+  // The same traffic without padding: the textbook P (n-1)/n formulas.
+  double ideal_comm_bytes = 0;
+  int64_t state_bytes = 0;
+  int64_t peak_unsharded_param_bytes = 0;
+};
+
+// `programs`: one per rank of a job, valid (common/program_check.h).
+absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<baton::v1::Program>& programs);
+// Compiles `job` (valid, defaults applied) and analyzes its Programs.
+absl::StatusOr<PlanTheory> ComputeTheory(const baton::v1::JobSpec& job);
+
+}  // namespace baton
+
+#endif  // BATON_STRATEGIES_PLAN_THEORY_H_

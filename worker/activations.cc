@@ -1,0 +1,159 @@
+#include "worker/activations.h"
+
+#include <ATen/ops/empty.h>
+
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/program_check.h"
+#include "worker/model/stages.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::Instruction;
+
+std::string ShapeOf(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]"); }
+
+}  // namespace
+
+Activations::~Activations() { (void)WaitSends(); }
+
+void Activations::BeginStep(int64_t step) {
+  step_ = step;
+  batches_.clear();
+  entries_.clear();
+  loss_sum_ = 0;
+  tokens_ = 0;
+}
+
+absl::Status Activations::LoadBatch(const Instruction& ins) {
+  Batch batch = data_->Get(step_, ins.row_offset(), ins.rows());
+  if (program_.counts_tokens()) tokens_ += batch.token_count();
+  batches_[ins.microbatch()] = std::move(batch);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardStore::Unit*> Activations::StageUnit(int stage) {
+  const int index = program_.stages(stage).unit();
+  if (index < 0) return nullptr;
+  ShardStore::Unit* unit = store_->unit(index);
+  if (unit == nullptr || !unit->materialized) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", stage, " runs without unit ", index, "'s parameters gathered"));
+  }
+  return unit;
+}
+
+absl::Status Activations::Forward(int stage, int microbatch) {
+  auto unit = StageUnit(stage);
+  if (!unit.ok()) return unit.status();
+  auto batch = batches_.find(microbatch);
+  if (batch == batches_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("microbatch ", microbatch, " was not loaded"));
+  }
+  Entry& entry = entries_[{stage, microbatch}];
+  if (!entry.input.defined() && stage > 0) {
+    auto previous = entries_.find({stage - 1, microbatch});
+    if (previous == entries_.end() || !previous->second.output.defined()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stage ", stage, " has no input for microbatch ", microbatch,
+                       ": stage ", stage - 1, " did not run here and nothing was received"));
+    }
+    const at::Tensor& out = previous->second.output;
+    entry.input = out.detach().set_requires_grad(out.requires_grad());
+  }
+  auto lookup = [this, stage](const std::string& name) -> const at::Tensor& {
+    auto param = store_->param(name);
+    if (!param.ok()) throw std::invalid_argument(absl::StrCat("stage ", stage, ": ", param.status().message()));
+    return (*param)->full;
+  };
+  const std::string unit_name = *unit == nullptr ? "" : (*unit)->name;
+  entry.output = StageForward(program_.stages(stage), program_.model(), unit_name, lookup, entry.input,
+                              batch->second, store_->compute_dtype());
+  if (IsLossStage(program_.stages(stage).kind())) loss_sum_ += entry.output.item<double>();
+  return absl::OkStatus();
+}
+
+absl::Status Activations::Backward(int stage, int microbatch) {
+  auto unit = StageUnit(stage);
+  if (!unit.ok()) return unit.status();
+  auto it = entries_.find({stage, microbatch});
+  if (it == entries_.end() || !it->second.output.defined()) {
+    return absl::FailedPreconditionError("BACKWARD before FORWARD");
+  }
+  Entry& entry = it->second;
+  at::Tensor out = entry.output;
+  if (IsLossStage(program_.stages(stage).kind())) {
+    out.div(static_cast<double>(program_.microbatches())).backward();
+  } else if (out.requires_grad()) {
+    at::Tensor grad = entry.output_grad;
+    auto next = entries_.find({stage + 1, microbatch});
+    if (!grad.defined() && next != entries_.end() && next->second.input.defined()) {
+      grad = next->second.input.grad();
+    }
+    if (grad.defined()) out.backward(grad);
+  }
+  entry.output = at::Tensor();
+  entry.output_grad = at::Tensor();
+  entries_.erase({stage + 1, microbatch});  // its input's gradient is consumed
+  if (*unit != nullptr) store_->AccumulateGrads(**unit);
+  return absl::OkStatus();
+}
+
+absl::Status Activations::Send(const Instruction& ins, Milliseconds timeout) {
+  const Key key{ins.stage(), ins.microbatch()};
+  auto it = entries_.find(key);
+  at::Tensor tensor;
+  if (it != entries_.end()) {
+    tensor = ins.op() == Instruction::SEND_ACTIVATION ? it->second.output : it->second.input.grad();
+  }
+  if (!tensor.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "nothing to send: stage ", ins.stage(), " has no ",
+        ins.op() == Instruction::SEND_ACTIVATION ? "output" : "input gradient", " for microbatch ", ins.microbatch()));
+  }
+  if (!ins.shape().empty() && tensor.sizes() != at::IntArrayRef(ins.shape().data(), ins.shape().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("the tensor to send is ", ShapeOf(tensor), ", the program says [",
+                                                   absl::StrJoin(ins.shape(), ", "), "]"));
+  }
+  auto comm = groups_->Axis(ins.axes(0));
+  if (!comm.ok()) return comm.status();
+  auto peer = groups_->PeerInGroup(ins.axes(0), ins.peer());
+  if (!peer.ok()) return peer.status();
+  Sending sending;
+  sending.tensor = tensor.detach().to(store_->compute_dtype()).contiguous();
+  sending.handle = (*comm)->SendAsync(sending.tensor, *peer, timeout);
+  sends_.push_back(std::move(sending));
+  if (ins.op() == Instruction::SEND_GRAD) entries_.erase(it);  // nothing else reads it
+  return absl::OkStatus();
+}
+
+absl::Status Activations::Recv(const Instruction& ins, Milliseconds timeout) {
+  auto comm = groups_->Axis(ins.axes(0));
+  if (!comm.ok()) return comm.status();
+  auto peer = groups_->PeerInGroup(ins.axes(0), ins.peer());
+  if (!peer.ok()) return peer.status();
+  at::Tensor t = at::empty(std::vector<int64_t>(ins.shape().begin(), ins.shape().end()), store_->compute_dtype());
+  if (absl::Status s = (*comm)->Recv(t, *peer, timeout); !s.ok()) return s;
+  Entry& entry = entries_[{ins.stage(), ins.microbatch()}];
+  if (ins.op() == Instruction::RECV_ACTIVATION) {
+    entry.input = t.set_requires_grad(true);  // its gradient goes back with SEND_GRAD
+  } else {
+    entry.output_grad = t;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Activations::WaitSends() {
+  absl::Status first;
+  for (auto& s : sends_) {
+    absl::Status status = s.handle->Wait();
+    if (first.ok() && !status.ok()) first = status;
+  }
+  sends_.clear();
+  return first;
+}
+
+}  // namespace baton

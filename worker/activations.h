@@ -1,0 +1,86 @@
+// Activations: one step's microbatches and what flows between stages, keyed
+// by (stage, microbatch), and the autograd passes over them.
+//
+//   FORWARD(s, mb)   the input is what RECV_ACTIVATION put there, else the
+//                    output of stage s-1 for mb on this rank, detached: every
+//                    stage is its own autograd graph, so a unit's parameters
+//                    can be freed between its forward and its backward
+//   BACKWARD(s, mb)  the output's gradient is what RECV_GRAD put there, else
+//                    the gradient of stage s+1's input on this rank, or, for
+//                    a loss stage, 1 / microbatches; then the unit's
+//                    parameter gradients move into their fp32 accumulators
+//   SEND_ACTIVATION / SEND_GRAD  the stage's output / its input's gradient
+//                    to the peer, asynchronously (complete before the step ends)
+//   RECV_ACTIVATION / RECV_GRAD  into the stage's input / output gradient
+//
+// Not thread-safe: the Executor's thread drives it.
+#ifndef BATON_WORKER_ACTIVATIONS_H_
+#define BATON_WORKER_ACTIVATIONS_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/program.pb.h"
+#include "worker/groups.h"
+#include "worker/model/data.h"
+#include "worker/shard_store.h"
+
+namespace baton {
+
+class Activations {
+ public:
+  Activations(const baton::v1::Program& program, ShardStore* store, const Groups* groups,
+              std::unique_ptr<DataSource> data)
+      : program_(program), store_(store), groups_(groups), data_(std::move(data)) {}
+  ~Activations();
+
+  // Forgets the last step's tensors and counters.
+  void BeginStep(int64_t step);
+  absl::Status LoadBatch(const baton::v1::Instruction& ins);
+  absl::Status Forward(int stage, int microbatch);
+  absl::Status Backward(int stage, int microbatch);
+  absl::Status Send(const baton::v1::Instruction& ins, Milliseconds timeout);
+  absl::Status Recv(const baton::v1::Instruction& ins, Milliseconds timeout);
+  // Completes the step's sends; the first failure, if any.
+  absl::Status WaitSends();
+
+  // Sum over this step's microbatches of the loss this rank computed.
+  double loss_sum() const { return loss_sum_; }
+  // Tokens this step's batches carried.
+  int64_t tokens() const { return tokens_; }
+
+ private:
+  struct Entry {
+    at::Tensor input, output, output_grad;
+  };
+  using Key = std::pair<int, int>;  // (stage, microbatch)
+
+  // The unit of `stage` with its parameters ready, or nullptr for a stage
+  // without parameters.
+  absl::StatusOr<ShardStore::Unit*> StageUnit(int stage);
+
+  const baton::v1::Program& program_;
+  ShardStore* const store_;
+  const Groups* const groups_;
+  std::unique_ptr<DataSource> data_;
+
+  int64_t step_ = 0;
+  std::map<int, Batch> batches_;  // by microbatch
+  std::map<Key, Entry> entries_;
+  struct Sending {
+    std::unique_ptr<CommHandle> handle;
+    at::Tensor tensor;  // kept alive until sent
+  };
+  std::vector<Sending> sends_;
+  double loss_sum_ = 0;
+  int64_t tokens_ = 0;
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_ACTIVATIONS_H_

@@ -1,0 +1,42 @@
+#include "worker/groups.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/program_check.h"
+
+namespace baton {
+
+Groups::Groups(DeviceMesh mesh, int rank, CommunicatorMap comms)
+    : mesh_(std::move(mesh)), rank_(rank), comms_(std::move(comms)) {}
+
+absl::StatusOr<Communicator*> Groups::Axis(const std::string& axis) const {
+  auto it = comms_.find(axis);
+  if (it == comms_.end() || it->second == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("no communicator for mesh axis \"", axis, "\""));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<Communicator*> Groups::Of(const AxisNames& axes) const {
+  auto key = GroupCommunicator(mesh_, axes);
+  if (!key.ok()) return key.status();
+  if (key->empty()) return nullptr;
+  return Axis(*key);
+}
+
+int Groups::Size(const AxisNames& axes) const {
+  int size = 1;
+  for (const std::string& a : axes) size *= mesh_.AxisSize(a).value_or(1);
+  return size;
+}
+
+absl::StatusOr<int> Groups::PeerInGroup(const std::string& axis, int peer) const {
+  return mesh_.LocalRank(axis, peer);
+}
+
+int64_t Groups::bytes_sent() const {
+  int64_t sent = 0;
+  for (const auto& [name, comm] : comms_) sent += comm->stats().bytes_sent;
+  return sent;
+}
+
+}  // namespace baton

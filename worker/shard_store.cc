@@ -1,0 +1,167 @@
+#include "worker/shard_store.h"
+
+#include <ATen/native/Resize.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros_like.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/wire.h"
+#include "worker/model/init.h"
+
+namespace baton {
+namespace {
+
+int64_t Bytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+int64_t StorageBytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::Program& program,
+                                                               const DeviceMesh& mesh) {
+  std::unique_ptr<ShardStore> store(new ShardStore());
+  store->compute_dtype_ = program.compute_dtype() == baton::v1::BF16 ? at::kBFloat16 : at::kFloat;
+  at::NoGradGuard no_grad;
+  for (const auto& ul : program.units()) {
+    auto unit = std::make_unique<Unit>();
+    unit->index = ul.index();
+    unit->name = ul.name();
+    unit->resident = ul.resident();
+    for (const auto& pl : ul.params()) {
+      Param p;
+      p.name = pl.name();
+      auto storage = StorageLayout(pl);
+      auto compute = ComputeLayout(pl);
+      if (!storage.ok()) return storage.status();
+      if (!compute.ok()) return compute.status();
+      auto master_piece = LocalPiece(*storage, mesh, program.rank());
+      auto compute_piece = LocalPiece(*compute, mesh, program.rank());
+      if (!master_piece.ok()) return master_piece.status();
+      if (!compute_piece.ok()) return compute_piece.status();
+      p.storage_layout = *storage;
+      p.master_piece = *master_piece;
+      p.compute_piece = *compute_piece;
+      p.same_layouts = storage->placements == compute->placements;
+      p.replication = ReplicationFactor(*storage, mesh, {program.stage_axes().begin(), program.stage_axes().end()});
+      const std::vector<int64_t> shape(pl.shape().begin(), pl.shape().end());
+      if (unit->resident) {
+        p.full = InitParamPiece(p.name, shape, p.compute_piece, pl.init(), program.seed())
+                     .to(store->compute_dtype_)
+                     .set_requires_grad(true);
+        unit->materialized = true;
+        store->Track(StorageBytes(p.full));
+        p.master_is_view = store->compute_dtype_ == at::kFloat && IsRowRangeOf(p.master_piece, p.compute_piece);
+      }
+      if (p.master_is_view) {
+        p.master = p.full.detach().narrow(0, p.master_piece.offset[0] - p.compute_piece.offset[0],
+                                          p.master_piece.shape[0]);
+      } else {
+        p.master = InitParamPiece(p.name, shape, p.master_piece, pl.init(), program.seed());
+      }
+      p.exp_avg = at::zeros_like(p.master);
+      p.exp_avg_sq = at::zeros_like(p.master);
+      if (!p.GradIsFullGrad()) p.grad = at::zeros_like(p.master);
+      unit->params.push_back(std::move(p));
+    }
+    store->units_.push_back(std::move(unit));
+  }
+  for (auto& u : store->units_) {
+    store->by_index_[u->index] = u.get();
+    for (auto& p : u->params) store->by_name_[p.name] = &p;
+  }
+  store->ResetPeak();
+  return store;
+}
+
+ShardStore::Unit* ShardStore::unit(int index) {
+  auto it = by_index_.find(index);
+  return it == by_index_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<ShardStore::Param*> ShardStore::param(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    return absl::NotFoundError(absl::StrCat("parameter ", name, " is not held by this rank"));
+  }
+  return it->second;
+}
+
+void ShardStore::Track(int64_t delta) {
+  unsharded_bytes_ += delta;
+  peak_unsharded_bytes_ = std::max(peak_unsharded_bytes_, unsharded_bytes_);
+}
+
+void ShardStore::Materialize(Unit& unit) {
+  if (unit.materialized) return;
+  for (Param& p : unit.params) {
+    const size_t bytes = static_cast<size_t>(p.compute_piece.numel()) * c10::elementSize(compute_dtype_);
+    if (!p.full.defined()) {
+      p.full = at::empty(p.compute_piece.shape, compute_dtype_).set_requires_grad(true);
+    } else {
+      // The same storage object autograd may have saved; give it memory again.
+      at::native::resize_bytes_cpu(p.full.storage().unsafeGetStorageImpl(), bytes);
+    }
+    Track(static_cast<int64_t>(bytes));
+  }
+  unit.materialized = true;
+}
+
+void ShardStore::Release(Unit& unit) {
+  if (!unit.materialized || unit.resident) return;
+  for (Param& p : unit.params) {
+    Track(-StorageBytes(p.full));
+    at::native::resize_bytes_cpu(p.full.storage().unsafeGetStorageImpl(), 0);
+  }
+  unit.materialized = false;
+}
+
+at::Tensor ShardStore::Writable(const at::Tensor& full) {
+  return at::from_blob(full.data_ptr(), full.sizes(), full.options());
+}
+
+void ShardStore::AccumulateGrads(Unit& unit) {
+  for (Param& p : unit.params) {
+    at::Tensor g = p.full.grad();
+    if (!g.defined()) continue;
+    if (p.full_grad.defined()) {
+      p.full_grad.add_(g);
+    } else if (g.scalar_type() == at::kFloat) {
+      p.full_grad = g;  // autograd's buffer becomes ours: no copy
+    } else {
+      p.full_grad = g.to(at::kFloat);
+    }
+    p.full.mutable_grad() = at::Tensor();
+  }
+}
+
+void ShardStore::DropFullGrads(Unit& unit) {
+  for (Param& p : unit.params) {
+    if (!p.GradIsFullGrad()) p.full_grad = at::Tensor();
+  }
+}
+
+void ShardStore::ZeroGrad() {
+  for (auto& u : units_) {
+    for (Param& p : u->params) {
+      if (p.grad.defined()) p.grad.zero_();
+      p.full_grad = at::Tensor();
+    }
+  }
+}
+
+int64_t ShardStore::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& u : units_) {
+    for (const Param& p : u->params) {
+      bytes += Bytes(p.exp_avg) + Bytes(p.exp_avg_sq) + Bytes(p.grad) + Bytes(p.full_grad);
+      if (!p.master_is_view) bytes += Bytes(p.master);
+      if (u->materialized) bytes += StorageBytes(p.full);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace baton

@@ -1,0 +1,246 @@
+#include "worker/unit_collectives.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace baton {
+
+class UnitCollectives::Packing {
+ public:
+  // Rank `rank`'s piece of one parameter: where it lies in this rank's
+  // compute tensor, and where in its block.
+  struct Region {
+    ShardStore::Param* param;
+    int rank;  // within the group
+    std::vector<int64_t> offset, shape;
+    int64_t numel;
+    int64_t block_offset;
+  };
+
+  static absl::StatusOr<Packing> Create(ShardStore::Unit& unit, const Groups& groups, const std::string& axis) {
+    const DeviceMesh& mesh = groups.mesh();
+    auto a = mesh.AxisIndex(axis);
+    if (!a.ok()) return a.status();
+    Packing packing;
+    packing.size_ = mesh.axes()[*a].size;
+    std::vector<int> coords = *mesh.Coordinates(groups.rank());
+    packing.own_ = coords[*a];
+    for (ShardStore::Param& p : unit.params) {
+      if (!p.storage_layout.placements[*a].is_shard()) continue;
+      int64_t largest = 0;
+      for (int r = 0; r < packing.size_; ++r) {
+        coords[*a] = r;
+        auto piece = LocalPiece(p.storage_layout, mesh, *mesh.RankAt(coords));
+        if (!piece.ok()) return piece.status();
+        if (!p.compute_piece.Contains(*piece)) {
+          return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, ": rank ", r, "'s piece ",
+                                                         piece->ToString(), " is not part of the compute piece ",
+                                                         p.compute_piece.ToString()));
+        }
+        Region region{&p, r, piece->offset, piece->shape, piece->numel(), packing.block_};
+        for (size_t d = 0; d < region.offset.size(); ++d) region.offset[d] -= p.compute_piece.offset[d];
+        packing.regions_.push_back(std::move(region));
+        largest = std::max(largest, piece->numel());
+      }
+      packing.block_ += largest;
+    }
+    return packing;
+  }
+
+  int size() const { return size_; }
+  int own() const { return own_; }
+  int64_t block() const { return block_; }
+  const std::vector<Region>& regions() const { return regions_; }
+
+  // `region` of a tensor holding the compute piece.
+  static at::Tensor View(at::Tensor t, const Region& region) {
+    for (size_t d = 0; d < region.shape.size(); ++d) t = t.narrow(d, region.offset[d], region.shape[d]);
+    return t;
+  }
+  // `region`'s place in a buffer of `size()` blocks, shaped like the piece.
+  at::Tensor InBuffer(const at::Tensor& buffer, const Region& region) const {
+    return buffer.narrow(0, region.rank * block_ + region.block_offset, region.numel).view(region.shape);
+  }
+  // Its place in one block.
+  static at::Tensor InBlock(const at::Tensor& block, const Region& region) {
+    return block.narrow(0, region.block_offset, region.numel).view(region.shape);
+  }
+
+ private:
+  int size_ = 1;
+  int own_ = 0;
+  int64_t block_ = 0;
+  std::vector<Region> regions_;
+};
+
+struct UnitCollectives::InFlightGather {
+  std::unique_ptr<CommHandle> handle;  // null for a local copy
+  std::unique_ptr<Packing> packing;
+  at::Tensor send, recv;
+};
+
+UnitCollectives::UnitCollectives(ShardStore* store, const Groups* groups) : store_(store), groups_(groups) {}
+
+UnitCollectives::~UnitCollectives() {
+  (void)WaitReductions();
+  for (auto& [unit, gather] : gathers_) {
+    if (gather->handle) (void)gather->handle->Wait();
+  }
+}
+
+absl::Status UnitCollectives::Gather(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout) {
+  if (gathers_.count(unit.index)) {
+    return absl::FailedPreconditionError(absl::StrCat("unit ", unit.name, " is already being gathered"));
+  }
+  auto gather = std::make_unique<InFlightGather>();
+  if (!axes.empty()) {
+    auto comm = groups_->Axis(axes[0]);
+    if (!comm.ok()) return comm.status();
+    auto packing = Packing::Create(unit, *groups_, axes[0]);
+    if (!packing.ok()) return packing.status();
+    gather->packing = std::make_unique<Packing>(std::move(*packing));
+    const Packing& pk = *gather->packing;
+    gather->send = at::zeros({pk.block()}, store_->compute_dtype());
+    for (const auto& region : pk.regions()) {
+      if (region.rank != pk.own() || region.numel == 0) continue;
+      Packing::InBlock(gather->send, region).copy_(region.param->master);
+    }
+    gather->recv = at::empty({pk.size() * pk.block()}, store_->compute_dtype());
+    gather->handle = (*comm)->AllGatherAsync(gather->send, gather->recv, timeout);
+  }
+  gathers_[unit.index] = std::move(gather);
+  return absl::OkStatus();
+}
+
+absl::Status UnitCollectives::WaitGather(ShardStore::Unit& unit) {
+  auto it = gathers_.find(unit.index);
+  if (it == gathers_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("WAIT_PARAMS of unit ", unit.name, " without GATHER_PARAMS"));
+  }
+  std::unique_ptr<InFlightGather> gather = std::move(it->second);
+  gathers_.erase(it);
+  if (gather->handle) {
+    if (absl::Status s = gather->handle->Wait(); !s.ok()) return s;
+  }
+  store_->Materialize(unit);
+  at::NoGradGuard no_grad;
+  std::vector<bool> gathered(unit.params.size(), false);
+  if (gather->packing) {
+    for (const auto& region : gather->packing->regions()) {
+      ShardStore::Param& p = *region.param;
+      gathered[&p - unit.params.data()] = true;
+      if (region.numel == 0) continue;
+      Packing::View(ShardStore::Writable(p.full), region).copy_(gather->packing->InBuffer(gather->recv, region));
+    }
+  }
+  // Parameters not sharded along the gathered axis: their compute tensor is
+  // their master, in the compute dtype.
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    if (!gathered[i]) ShardStore::Writable(unit.params[i].full).copy_(unit.params[i].master);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const AxisNames& axes,
+                                                 Milliseconds timeout) {
+  if (axes.size() != 1) return absl::InvalidArgumentError("a reduce-scatter runs along one mesh axis");
+  auto comm = groups_->Axis(axes[0]);
+  if (!comm.ok()) return comm.status();
+  auto packing = Packing::Create(unit, *groups_, axes[0]);
+  if (!packing.ok()) return packing.status();
+  auto pk = std::make_shared<Packing>(std::move(*packing));
+  at::Tensor flat = at::zeros({pk->size() * pk->block()}, at::kFloat);
+  for (const auto& region : pk->regions()) {
+    const at::Tensor& g = region.param->full_grad;
+    if (!g.defined() || region.numel == 0) continue;
+    pk->InBuffer(flat, region).copy_(Packing::View(g, region));
+  }
+  at::Tensor out = at::empty({pk->block()}, at::kFloat);
+  Pending pending;
+  pending.unit = unit.index;
+  pending.handle = (*comm)->ReduceScatterAsync(flat, out, ReduceOp::kAvg, timeout);
+  pending.finish = [pk, out, flat]() {
+    for (const auto& region : pk->regions()) {
+      if (region.rank != pk->own() || region.numel == 0) continue;
+      region.param->grad.add_(Packing::InBlock(out, region));
+    }
+  };
+  pending_.push_back(std::move(pending));
+  return absl::OkStatus();
+}
+
+absl::Status UnitCollectives::AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout) {
+  // The all-reduce needs the unit's reduce-scatter result (HSDP). Chain it
+  // instead of waiting here, so backward goes on meanwhile; WaitReductions
+  // issues it, in the same order on every rank.
+  for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
+    if (it->unit == unit.index) {
+      it->then_all_reduce = axes;
+      it->timeout = timeout;
+      return absl::OkStatus();
+    }
+  }
+  return IssueAllReduce(unit, axes, timeout);
+}
+
+absl::Status UnitCollectives::IssueAllReduce(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout) {
+  auto comm = groups_->Of(axes);
+  if (!comm.ok()) return comm.status();
+  if (*comm == nullptr) return absl::OkStatus();
+  int64_t total = 0;
+  for (const ShardStore::Param& p : unit.params) total += p.master_piece.numel();
+  at::Tensor flat = at::zeros({total}, at::kFloat);
+  int64_t offset = 0;
+  for (ShardStore::Param& p : unit.params) {
+    const int64_t len = p.master_piece.numel();
+    const at::Tensor& g = p.PieceGrad();
+    if (len > 0 && g.defined()) flat.narrow(0, offset, len).copy_(g.reshape({-1}));
+    offset += len;
+  }
+  Pending pending;
+  pending.unit = unit.index;
+  pending.handle = (*comm)->AllReduceAsync(flat, ReduceOp::kAvg, timeout);
+  pending.finish = [&unit, flat]() {
+    int64_t off = 0;
+    for (ShardStore::Param& p : unit.params) {
+      const int64_t len = p.master_piece.numel();
+      if (len > 0) {
+        at::Tensor part = flat.narrow(0, off, len).view(p.master_piece.shape);
+        at::Tensor& g = p.PieceGrad();
+        if (g.defined()) {
+          g.copy_(part);
+        } else {
+          g = part.clone();
+        }
+      }
+      off += len;
+    }
+  };
+  pending_.push_back(std::move(pending));
+  return absl::OkStatus();
+}
+
+absl::Status UnitCollectives::WaitReductions() {
+  absl::Status first;
+  while (!pending_.empty()) {
+    std::vector<Pending> batch = std::move(pending_);
+    pending_.clear();
+    for (auto& p : batch) {
+      absl::Status s = p.handle->Wait();
+      if (!s.ok()) {
+        if (first.ok()) first = s;
+        continue;
+      }
+      p.finish();
+      if (!p.then_all_reduce.empty() && first.ok()) {
+        ShardStore::Unit* unit = store_->unit(p.unit);
+        if (auto t = IssueAllReduce(*unit, p.then_all_reduce, p.timeout); !t.ok()) first = t;
+      }
+    }
+  }
+  return first;
+}
+
+}  // namespace baton

@@ -1,0 +1,76 @@
+// Collectives on whole units: gathering a unit's parameters for compute and
+// reducing its gradients into pieces, with one packing for every direction.
+//
+// A collective along one mesh axis of n ranks moves a rank-major buffer of n
+// blocks: block r holds rank r's master piece of every parameter of the unit
+// that is sharded on that axis, each padded to the largest piece of the group
+// (torch.chunk leaves trailing ranks short or empty; the padding is part of
+// the bytes on the wire). Where a piece sits inside the compute tensor follows
+// from the layouts (mesh/layout.h), so Shard(0) rows, Shard(1) columns and
+// nested shards pack the same way.
+//
+//   GATHER   own master piece (cast to the compute dtype) -> own block;
+//            all-gather; block r -> rank r's region of `full`
+//   REDUCE_SCATTER  rank r's region of `full_grad` -> block r; reduce-scatter
+//            (AVG = SUM, then our division); own block added to `grad`
+//   ALL_REDUCE  the unit's gradient pieces, flat, AVG; chained after the
+//            unit's reduce-scatter when one is in flight (HSDP)
+//
+// Gathers are asynchronous (prefetch): GATHER issues, WAIT completes.
+// Reductions are waited for together before anything reads gradients.
+//
+// Not thread-safe: the Executor's thread drives it; the collectives run on
+// the communicators' threads.
+#ifndef BATON_WORKER_UNIT_COLLECTIVES_H_
+#define BATON_WORKER_UNIT_COLLECTIVES_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/groups.h"
+#include "worker/shard_store.h"
+
+namespace baton {
+
+class UnitCollectives {
+ public:
+  UnitCollectives(ShardStore* store, const Groups* groups);
+  ~UnitCollectives();
+
+  // `axes` is empty (a local copy, e.g. a cast) or one mesh axis.
+  absl::Status Gather(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
+  absl::Status WaitGather(ShardStore::Unit& unit);
+  absl::Status ReduceScatterGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
+  absl::Status AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
+  // Completes every reduction issued so far; the first failure, if any.
+  absl::Status WaitReductions();
+
+ private:
+  // Where each rank's piece of each sharded parameter lies, for one unit and
+  // one axis.
+  class Packing;
+  struct InFlightGather;
+  struct Pending {
+    std::unique_ptr<CommHandle> handle;
+    std::function<void()> finish;
+    int unit = 0;
+    AxisNames then_all_reduce;  // HSDP: all-reduce the pieces once reduced
+    Milliseconds timeout{0};
+  };
+
+  absl::Status IssueAllReduce(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
+
+  ShardStore* const store_;
+  const Groups* const groups_;
+  std::map<int, std::unique_ptr<InFlightGather>> gathers_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_UNIT_COLLECTIVES_H_
