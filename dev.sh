@@ -12,11 +12,13 @@ cd "$(dirname "$0")"
 
 # Debian packages the build and the tests need. libopenblas0-openmp: Debian's
 # LibTorch calls whatever libblas.so.3 the system selects, and the default
-# reference BLAS runs matrix products 15-20x slower.
+# reference BLAS runs matrix products 15-20x slower. python3-torch and
+# python3-numpy: the independent PyTorch-Python oracle (tests/oracle/) and
+# the benchmark's PyTorch peer.
 PACKAGES=(
   bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libopenblas0-openmp
+  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy
 )
 
 install_missing() {

@@ -17,6 +17,7 @@
 #include "client/local_cluster.h"
 #include "tests/cluster_util.h"
 #include "tests/process_util.h"
+#include "tests/step_lines.h"
 
 namespace baton {
 namespace {
@@ -29,24 +30,8 @@ using testing::StopAndExpectAllGone;
 
 std::string Baton() { return testing::BatonBinary(); }
 
-// The value of a numeric JSON key in one of our flat step objects.
-double Field(const std::string& line, const std::string& key) {
-  const std::string k = "\"" + key + "\":";
-  auto pos = line.find(k);
-  if (pos == std::string::npos) return NAN;
-  double v = NAN;
-  auto end = line.find_first_of(",}", pos);
-  (void)absl::SimpleAtod(line.substr(pos + k.size(), end - pos - k.size()), &v);
-  return v;
-}
-
-std::vector<std::string> JsonLines(const std::string& output) {
-  std::vector<std::string> lines;
-  for (absl::string_view l : absl::StrSplit(output, '\n')) {
-    if (absl::StartsWith(l, "{\"step\":")) lines.emplace_back(l);
-  }
-  return lines;
-}
+using testing::Field;
+using testing::JsonLines;
 
 TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
   auto cluster = StartCluster(4);
@@ -64,19 +49,27 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
     auto run_lines = JsonLines(run.output), ref_lines = JsonLines(ref.output);
     ASSERT_FALSE(run_lines.empty());
     ASSERT_EQ(run_lines.size(), ref_lines.size());
+    // Every step's per-rank figures are exactly what the plan predicts.
+    const testing::TheoryLine theory = testing::ParseTheory(run.output);
+    ASSERT_TRUE(theory.found) << run.output;
     double worst = 0;
     for (size_t i = 0; i < run_lines.size(); ++i) {
       for (const char* key : {"step", "loss", "tokens_per_s", "step_ms", "comm_bytes", "state_bytes",
-                              "peak_unsharded_param_bytes"}) {
+                              "peak_unsharded_param_bytes", "grad_norm", "tokens"}) {
         EXPECT_FALSE(std::isnan(Field(run_lines[i], key))) << key << " missing in " << run_lines[i];
       }
+      EXPECT_EQ(Field(run_lines[i], "comm_bytes"), theory.comm) << run_lines[i];
+      EXPECT_EQ(Field(run_lines[i], "state_bytes"), theory.state) << run_lines[i];
+      EXPECT_EQ(Field(run_lines[i], "peak_unsharded_param_bytes"), theory.peak) << run_lines[i];
+      EXPECT_EQ(Field(run_lines[i], "tokens"), Field(ref_lines[i], "tokens")) << "tokens counted once";
       const double a = Field(run_lines[i], "loss"), b = Field(ref_lines[i], "loss");
       worst = std::max(worst, std::abs(a - b) / std::abs(b));
     }
     std::printf("%s: %zu steps through the controller, loss %.6f -> %.6f, worst relative difference "
-                "from the reference %.3g\n",
+                "from the reference %.3g; comm %lld B/step, state %lld B, peak unsharded %lld B per rank, "
+                "each equal to the plan's theory\n",
                 example, run_lines.size(), Field(run_lines.front(), "loss"), Field(run_lines.back(), "loss"),
-                worst);
+                worst, (long long)theory.comm, (long long)theory.state, (long long)theory.peak);
     EXPECT_LE(worst, 1e-5);
   }
   StopAndExpectAllGone(*cluster);

@@ -198,12 +198,15 @@ std::vector<CollectiveResult> RunCollectiveChecks(Communicator& comm,
       at::Tensor got = c.result();
       if (got.defined()) error = FirstMismatch(got, expected);
     }
+    const std::string where = absl::StrCat("rank ", options.global_rank, " (", comm.rank(), " of ", comm.size(),
+                                           " along \"", options.axis, "\"): ");
+    if (!error.empty() && error.rfind("element ", 0) == 0) error = where + error;
     if (error.empty() && (op == v1::ALL_REDUCE_SUM || op == v1::REDUCE_SCATTER_SUM)) {
       sums[op] = c.result().clone();
     }
     if (auto it = sum_of_avg.find(op); error.empty() && it != sum_of_avg.end() && sums.count(it->second)) {
       const std::string off = FirstMismatch(c.result(), sums[it->second].div(comm.size()));
-      if (!off.empty()) error = absl::StrCat("AVG is not the SUM divided by ", comm.size(), ": ", off);
+      if (!off.empty()) error = absl::StrCat(where, "AVG is not the SUM divided by ", comm.size(), ": ", off);
     }
     CommStats after = comm.stats();
     const int iters = std::max(1, options.iters);

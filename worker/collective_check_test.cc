@@ -70,14 +70,23 @@ TEST(CollectiveCheckTest, CatchesAnAvgThatIsReallyASum) {
       o.ops = {v1::REDUCE_SCATTER_SUM, v1::REDUCE_SCATTER_AVG};
       o.numel = 64;
       o.iters = 1;
+      o.axis = "dp";
+      o.global_rank = 4 + r;
       results[r] = RunCollectiveChecks(buggy, o);
     });
   }
   for (auto& t : threads) t.join();
   EXPECT_TRUE(results[0][0].passed());
   EXPECT_FALSE(results[0][1].passed());
-  std::printf("buggy AVG reported: %s\n", results[0][1].error().c_str());
-  EXPECT_NE(results[0][1].error().find("expected"), std::string::npos);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& error = results[r][1].error();
+    std::printf("buggy AVG reported: %s\n", error.c_str());
+    // Which rank, along which axis, which element, what and what not.
+    EXPECT_NE(error.find("rank " + std::to_string(4 + r) + " (" + std::to_string(r) + " of 2 along \"dp\")"),
+              std::string::npos) << error;
+    EXPECT_NE(error.find("element 0 is "), std::string::npos) << error;
+    EXPECT_NE(error.find(", expected "), std::string::npos) << error;
+  }
 }
 
 }  // namespace

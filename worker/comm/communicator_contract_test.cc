@@ -7,10 +7,13 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -210,20 +213,39 @@ TEST_P(CommunicatorContractTest, SendRecvRingAndBarrier) {
   });
 }
 
-TEST_P(CommunicatorContractTest, AsyncOperationsOverlap) {
+// Issuing is not waiting, so compute overlaps communication: rank 0 issues
+// an all-reduce and an all-gather, computes, and only then lets the other
+// ranks issue theirs. If issuing blocked until the peers joined, rank 0 would
+// wait for ranks that wait for it, and both operations would fail at their
+// timeout instead of completing with the right values.
+TEST_P(CommunicatorContractTest, IssuingReturnsBeforePeersJoinSoComputeOverlaps) {
   const int64_t k = GetParam().numel;
+  std::promise<void> rank0_issued;
+  std::shared_future<void> go = rank0_issued.get_future().share();
   RunOnAllRanks([&](Communicator& c) {
     const int n = c.size();
+    const Milliseconds timeout(10000);
+    if (c.rank() != 0) {
+      ASSERT_EQ(go.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+          << "rank 0 never returned from issuing";
+    }
     at::Tensor a = Input(c.rank(), k), gathered = at::empty({n * k});
-    auto h1 = c.AllReduceAsync(a, ReduceOp::kSum, kDefaultCollectiveTimeout);
-    auto h2 = c.AllGatherAsync(Input(c.rank(), k), gathered, kDefaultCollectiveTimeout);
+    auto h1 = c.AllReduceAsync(a, ReduceOp::kSum, timeout);
+    auto h2 = c.AllGatherAsync(Input(c.rank(), k), gathered, timeout);
+    if (c.rank() == 0) {
+      // Both operations are in flight and no peer has issued yet: compute.
+      at::Tensor m = at::full({64, 64}, 0.5f);
+      for (int i = 0; i < 8; ++i) m = m.matmul(m).div_(32);
+      EXPECT_EQ(m[0][0].item<float>(), 0.5f);
+      rank0_issued.set_value();
+    }
     ASSERT_TRUE(h2->Wait().ok());
     ASSERT_TRUE(h1->Wait().ok());
     ASSERT_TRUE(h1->Wait().ok());  // waiting twice returns the same status
     at::Tensor expect = at::zeros({k});
     for (int r = 0; r < n; ++r) expect += Input(r, k);
     EXPECT_TRUE(a.equal(expect));
-    EXPECT_TRUE(gathered.narrow(0, 0, k).equal(Input(0, k)));
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(gathered.narrow(0, r * k, k).equal(Input(r, k)));
   });
 }
 

@@ -1,0 +1,100 @@
+// Every example job through the controller against the independent
+// PyTorch-Python oracle (tests/oracle/oracle.py, written from the job-file
+// contract in docs/model_contract.md and sharing no code with Baton): step by
+// step, the loss and the gradient norm. A bug in Baton's model code that the
+// single-process reference shares (a wrong attention scale, a wrong Adam bias
+// correction) fails here. Also a decoder trained on a text file, for the
+// token-file path of both.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "client/local_cluster.h"
+#include "tests/cluster_util.h"
+#include "tests/process_util.h"
+#include "tests/step_lines.h"
+
+namespace baton {
+namespace {
+
+using testing::Field;
+using testing::JsonLines;
+using testing::Runfile;
+
+constexpr char kPython[] = "/usr/bin/python3";
+
+TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
+  const std::vector<std::string> examples = {
+      "decoder_fsdp2.textproto", "decoder_fsdp4.textproto", "decoder_zero1.textproto",
+      "decoder_zero2.textproto", "decoder_ddp.textproto",   "decoder_hsdp.textproto",
+      "decoder_demo.textproto",  "mlp_seed_lab.textproto",  "decoder_zero2.json"};
+  const std::string dir = testing::TempDir("oracle");
+  std::vector<std::string> files;
+  for (const auto& e : examples) files.push_back(Runfile("examples/" + e));
+  {
+    // A decoder on the bytes of a text file (a token file) under HSDP.
+    std::ofstream text(dir + "/corpus.txt");
+    for (int i = 0; i < 40; ++i) text << "the quick brown fox " << i << " jumps over the lazy dog\n";
+    std::ofstream(dir + "/text_bytes.textproto")
+        << "name: \"text-bytes\"\n"
+        << "model { decoder { vocab: 256 dim: 32 layers: 2 heads: 2 ffn_dim: 48 seq_len: 24 mlp: SWIGLU } }\n"
+        << "mesh { name: \"replicate\" size: 2 } mesh { name: \"shard\" size: 2 }\n"
+        << "plan { mode: HSDP }\n"
+        << "optimizer { lr: 0.003 max_grad_norm: 0.5 }\n"
+        << "data { token_file { path: \"" << dir << "/corpus.txt\" format: TEXT_BYTES } batch_size: 8 }\n"
+        << "steps: 12 seed: 5\n";
+    files.push_back(dir + "/text_bytes.textproto");
+  }
+  ASSERT_EQ(access(kPython, X_OK), 0) << kPython << " is missing: ./dev.sh installs python3-torch";
+
+  // The oracle trains every job in one Python process, beside the fleet.
+  std::vector<std::string> oracle_argv = {kPython, Runfile("tests/oracle/oracle.py")};
+  oracle_argv.insert(oracle_argv.end(), files.begin(), files.end());
+  auto oracle = testing::StartBackground(oracle_argv, dir + "/oracle.out");
+
+  auto cluster = testing::StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  std::map<std::string, std::vector<std::string>> runs;
+  for (const auto& file : files) {
+    auto run = testing::RunCommand({testing::BatonBinary(), "run", "--controller=" + cluster->controller_address(),
+                                    file, "--output=json"},
+                                   absl::Seconds(120));
+    ASSERT_EQ(run.exit_code, 0) << file << ": " << run.output;
+    runs[file] = JsonLines(run.output);
+  }
+  testing::StopAndExpectAllGone(*cluster);
+  bool timed_out = false;
+  const int code = testing::WaitBackground(oracle, absl::Seconds(150), &timed_out);
+  const std::string oracle_out = testing::ReadFile(dir + "/oracle.out");
+  ASSERT_FALSE(timed_out);
+  ASSERT_EQ(code, 0) << oracle_out;
+
+  std::map<std::string, std::vector<std::string>> truth;
+  for (const auto& line : JsonLines(oracle_out, "{\"job\":")) truth[testing::StringField(line, "job")].push_back(line);
+  for (const auto& file : files) {
+    const auto& mine = runs[file];
+    const auto& theirs = truth[file];
+    ASSERT_FALSE(mine.empty()) << file;
+    ASSERT_EQ(mine.size(), theirs.size()) << file;
+    double loss = 0, norm = 0;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const double a = Field(mine[i], "loss"), b = Field(theirs[i], "loss");
+      const double g = Field(mine[i], "grad_norm"), h = Field(theirs[i], "grad_norm");
+      loss = std::max(loss, std::abs(a - b) / std::abs(b));
+      norm = std::max(norm, std::abs(g - h) / std::abs(h));
+    }
+    std::printf("%-24s %2zu steps: loss %.6f -> %.6f; worst relative difference from PyTorch: loss %.3g, "
+                "grad norm %.3g\n",
+                file.substr(file.rfind('/') + 1).c_str(), mine.size(), Field(mine.front(), "loss"),
+                Field(mine.back(), "loss"), loss, norm);
+    EXPECT_LE(loss, 1e-5) << file;
+    EXPECT_LE(norm, 1e-5) << file;
+  }
+}
+
+}  // namespace
+}  // namespace baton
