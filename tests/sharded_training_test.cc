@@ -10,27 +10,20 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/kv_store.h"
 #include "common/wire.h"
 #include "mesh/layout.h"
 #include "reference/reference_trainer.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"
 #include "strategies/planner.h"
-#include "worker/comm/gloo/gloo_communicator.h"
-#include "worker/comm/mesh_communicators.h"
-#include "worker/comm/testing/sum_instead_of_avg.h"
 #include "worker/executor.h"
+#include "worker/testing/executor_ranks.h"
 
 namespace baton {
 namespace {
 
-struct Distributed {
-  std::unique_ptr<KeyValueStore> kv = std::make_unique<KeyValueStore>();
-  std::vector<MeshCommunicators> comms;
-  std::vector<std::unique_ptr<Executor>> executors;
-  std::vector<std::vector<baton::v1::StepMetrics>> metrics;  // [rank][step]
-};
+using testing::ExecutorRanks;
+using Distributed = ExecutorRanks;
 
 baton::v1::JobSpec Job(const std::string& text) {
   auto job = ParseJobSpec(text, false);
@@ -38,50 +31,18 @@ baton::v1::JobSpec Job(const std::string& text) {
   return *job;
 }
 
-// Runs `steps` steps on every rank; `after_step(step)` runs once all ranks
-// finished that step (for inspecting gradients before the next one). The
-// communicators of `buggy_axes` sum where they should average.
+// Compiles `job` and runs `steps` steps on every rank; `after_step(step)`
+// runs once all ranks finished that step (for inspecting gradients before
+// the next one). The communicators of `buggy_axes` sum where they should
+// average.
 std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int steps,
                                             const std::function<void(Distributed&, int)>& after_step = nullptr,
                                             const std::set<std::string>& buggy_axes = {}) {
-  auto d = std::make_unique<Distributed>();
   auto programs = CompilePrograms(job, "test");
   EXPECT_TRUE(programs.ok()) << programs.status();
-  auto mesh = ToDeviceMesh(job.mesh());
-  const int n = mesh->size();
-  d->comms.resize(n);
-  d->executors.resize(n);
-  d->metrics.resize(n);
-  auto factory = [&](const std::string& prefix, int rank, int size) {
-    return CreateGlooCommunicator(d->kv.get(), prefix, rank, size, GlooOptions{});
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      auto comms = BuildMeshCommunicators(*mesh, r, "test/", factory);
-      ASSERT_TRUE(comms.ok()) << comms.status();
-      d->comms[r] = std::move(*comms);
-      for (auto& [axis, c] : d->comms[r].comms) {
-        if (buggy_axes.count(axis)) c = std::make_shared<testing::SumInsteadOfAvg>(c);
-      }
-      auto e = Executor::Create((*programs)[r], d->comms[r].comms);
-      ASSERT_TRUE(e.ok()) << e.status();
-      (*e)->set_keep_last_grads(true);
-      d->executors[r] = std::move(*e);
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto d = ExecutorRanks::Start(*programs, buggy_axes);
   for (int step = 1; step <= steps; ++step) {
-    threads.clear();
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        if (d->executors[r] == nullptr) return;
-        auto m = d->executors[r]->RunStep(step, Milliseconds(60000));
-        ASSERT_TRUE(m.ok()) << m.status();
-        d->metrics[r].push_back(*m);
-      });
-    }
-    for (auto& t : threads) t.join();
+    d->Step();
     if (after_step) after_step(*d, step);
   }
   return d;
@@ -140,6 +101,20 @@ std::pair<double, double> GradRatio(const Distributed& d, const ReferenceTrainer
   return {dot / norm, worst};
 }
 
+// GradRatio of the first step's gradients.
+std::pair<double, double> FirstStepGradRatio(const baton::v1::JobSpec& job, const std::set<std::string>& buggy_axes) {
+  auto ref = Reference(job);
+  std::pair<double, double> ratio;
+  RunDistributed(
+      job, 1,
+      [&](Distributed& dist, int) {
+        ASSERT_TRUE(ref->Step().ok());
+        ratio = GradRatio(dist, *ref);
+      },
+      buggy_axes);
+  return ratio;
+}
+
 const char kSeedLab[] = R"pb(
   model { mlp { d_model: 32 blocks: 4 } }
   mesh { name: "dp" size: 2 }
@@ -182,16 +157,7 @@ TEST(ExecutorTest, SeedLabTwoWorkersMatchesTheReference) {
 // The check above must fail for the bug the seed lab found: a gradient
 // reduction that sums instead of averaging gives a ratio of 2.
 TEST(ExecutorTest, GradientCheckCatchesASumInsteadOfAnAverage) {
-  auto job = Job(kSeedLab);
-  auto ref = Reference(job);
-  std::pair<double, double> ratio;
-  RunDistributed(
-      job, 1,
-      [&](Distributed& dist, int) {
-        ASSERT_TRUE(ref->Step().ok());
-        ratio = GradRatio(dist, *ref);
-      },
-      /*buggy_axes=*/{"dp", "world"});
+  const auto ratio = FirstStepGradRatio(Job(kSeedLab), /*buggy_axes=*/{"dp", "world"});
   std::printf("with AVG reduced as SUM the gradient ratio is %.6f\n", ratio.first);
   EXPECT_NEAR(ratio.first, 2.0, 1e-5);
 }
@@ -207,15 +173,7 @@ TEST(ExecutorTest, HsdpGradientsAverageOverTheReplicateAxis) {
                                   "mode: FSDP", "mode: HSDP");
     auto job = Job(With(text, "batch_size: 8", "batch_size: " + std::to_string(4 * replicas)));
     for (bool buggy : {false, true}) {
-      auto ref = Reference(job);
-      std::pair<double, double> ratio;
-      RunDistributed(
-          job, 1,
-          [&](Distributed& dist, int) {
-            ASSERT_TRUE(ref->Step().ok());
-            ratio = GradRatio(dist, *ref);
-          },
-          buggy ? std::set<std::string>{"replicate"} : std::set<std::string>{});
+      const auto ratio = FirstStepGradRatio(job, buggy ? std::set<std::string>{"replicate"} : std::set<std::string>{});
       std::printf("HSDP %d x 2%s: gradient ratio %.9f (max abs diff %.3g)\n", replicas,
                   buggy ? " with SUM for AVG on the replicate axis" : "", ratio.first, ratio.second);
       EXPECT_NEAR(ratio.first, buggy ? replicas : 1.0, buggy ? 1e-5 : 1e-6);

@@ -11,14 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-#include <thread>
 
 #include "common/counter_rng.h"
-#include "common/kv_store.h"
 #include "common/wire.h"
-#include "worker/comm/gloo/gloo_communicator.h"
-#include "worker/comm/mesh_communicators.h"
 #include "worker/model/data.h"
+#include "worker/testing/executor_ranks.h"
 
 namespace baton {
 namespace {
@@ -134,53 +131,7 @@ Instruction* Load(Program* p, int mb, int64_t offset, int64_t rows) {
   return i;
 }
 
-// Creates an Executor per program (rank r runs programs[r]) on a mesh of
-// gloo communicators and runs one step on every rank at once.
-struct Ranks {
-  std::unique_ptr<KeyValueStore> kv = std::make_unique<KeyValueStore>();
-  std::vector<MeshCommunicators> comms;
-  std::vector<std::unique_ptr<Executor>> executors;
-  std::vector<baton::v1::StepMetrics> metrics;
-};
-
-std::unique_ptr<Ranks> Start(const std::vector<Program>& programs) {
-  auto ranks = std::make_unique<Ranks>();
-  const int n = static_cast<int>(programs.size());
-  ranks->comms.resize(n);
-  ranks->executors.resize(n);
-  ranks->metrics.resize(n);
-  auto mesh = ToDeviceMesh(programs[0].mesh());
-  auto factory = [&](const std::string& prefix, int rank, int size) {
-    return CreateGlooCommunicator(ranks->kv.get(), prefix, rank, size, GlooOptions{});
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      auto comms = BuildMeshCommunicators(*mesh, r, "test/", factory);
-      ASSERT_TRUE(comms.ok()) << comms.status();
-      ranks->comms[r] = std::move(*comms);
-      auto e = Executor::Create(programs[r], ranks->comms[r].comms);
-      ASSERT_TRUE(e.ok()) << e.status();
-      (*e)->set_keep_last_grads(true);
-      ranks->executors[r] = std::move(*e);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return ranks;
-}
-
-void StepAll(Ranks& ranks) {
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < ranks.executors.size(); ++r) {
-    threads.emplace_back([&, r] {
-      ASSERT_NE(ranks.executors[r], nullptr);
-      auto m = ranks.executors[r]->RunStep(1, Milliseconds(30000));
-      ASSERT_TRUE(m.ok()) << m.status();
-      ranks.metrics[r] = *m;
-    });
-  }
-  for (auto& t : threads) t.join();
-}
+using testing::ExecutorRanks;
 
 // The MLP on full tensors in plain ATen, over the step's global batch split
 // into `microbatches`: loss (mean over microbatches) and every gradient.
@@ -249,7 +200,7 @@ TEST(ExecutorLayoutTest, ShardOneAndReplicatePiecesHoldTheirGlobalSlices) {
     Add(&p, Instruction::OPTIMIZER_STEP);
     programs.push_back(p);
   }
-  auto ranks = Start(programs);
+  auto ranks = ExecutorRanks::Start(programs);
   std::vector<ParamSpec> specs = Block(0);
   for (const auto& s : Head()) specs.push_back(s);
   const DeviceMesh mesh = *ToDeviceMesh(programs[0].mesh());
@@ -276,7 +227,7 @@ TEST(ExecutorLayoutTest, ShardOneAndReplicatePiecesHoldTheirGlobalSlices) {
 
   // One step: gathered columns compute the whole model, reduce-scattered
   // gradient columns and all-reduced head gradients match full tensors.
-  StepAll(*ranks);
+  ranks->Step();
   const Expected want = Reference(specs, 1, 1);
   double worst_grad = 0;
   for (int r = 0; r < 2; ++r) {
@@ -288,12 +239,12 @@ TEST(ExecutorLayoutTest, ShardOneAndReplicatePiecesHoldTheirGlobalSlices) {
       }
     }
   }
-  const double loss_diff = std::abs(ranks->metrics[0].loss() - want.loss);
+  const double loss_diff = std::abs(ranks->metrics[0][0].loss() - want.loss);
   std::printf("Shard(1)/Replicate step: loss %.9f vs full tensors %.9f (diff %.3g); max abs gradient diff %.3g\n",
-              ranks->metrics[0].loss(), want.loss, loss_diff, worst_grad);
+              ranks->metrics[0][0].loss(), want.loss, loss_diff, worst_grad);
   EXPECT_LE(loss_diff, 1e-6);
   EXPECT_LE(worst_grad, 1e-6);
-  EXPECT_EQ(ranks->metrics[0].tokens() + ranks->metrics[1].tokens(), kBatch);
+  EXPECT_EQ(ranks->metrics[0][0].tokens() + ranks->metrics[1][0].tokens(), kBatch);
 }
 
 TEST(ExecutorPipelineTest, TwoStagesWithSendRecvMatchOneProcess) {
@@ -344,8 +295,8 @@ TEST(ExecutorPipelineTest, TwoStagesWithSendRecvMatchOneProcess) {
     Add(p, Instruction::REDUCE_METRICS, 0, "pp")->set_value(1);  // only the last stage computes the loss
     Add(p, Instruction::OPTIMIZER_STEP);
   }
-  auto ranks = Start({first, last});
-  StepAll(*ranks);
+  auto ranks = ExecutorRanks::Start({first, last});
+  ranks->Step();
 
   std::vector<ParamSpec> specs = Block(0);
   for (const auto& s : Block(1)) specs.push_back(s);
@@ -359,22 +310,22 @@ TEST(ExecutorPipelineTest, TwoStagesWithSendRecvMatchOneProcess) {
     norm_sq += want.grads.at(spec.name).to(at::kDouble).pow(2).sum().item<double>();
     EXPECT_FALSE(ranks->executors[1 - owner]->MasterShard(spec.name).ok()) << spec.name << " held twice";
   }
-  const auto& m = ranks->metrics[1];
+  const auto& m = ranks->metrics[1][0];
   const double loss_diff = std::abs(m.loss() - want.loss);
   const double norm_diff = std::abs(m.grad_norm() - std::sqrt(norm_sq)) / std::sqrt(norm_sq);
   std::printf("two stages, two microbatches over send/recv: loss %.9f vs one process %.9f (diff %.3g); "
               "max abs gradient diff %.3g; grad norm rel diff %.3g; tokens %lld + %lld\n",
-              m.loss(), want.loss, loss_diff, worst_grad, norm_diff, (long long)ranks->metrics[0].tokens(),
-              (long long)ranks->metrics[1].tokens());
+              m.loss(), want.loss, loss_diff, worst_grad, norm_diff, (long long)ranks->metrics[0][0].tokens(),
+              (long long)ranks->metrics[1][0].tokens());
   EXPECT_TRUE(m.has_loss());
-  EXPECT_FALSE(ranks->metrics[0].has_loss());
+  EXPECT_FALSE(ranks->metrics[0][0].has_loss());
   EXPECT_LE(loss_diff, 1e-6);
   EXPECT_LE(worst_grad, 1e-6);
   EXPECT_LE(norm_diff, 1e-6);
-  EXPECT_EQ(ranks->metrics[0].tokens(), kBatch);  // counted once, by the first stage
-  EXPECT_EQ(ranks->metrics[1].tokens(), 0);
+  EXPECT_EQ(ranks->metrics[0][0].tokens(), kBatch);  // counted once, by the first stage
+  EXPECT_EQ(ranks->metrics[1][0].tokens(), 0);
   // Each microbatch's activation crossed once each way: rows x d floats.
-  EXPECT_EQ(ranks->metrics[0].comm_bytes(), 2 * rows * kD * 4 + 16);  // + the metrics all-reduce
+  EXPECT_EQ(ranks->metrics[0][0].comm_bytes(), 2 * rows * kD * 4 + 16);  // + the metrics all-reduce
 }
 
 // A Program that asks for something the worker cannot do is refused before
@@ -391,7 +342,7 @@ TEST(ExecutorPipelineTest, MismatchedSendShapeFailsTheStepNamingBothShapes) {
   send->add_shape(3);  // the activation is (2, 4)
   send->add_shape(kD);
   AddUnit(&q, 1, "head", Head(), [](const ParamSpec&) { return Placement::Replicate(); }, true);
-  auto ranks = Start({p, q});
+  auto ranks = ExecutorRanks::Start({p, q});
   auto m = ranks->executors[0]->RunStep(1, Milliseconds(5000));
   std::printf("%s\n", m.status().ToString().c_str());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
