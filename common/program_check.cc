@@ -228,8 +228,8 @@ absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
     if (!names.insert(a).second) return absl::InvalidArgumentError(absl::StrCat("mesh axis \"", a, "\" named twice"));
   }
   if (names.empty()) return std::string();
-  if (static_cast<int>(names.size()) == mesh.ndim()) return std::string("world");
   if (names.size() == 1) return *names.begin();
+  if (static_cast<int>(names.size()) == mesh.ndim()) return std::string("world");
   return absl::InvalidArgumentError(absl::StrCat("no communicator spans axes [", absl::StrJoin(axes, ", "),
                                                  "] of mesh ", FormatMeshSpec(mesh.axes()),
                                                  ": a group is one axis or the whole mesh"));

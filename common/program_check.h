@@ -18,7 +18,7 @@ namespace baton {
 absl::Status ValidateProgram(const baton::v1::Program& program);
 
 // The communicator a group of mesh axes runs on: the axis itself for one
-// axis, "world" for every axis of the mesh. Other subsets have no
+// axis, "world" for every axis of a mesh of two or more. Other subsets have no
 // communicator (INVALID_ARGUMENT); an empty group is "" (nothing to do).
 absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
                                               const google::protobuf::RepeatedPtrField<std::string>& axes);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -15,6 +16,10 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/local_cluster.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/worker.grpc.pb.h"
+#include "strategies/job_spec.h"
+#include "strategies/planner.h"
 #include "tests/cluster_util.h"
 #include "tests/process_util.h"
 #include "tests/step_lines.h"
@@ -112,6 +117,67 @@ TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
   EXPECT_FALSE(status->has_mesh());
   EXPECT_FALSE(status->has_job());
   for (const auto& w : status->workers()) EXPECT_EQ(w.state(), baton::v1::REGISTERED) << w.name();
+  StopAndExpectAllGone(*cluster);
+}
+
+// Programs no planner would write, sent straight to a worker's LoadProgram:
+// each is refused with INVALID_ARGUMENT naming the problem, and the fleet
+// trains again afterwards.
+TEST(JobTest, HostileProgramsAreRefusedAndTheWorkerKeepsServing) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  const std::string file = Runfile("examples/decoder_fsdp2.textproto");
+  auto first = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file}, absl::Seconds(120));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->Status();
+  ASSERT_TRUE(status.ok() && status->has_mesh());
+  auto job = ParseJobSpec(testing::ReadFile(file), false);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto programs = CompilePrograms(*job, "hostile");
+  ASSERT_TRUE(programs.ok());
+  const baton::v1::Program good = (*programs)[0];
+  auto worker = baton::v1::Worker::NewStub(
+      grpc::CreateChannel(status->mesh().worker_addresses(0), grpc::InsecureChannelCredentials()));
+  struct Case {
+    std::string what, expect;
+    std::function<void(baton::v1::Program*)> mutate;
+  } cases[] = {
+      {"a 2^40-element parameter", "has a dimension of 1099511627776",
+       [](baton::v1::Program* p) { p->mutable_units(1)->mutable_params(1)->set_shape(0, int64_t{1} << 40); }},
+      {"a peer outside the mesh", "peer 9 is not another rank",
+       [](baton::v1::Program* p) {
+         auto* i = p->add_instructions();
+         i->set_op(baton::v1::Instruction::SEND_ACTIVATION);
+         i->set_stage(1);
+         i->add_axes("dp");
+         i->set_peer(9);
+       }},
+      {"a unit it does not own", "does not own",
+       [](baton::v1::Program* p) { p->mutable_units()->RemoveLast(); }},
+      {"Shard(5) of a matrix", "Shard(5) is out of range",
+       [](baton::v1::Program* p) { p->mutable_units(1)->mutable_params(1)->mutable_placements(0)->set_dim(5); }},
+      {"rows beyond the batch", "not within the global batch",
+       [](baton::v1::Program* p) {
+         for (auto& i : *p->mutable_instructions()) i.set_rows(i.rows() * 100);
+       }},
+  };
+  for (const Case& c : cases) {
+    baton::v1::LoadProgramRequest req;
+    req.set_epoch(status->mesh().epoch());
+    *req.mutable_program() = good;
+    c.mutate(req.mutable_program());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    baton::v1::LoadProgramResponse resp;
+    const grpc::Status s = worker->LoadProgram(&ctx, req, &resp);
+    std::printf("%s: %s\n", c.what.c_str(), s.error_message().c_str());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+    EXPECT_TRUE(absl::StrContains(s.error_message(), c.expect)) << s.error_message();
+  }
+  auto again = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file}, absl::Seconds(120));
+  EXPECT_EQ(again.exit_code, 0) << again.output;
   StopAndExpectAllGone(*cluster);
 }
 

@@ -35,12 +35,17 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Prog
   if (auto s = ValidateProgram(program); !s.ok()) return s;  // before anything indexes or divides by it
   auto mesh = ToDeviceMesh(program.mesh());
   if (!mesh.ok()) return mesh.status();
+  // The worker's communicators must be those of the Program's mesh.
   for (const auto& axis : mesh->axes()) {
     auto it = comms.find(axis.name);
-    if (it == comms.end() || it->second == nullptr) continue;
-    auto local = mesh->LocalRank(axis.name, program.rank());
-    if (it->second->size() != axis.size || it->second->rank() != *local) {
-      return absl::FailedPreconditionError(absl::StrCat("program for rank ", program.rank(), " was compiled for another mesh than the one its communicator along \"", axis.name, "\" serves"));
+    if (it == comms.end() || it->second == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("the program's mesh has an axis \"", axis.name,
+                                                        "\" this worker's mesh does not"));
+    }
+    if (it->second->size() != axis.size || it->second->rank() != *mesh->LocalRank(axis.name, program.rank())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the program for rank ", program.rank(), " was compiled for another mesh than the one ",
+                       "this worker's communicator along \"", axis.name, "\" serves"));
     }
   }
   auto data = DataSource::Open(program.data(), program.model(), program.seed());
@@ -220,12 +225,6 @@ absl::StatusOr<at::Tensor> Executor::LastGradShard(const std::string& name) cons
   if (!p.ok()) return p.status();
   if (!(*p)->last_grad.defined()) return absl::FailedPreconditionError("no step has run");
   return (*p)->last_grad;
-}
-
-absl::StatusOr<at::Tensor> Executor::ComputeParam(const std::string& name) const {
-  auto p = store_->param(name);
-  if (!p.ok()) return p.status();
-  return (*p)->full;
 }
 
 }  // namespace baton

@@ -48,8 +48,6 @@ class Executor {
   // gradient as the last optimizer step applied it.
   absl::StatusOr<at::Tensor> MasterShard(const std::string& name) const;
   absl::StatusOr<at::Tensor> LastGradShard(const std::string& name) const;
-  // For tests: a parameter's compute tensor (empty when not gathered).
-  absl::StatusOr<at::Tensor> ComputeParam(const std::string& name) const;
   const baton::v1::Program& program() const { return program_; }
   int64_t state_bytes() const { return store_->state_bytes(); }
 

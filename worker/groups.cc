@@ -23,12 +23,6 @@ absl::StatusOr<Communicator*> Groups::Of(const AxisNames& axes) const {
   return Axis(*key);
 }
 
-int Groups::Size(const AxisNames& axes) const {
-  int size = 1;
-  for (const std::string& a : axes) size *= mesh_.AxisSize(a).value_or(1);
-  return size;
-}
-
 absl::StatusOr<int> Groups::PeerInGroup(const std::string& axis, int peer) const {
   return mesh_.LocalRank(axis, peer);
 }

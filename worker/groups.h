@@ -34,8 +34,6 @@ class Groups {
   // communicator.
   absl::StatusOr<Communicator*> Of(const AxisNames& axes) const;
   absl::StatusOr<Communicator*> Axis(const std::string& axis) const;
-  // Number of ranks in a group (1 for an empty one).
-  int Size(const AxisNames& axes) const;
   // A global peer's rank within this rank's group along `axis`.
   absl::StatusOr<int> PeerInGroup(const std::string& axis, int peer) const;
 
