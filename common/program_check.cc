@@ -9,6 +9,7 @@
 #include "common/spec_check.h"
 #include "common/wire.h"
 #include "mesh/layout.h"
+#include "mesh/shard_geometry.h"
 
 namespace baton {
 namespace {
@@ -18,7 +19,7 @@ using baton::v1::Program;
 
 // Bounds on what a Program may make a worker allocate.
 constexpr int kMaxDims = 8;
-constexpr int64_t kMaxNumel = int64_t{1} << 36;
+constexpr int64_t kMaxNumel = int64_t{1} << 36;  // per tensor, and for all parameters together
 constexpr int kMaxUnits = 1 << 16;
 
 absl::Status Bad(const std::string& what) {
@@ -38,11 +39,6 @@ absl::Status CheckShape(const std::string& what, const google::protobuf::Repeate
   return absl::OkStatus();
 }
 
-std::string Describe(const Instruction& i) {
-  return absl::StrCat("instruction ", Instruction::Op_Name(i.op()), " (unit ", i.unit(), ", stage ",
-                      i.stage(), ", microbatch ", i.microbatch(), ")");
-}
-
 // What ValidateProgram learns about the program and checks instructions with.
 struct Context {
   const Program& program;
@@ -54,11 +50,11 @@ struct Context {
 // The one axis a collective of `ins` runs along.
 absl::StatusOr<int> SingleAxis(const Context& c, const Instruction& ins) {
   if (ins.axes_size() != 1) {
-    return Bad(absl::StrCat(Describe(ins), " must name exactly one mesh axis, got [",
+    return Bad(absl::StrCat(DescribeInstruction(ins), " must name exactly one mesh axis, got [",
                             absl::StrJoin(ins.axes(), ", "), "]"));
   }
   auto axis = c.mesh.AxisIndex(ins.axes(0));
-  if (!axis.ok()) return Bad(absl::StrCat(Describe(ins), ": ", axis.status().message()));
+  if (!axis.ok()) return Bad(absl::StrCat(DescribeInstruction(ins), ": ", axis.status().message()));
   return *axis;
 }
 
@@ -72,9 +68,17 @@ absl::Status CheckGatherLayouts(const Context& c, const Instruction& ins, int ax
       const Placement& s = storage.placements[a];
       const Placement& t = compute.placements[a];
       const bool gathered = s.is_shard() && t.is_replicate();
-      if (a == axis && (gathered || (!all_sharded && s == t))) continue;
+      if (a == axis && gathered) {
+        // Every rank's master piece must land inside this rank's compute piece.
+        if (auto pieces = GroupPieces(storage, compute, c.mesh, c.program.rank(), a); !pieces.ok()) {
+          return Bad(absl::StrCat(DescribeInstruction(ins), ": parameter ", param.name(), ": ",
+                                  pieces.status().message()));
+        }
+        continue;
+      }
+      if (a == axis && !all_sharded && s == t) continue;
       if (a != axis && s == t) continue;
-      return Bad(absl::StrCat(Describe(ins), " along \"", c.mesh.axes()[axis].name, "\": parameter ",
+      return Bad(absl::StrCat(DescribeInstruction(ins), " along \"", c.mesh.axes()[axis].name, "\": parameter ",
                               param.name(), " is ", s.ToString(), " -> ", t.ToString(), " on axis \"",
                               c.mesh.axes()[a].name, "\""));
     }
@@ -87,11 +91,11 @@ absl::Status CheckPeer(const Context& c, const Instruction& ins, int axis) {
   auto mine = c.mesh.Coordinates(rank);
   auto theirs = c.mesh.Coordinates(ins.peer());
   if (!theirs.ok() || ins.peer() == rank) {
-    return Bad(absl::StrCat(Describe(ins), ": peer ", ins.peer(), " is not another rank of the mesh"));
+    return Bad(absl::StrCat(DescribeInstruction(ins), ": peer ", ins.peer(), " is not another rank of the mesh"));
   }
   for (int a = 0; a < c.mesh.ndim(); ++a) {
     if (a != axis && (*mine)[a] != (*theirs)[a]) {
-      return Bad(absl::StrCat(Describe(ins), ": peer ", ins.peer(), " is not in rank ", rank,
+      return Bad(absl::StrCat(DescribeInstruction(ins), ": peer ", ins.peer(), " is not in rank ", rank,
                               "'s group along \"", c.mesh.axes()[axis].name, "\""));
     }
   }
@@ -106,37 +110,38 @@ absl::Status CheckInstruction(const Context& c, const Instruction& ins) {
   }
   auto needs_unit = [&]() -> absl::Status {
     if (!c.units.count(ins.unit())) {
-      return Bad(absl::StrCat(Describe(ins), " refers to unit ", ins.unit(), ", which rank ", p.rank(),
+      return Bad(absl::StrCat(DescribeInstruction(ins), " refers to unit ", ins.unit(), ", which rank ", p.rank(),
                               " does not own"));
     }
     return absl::OkStatus();
   };
   auto needs_stage = [&]() -> absl::Status {
     if (ins.stage() < 0 || ins.stage() >= p.stages_size()) {
-      return Bad(absl::StrCat(Describe(ins), " refers to a stage out of range (", p.stages_size(), " stages)"));
+      return Bad(absl::StrCat(DescribeInstruction(ins), " refers to a stage out of range (", p.stages_size(), " stages)"));
     }
     const int unit = p.stages(ins.stage()).unit();
     if (unit != -1 && !c.units.count(unit)) {
-      return Bad(absl::StrCat(Describe(ins), ": the stage's unit ", unit, " is not owned by rank ", p.rank()));
+      return Bad(absl::StrCat(DescribeInstruction(ins), ": the stage's unit ", unit, " is not owned by rank ", p.rank()));
     }
     if (ins.microbatch() < 0 || ins.microbatch() >= p.microbatches()) {
-      return Bad(absl::StrCat(Describe(ins), " refers to a microbatch out of range (", p.microbatches(), ")"));
+      return Bad(absl::StrCat(DescribeInstruction(ins), " refers to a microbatch out of range (", p.microbatches(), ")"));
     }
     return absl::OkStatus();
   };
   auto needs_group = [&]() -> absl::Status {
     auto group = GroupCommunicator(c.mesh, ins.axes());
-    if (!group.ok()) return Bad(absl::StrCat(Describe(ins), ": ", group.status().message()));
+    if (!group.ok()) return Bad(absl::StrCat(DescribeInstruction(ins), ": ", group.status().message()));
     return absl::OkStatus();
   };
   switch (op) {
     case Instruction::LOAD_BATCH:
       if (ins.microbatch() < 0 || ins.microbatch() >= p.microbatches()) {
-        return Bad(absl::StrCat(Describe(ins), " refers to a microbatch out of range (", p.microbatches(), ")"));
+        return Bad(absl::StrCat(DescribeInstruction(ins), " refers to a microbatch out of range (", p.microbatches(), ")"));
       }
-      if (ins.rows() < 1 || ins.row_offset() < 0 || ins.row_offset() + ins.rows() > p.data().batch_size()) {
-        return Bad(absl::StrCat(Describe(ins), ": rows [", ins.row_offset(), ", ", ins.row_offset() + ins.rows(),
-                                ") are not within the global batch of ", p.data().batch_size()));
+      if (ins.rows() < 1 || ins.row_offset() < 0 || ins.row_offset() >= p.data().batch_size() ||
+          ins.rows() > p.data().batch_size() - ins.row_offset()) {
+        return Bad(absl::StrCat(DescribeInstruction(ins), ": ", ins.rows(), " rows from row ", ins.row_offset(),
+                                " are not within the global batch of ", p.data().batch_size()));
       }
       return absl::OkStatus();
     case Instruction::GATHER_PARAMS: {
@@ -152,7 +157,7 @@ absl::Status CheckInstruction(const Context& c, const Instruction& ins) {
     case Instruction::FREE_PARAMS:
       if (auto s = needs_unit(); !s.ok()) return s;
       if (c.units.at(ins.unit())->resident()) {
-        return Bad(absl::StrCat(Describe(ins), ": unit ", ins.unit(), " is resident and is never freed"));
+        return Bad(absl::StrCat(DescribeInstruction(ins), ": unit ", ins.unit(), " is resident and is never freed"));
       }
       return absl::OkStatus();
     case Instruction::FORWARD:
@@ -166,16 +171,16 @@ absl::Status CheckInstruction(const Context& c, const Instruction& ins) {
     }
     case Instruction::ALL_REDUCE_GRADS:
       if (auto s = needs_unit(); !s.ok()) return s;
-      if (ins.axes_size() == 0) return Bad(absl::StrCat(Describe(ins), " names no mesh axis"));
+      if (ins.axes_size() == 0) return Bad(absl::StrCat(DescribeInstruction(ins), " names no mesh axis"));
       return needs_group();
     case Instruction::CLIP_GRAD_NORM:
       if (!(std::isfinite(ins.value()) && ins.value() > 0)) {
-        return Bad(absl::StrCat(Describe(ins), ": max norm ", ins.value(), " is not positive"));
+        return Bad(absl::StrCat(DescribeInstruction(ins), ": max norm ", ins.value(), " is not positive"));
       }
       return needs_group();
     case Instruction::REDUCE_METRICS:
       if (!(std::isfinite(ins.value()) && ins.value() >= 1)) {
-        return Bad(absl::StrCat(Describe(ins), ": ", ins.value(), " ranks compute the loss"));
+        return Bad(absl::StrCat(DescribeInstruction(ins), ": ", ins.value(), " ranks compute the loss"));
       }
       return needs_group();
     case Instruction::OPTIMIZER_STEP:
@@ -189,14 +194,53 @@ absl::Status CheckInstruction(const Context& c, const Instruction& ins) {
       auto axis = SingleAxis(c, ins);
       if (!axis.ok()) return axis.status();
       if (auto s = CheckPeer(c, ins, *axis); !s.ok()) return s;
-      if (op == Instruction::RECV_ACTIVATION || op == Instruction::RECV_GRAD) {
-        return CheckShape(Describe(ins), ins.shape());
-      }
-      return absl::OkStatus();
+      return CheckShape(DescribeInstruction(ins), ins.shape());
     }
     default:
       return Bad(absl::StrCat("unknown instruction op ", static_cast<int>(op)));
   }
+}
+
+// Replays GATHER/WAIT/FREE_PARAMS: every gather is waited for before the
+// unit is gathered again and before the step ends, and every stage runs with
+// its unit's parameters gathered (resident units always are).
+absl::Status CheckParameterLifetimes(const Context& c) {
+  std::set<int> in_flight, ready;
+  for (const auto& [index, unit] : c.units) {
+    if (unit->resident()) ready.insert(index);
+  }
+  for (const Instruction& ins : c.program.instructions()) {
+    switch (ins.op()) {
+      case Instruction::GATHER_PARAMS:
+        if (!in_flight.insert(ins.unit()).second) {
+          return Bad(absl::StrCat(DescribeInstruction(ins), ": unit ", ins.unit(), " is already being gathered"));
+        }
+        break;
+      case Instruction::WAIT_PARAMS:
+        if (in_flight.erase(ins.unit()) == 0) {
+          return Bad(absl::StrCat(DescribeInstruction(ins), ": no GATHER_PARAMS of unit ", ins.unit(), " to wait for"));
+        }
+        ready.insert(ins.unit());
+        break;
+      case Instruction::FREE_PARAMS:
+        ready.erase(ins.unit());
+        break;
+      case Instruction::FORWARD:
+      case Instruction::BACKWARD: {
+        const int unit = c.program.stages(ins.stage()).unit();
+        if (unit >= 0 && !ready.count(unit)) {
+          return Bad(absl::StrCat(DescribeInstruction(ins), " runs without unit ", unit, "'s parameters gathered"));
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  if (!in_flight.empty()) {
+    return Bad(absl::StrCat("unit ", *in_flight.begin(), " is gathered but never waited for"));
+  }
+  return absl::OkStatus();
 }
 
 bool StageFitsModel(baton::v1::Stage::Kind kind, const baton::v1::ModelSpec& model) {
@@ -215,6 +259,17 @@ bool StageFitsModel(baton::v1::Stage::Kind kind, const baton::v1::ModelSpec& mod
 }
 
 }  // namespace
+
+std::string DescribeInstruction(const Instruction& i) {
+  std::string s = absl::StrCat(Instruction::Op_Name(i.op()), "(unit ", i.unit(), ", stage ", i.stage(),
+                               ", microbatch ", i.microbatch());
+  if (!i.axes().empty()) absl::StrAppend(&s, ", axes [", absl::StrJoin(i.axes(), ", "), "]");
+  return s + ")";
+}
+
+bool MasterIsView(bool resident, baton::v1::Precision compute_dtype, const Piece& master, const Piece& compute) {
+  return resident && compute_dtype != baton::v1::BF16 && IsRowRangeOf(master, compute);
+}
 
 bool IsLossStage(baton::v1::Stage::Kind kind) {
   return kind == baton::v1::Stage::MLP_HEAD_MSE || kind == baton::v1::Stage::LM_HEAD_CE;
@@ -251,6 +306,7 @@ absl::Status ValidateProgram(const Program& p) {
   }
   if (p.units_size() > kMaxUnits) return Bad(absl::StrCat("more than ", kMaxUnits, " units"));
   Context c{p, *mesh, {}, {}};
+  int64_t total_numel = 0;
   for (const auto& unit : p.units()) {
     if (unit.index() < 0 || !c.units.emplace(unit.index(), &unit).second) {
       return Bad(absl::StrCat("unit index ", unit.index(), " is negative or appears twice"));
@@ -265,9 +321,15 @@ absl::Status ValidateProgram(const Program& p) {
           return Bad(absl::StrCat("parameter ", param.name(), ": ", s.message()));
         }
       }
+      total_numel += storage->shape.empty() ? 0 : NumElements(storage->shape);
+      if (total_numel > kMaxNumel) return Bad(absl::StrCat("the parameters hold more than ", kMaxNumel, " elements"));
       for (int a = 0; a < c.mesh.ndim(); ++a) {
         const Placement& s = storage->placements[a];
         const Placement& t = compute->placements[a];
+        if (s.is_partial() || t.is_partial()) {
+          return Bad(absl::StrCat("parameter ", param.name(), " is Partial on axis \"", c.mesh.axes()[a].name,
+                                  "\": partial parameters are not supported"));
+        }
         if (s != t && !(s.is_shard() && t.is_replicate())) {
           return Bad(absl::StrCat("parameter ", param.name(), " is ", s.ToString(), " -> ", t.ToString(),
                                   " on axis \"", c.mesh.axes()[a].name,
@@ -283,12 +345,16 @@ absl::Status ValidateProgram(const Program& p) {
     if (!baton::v1::Stage::Kind_IsValid(stage.kind()) || !StageFitsModel(stage.kind(), p.model())) {
       return Bad(absl::StrCat("stage kind ", static_cast<int>(stage.kind()), " does not fit the model"));
     }
-    if (stage.unit() < -1) return Bad(absl::StrCat("stage unit ", stage.unit()));
+    const bool has_params = stage.kind() != baton::v1::Stage::MLP_INPUT;
+    if (has_params ? stage.unit() < 0 : stage.unit() != -1) {
+      return Bad(absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()), " has unit ", stage.unit(),
+                              has_params ? "; it needs the unit of its parameters" : "; it has no parameters (-1)"));
+    }
   }
   for (const auto& ins : p.instructions()) {
     if (auto s = CheckInstruction(c, ins); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  return CheckParameterLifetimes(c);
 }
 
 }  // namespace baton

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "mesh/device_mesh.h"
+#include "mesh/layout.h"
 #include "proto/program.pb.h"
 
 namespace baton {
@@ -24,6 +25,15 @@ absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
                                               const google::protobuf::RepeatedPtrField<std::string>& axes);
 
 bool IsLossStage(baton::v1::Stage::Kind kind);
+
+// Whether a parameter's fp32 master is a view of its compute tensor rather
+// than a tensor of its own: in a resident unit computing in fp32, where the
+// master piece is a row range of the compute piece (ZeRO's and DDP's full
+// replicas). The worker's ShardStore and the planner's theory both follow it.
+bool MasterIsView(bool resident, baton::v1::Precision compute_dtype, const Piece& master, const Piece& compute);
+
+// "GATHER_PARAMS(unit 3, stage 0, microbatch 0, axes [dp])", for errors.
+std::string DescribeInstruction(const baton::v1::Instruction& ins);
 
 }  // namespace baton
 

@@ -79,8 +79,8 @@ absl::Status ValidateOptimizer(const baton::v1::OptimizerSpec& opt) {
 }
 
 absl::Status ValidateData(const baton::v1::DataSpec& data, const baton::v1::ModelSpec& model) {
-  if (data.batch_size() < 1) {
-    return Invalid(absl::StrCat("data.batch_size must be >= 1, got ", data.batch_size()));
+  if (data.batch_size() < 1 || data.batch_size() > kMaxDimension) {
+    return Invalid(absl::StrCat("data.batch_size must be in [1, ", kMaxDimension, "], got ", data.batch_size()));
   }
   if (data.has_token_file()) {
     if (!model.has_decoder()) return Invalid("data.token_file needs a decoder model");

@@ -79,6 +79,41 @@ absl::StatusOr<Piece> LocalPiece(const TensorLayout& layout, const DeviceMesh& m
   return piece;
 }
 
+bool GatheredAlong(const TensorLayout& from, const TensorLayout& to, int axis) {
+  return axis >= 0 && axis < static_cast<int>(from.placements.size()) &&
+         axis < static_cast<int>(to.placements.size()) && from.placements[axis].is_shard() &&
+         to.placements[axis].is_replicate();
+}
+
+absl::StatusOr<std::vector<Piece>> GroupPieces(const TensorLayout& from, const TensorLayout& to,
+                                               const DeviceMesh& mesh, int rank, int axis) {
+  auto whole = LocalPiece(to, mesh, rank);
+  if (!whole.ok()) return whole.status();
+  auto coords = mesh.Coordinates(rank);
+  if (!coords.ok()) return coords.status();
+  std::vector<Piece> pieces;
+  int64_t covered = 0;
+  for (int r = 0; r < mesh.axes()[axis].size; ++r) {
+    (*coords)[axis] = r;
+    auto piece = LocalPiece(from, mesh, *mesh.RankAt(*coords));
+    if (!piece.ok()) return piece.status();
+    if (!whole->Contains(*piece)) {
+      return absl::InvalidArgumentError(absl::StrCat("the piece ", piece->ToString(), " of rank ", r, " along \"",
+                                                     mesh.axes()[axis].name, "\" is not part of ",
+                                                     whole->ToString()));
+    }
+    covered += piece->numel();
+    for (size_t d = 0; d < piece->offset.size(); ++d) piece->offset[d] -= whole->offset[d];
+    pieces.push_back(std::move(*piece));
+  }
+  if (covered != whole->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("the pieces along \"", mesh.axes()[axis].name, "\" cover ",
+                                                   covered, " of the ", whole->numel(), " elements of ",
+                                                   whole->ToString()));
+  }
+  return pieces;
+}
+
 int64_t ReplicationFactor(const TensorLayout& layout, const DeviceMesh& mesh,
                           const std::vector<std::string>& stage_axes) {
   int64_t copies = 1;

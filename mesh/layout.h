@@ -52,6 +52,19 @@ absl::Status CheckLayout(const TensorLayout& layout, const DeviceMesh& mesh);
 // The piece `rank` holds. `layout` must pass CheckLayout.
 absl::StatusOr<Piece> LocalPiece(const TensorLayout& layout, const DeviceMesh& mesh, int rank);
 
+// Whether a collective along mesh axis `axis` moves this tensor between the
+// two layouts: Shard(d) under `from`, Replicate under `to` (an all-gather
+// one way, a reduce-scatter the other).
+bool GatheredAlong(const TensorLayout& from, const TensorLayout& to, int axis);
+
+// For a tensor GatheredAlong `axis`: every piece of `rank`'s group along the
+// axis under `from`, in group order, each with its offsets relative to
+// `rank`'s piece under `to` (where it lands in the gathered tensor).
+// INVALID_ARGUMENT when a piece does not lie within that piece or they do
+// not cover it, i.e. `to` is not what gathering `from` along `axis` gives.
+absl::StatusOr<std::vector<Piece>> GroupPieces(const TensorLayout& from, const TensorLayout& to,
+                                               const DeviceMesh& mesh, int rank, int axis);
+
 // Product of the sizes of the axes on which `layout` is Replicate, leaving
 // out `stage_axes` (along which ranks hold different parts of the model):
 // how many ranks hold an identical copy of each piece, so a sum over all

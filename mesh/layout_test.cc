@@ -58,6 +58,29 @@ TEST(LayoutTest, TwoDimsOnTwoAxes) {
   EXPECT_TRUE(IsRowRangeOf(Piece{{1, 0}, {2, 6}}, whole));
 }
 
+TEST(LayoutTest, GroupPiecesLocateEveryRanksPieceInTheGatheredOne) {
+  const DeviceMesh mesh = Mesh({{"dp", 2}, {"tp", 3}});
+  // Columns sharded over tp, rows over dp: gathering along tp.
+  TensorLayout from{{4, 7}, {Placement::Shard(0), Placement::Shard(1)}};
+  TensorLayout to{{4, 7}, {Placement::Shard(0), Placement::Replicate()}};
+  EXPECT_TRUE(GatheredAlong(from, to, 1));
+  EXPECT_FALSE(GatheredAlong(from, to, 0));
+  auto pieces = GroupPieces(from, to, mesh, /*rank=*/4, /*axis=*/1);
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  ASSERT_EQ(pieces->size(), 3u);
+  // Rank 4 is (dp 1, tp 1): rows 2:4 of the gathered piece; columns 0:3, 3:6, 6:7.
+  EXPECT_EQ((*pieces)[0].ToString(), "[0:2, 0:3]");
+  EXPECT_EQ((*pieces)[1].ToString(), "[0:2, 3:6]");
+  EXPECT_EQ((*pieces)[2].ToString(), "[0:2, 6:7]");
+  // Nested shards of one dim gathered along the outer axis do not land in
+  // the compute piece: refused with the reason.
+  TensorLayout nested{{6}, {Placement::Shard(0), Placement::Shard(0)}};
+  TensorLayout outer_gathered{{6}, {Placement::Replicate(), Placement::Shard(0)}};
+  auto bad = GroupPieces(nested, outer_gathered, mesh, 0, 0);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  std::printf("%s\n", bad.status().ToString().c_str());
+}
+
 TEST(LayoutTest, BadLayoutsAreRefusedWithTheirReason) {
   const DeviceMesh mesh = Mesh({{"dp", 2}});
   auto wrong_count = LocalPiece(TensorLayout{{4}, {}}, mesh, 0);

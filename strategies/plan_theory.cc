@@ -17,7 +17,7 @@ using baton::v1::Instruction;
 using baton::v1::Program;
 
 struct ParamPieces {
-  TensorLayout storage;
+  TensorLayout storage, compute_layout;
   Piece master, compute;  // this rank's
   bool same_layouts;      // nothing gathered: the compute gradient is the master's
 };
@@ -46,7 +46,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       auto full = LocalPiece(*compute, *mesh, p.rank());
       if (!master.ok()) return master.status();
       if (!full.ok()) return full.status();
-      units[u.index()].push_back({*storage, *master, *full, storage->placements == compute->placements});
+      units[u.index()].push_back({*storage, *compute, *master, *full, storage->placements == compute->placements});
     }
   }
   auto group_size = [&](const google::protobuf::RepeatedPtrField<std::string>& axes) -> absl::StatusOr<int> {
@@ -56,22 +56,19 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     if (*group == "world") return mesh->size();
     return mesh->AxisSize(*group);
   };
-  // A gather or reduce-scatter along one axis moves, per parameter sharded on
-  // it, the largest piece of the group (the padded block) from every rank.
+  // A gather or reduce-scatter along one axis moves, per parameter gathered
+  // along it, the largest piece of the group (the padded block) from every
+  // rank, as UnitCollectives packs it.
   auto sharded_block = [&](int unit, const std::string& axis, double* ideal_numel) -> absl::StatusOr<int64_t> {
     const int a = *mesh->AxisIndex(axis);
     const int n = mesh->axes()[a].size;
-    auto coords = *mesh->Coordinates(p.rank());
     int64_t block = 0;
     for (const ParamPieces& pp : units[unit]) {
-      if (!pp.storage.placements[a].is_shard()) continue;
+      if (!GatheredAlong(pp.storage, pp.compute_layout, a)) continue;
+      auto pieces = GroupPieces(pp.storage, pp.compute_layout, *mesh, p.rank(), a);
+      if (!pieces.ok()) return pieces.status();
       int64_t largest = 0;
-      for (int c = 0; c < n; ++c) {
-        coords[a] = c;
-        auto peer = LocalPiece(pp.storage, *mesh, *mesh->RankAt(coords));
-        if (!peer.ok()) return peer.status();
-        largest = std::max(largest, peer->numel());
-      }
+      for (const Piece& piece : *pieces) largest = std::max(largest, piece.numel());
       block += largest;
       *ideal_numel += static_cast<double>(pp.compute.numel()) * (n - 1) / n;
     }
@@ -157,7 +154,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   for (const auto& [u, params] : units) {
     for (const ParamPieces& pp : params) {
       const int64_t s = pp.master.numel(), c = pp.compute.numel();
-      const bool master_is_view = resident[u] && elem == 4 && IsRowRangeOf(pp.master, pp.compute);
+      const bool master_is_view = MasterIsView(resident[u], p.compute_dtype(), pp.master, pp.compute);
       const bool grad_is_compute_grad = pp.same_layouts;
       t.state += 8 * s;                            // AdamW moments
       if (!master_is_view) t.state += 4 * s;       // fp32 master

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -291,7 +292,7 @@ TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {
   expect_refused(bad, "Shard(2) is out of range");
   bad = good;
   bad.mutable_units(0)->mutable_params(0)->mutable_compute_placements(0)->set_kind(baton::v1::Placement::SHARD);
-  expect_refused(bad, "REDUCE_SCATTER_GRADS (unit 0, stage 0, microbatch 0) along \"dp\": parameter "
+  expect_refused(bad, "REDUCE_SCATTER_GRADS(unit 0, stage 0, microbatch 0, axes [dp]) along \"dp\": parameter "
                       "blocks.0.w1.weight is Shard(0) -> Shard(0)");
   bad.mutable_units(0)->mutable_params(0)->mutable_compute_placements(0)->set_dim(1);
   expect_refused(bad, "only Shard(d) -> Replicate is gathered");
@@ -308,7 +309,7 @@ TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {
   for (auto& i : *bad.mutable_instructions()) {
     if (i.op() == Instruction::LOAD_BATCH) i.set_rows(100);
   }
-  expect_refused(bad, "not within the global batch of 8");
+  expect_refused(bad, "100 rows from row 0 are not within the global batch of 8");
   bad = good;
   for (auto& i : *bad.mutable_instructions()) {
     if (i.op() == Instruction::GATHER_PARAMS) i.set_axes(0, "tp");
@@ -323,6 +324,44 @@ TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {
   bad = good;
   bad.mutable_units()->erase(bad.mutable_units()->begin());
   expect_refused(bad, "does not own");
+  bad = good;
+  bad.mutable_units(0)->mutable_params(0)->mutable_placements(0)->set_kind(baton::v1::Placement::PARTIAL);
+  expect_refused(bad, "partial parameters are not supported");
+  bad = good;
+  bad.mutable_stages(1)->set_unit(-1);
+  expect_refused(bad, "it needs the unit of its parameters");
+  // Gathers must be waited for, and stages must run with their parameters.
+  for (Instruction::Op drop : {Instruction::WAIT_PARAMS, Instruction::GATHER_PARAMS}) {
+    bad = good;
+    for (int i = 0; i < bad.instructions_size(); ++i) {
+      if (bad.instructions(i).op() == drop) {
+        bad.mutable_instructions()->erase(bad.mutable_instructions()->begin() + i);
+        break;
+      }
+    }
+    expect_refused(bad, drop == Instruction::WAIT_PARAMS ? "runs without unit 0's parameters gathered"
+                                                         : "no GATHER_PARAMS of unit 0 to wait for");
+  }
+  bad = good;  // free the head right before its stage runs
+  const int head_stage = good.stages_size() - 1;
+  for (int i = 0; i < bad.instructions_size(); ++i) {
+    if (bad.instructions(i).op() == Instruction::FORWARD && bad.instructions(i).stage() == head_stage) {
+      Instruction free;
+      free.set_op(Instruction::FREE_PARAMS);
+      free.set_unit(good.stages(head_stage).unit());
+      bad.mutable_instructions()->Add(std::move(free));
+      std::rotate(bad.mutable_instructions()->begin() + i, bad.mutable_instructions()->end() - 1,
+                  bad.mutable_instructions()->end());
+      break;
+    }
+  }
+  expect_refused(bad, "FORWARD(unit 0, stage 5, microbatch 0) runs without unit 4's parameters gathered");
+  bad = good;  // a gather never waited for
+  auto* dangling = bad.add_instructions();
+  dangling->set_op(Instruction::GATHER_PARAMS);
+  dangling->set_unit(0);
+  dangling->add_axes("dp");
+  expect_refused(bad, "unit 0 is gathered but never waited for");
 }
 
 TEST(PlannerTest, TheoryMatchesTheFsdpFormulas) {

@@ -64,10 +64,15 @@ absl::Status Activations::Forward(int stage, int microbatch) {
     const at::Tensor& out = previous->second.output;
     entry.input = out.detach().set_requires_grad(out.requires_grad());
   }
-  auto lookup = [this, stage](const std::string& name) -> const at::Tensor& {
-    auto param = store_->param(name);
-    if (!param.ok()) throw std::invalid_argument(absl::StrCat("stage ", stage, ": ", param.status().message()));
-    return (*param)->full;
+  // A stage reads only its own unit's parameters, which StageUnit found gathered.
+  auto lookup = [unit = *unit, stage](const std::string& name) -> const at::Tensor& {
+    if (unit != nullptr) {
+      for (const ShardStore::Param& p : unit->params) {
+        if (p.name == name) return p.full;
+      }
+    }
+    throw std::invalid_argument(absl::StrCat("stage ", stage, " needs parameter ", name, ", which its unit ",
+                                             unit == nullptr ? std::string("(none)") : unit->name, " does not hold"));
   };
   const std::string unit_name = *unit == nullptr ? "" : (*unit)->name;
   entry.output = StageForward(program_.stages(stage), program_.model(), unit_name, lookup, entry.input,

@@ -19,16 +19,6 @@ namespace baton {
 
 using baton::v1::Instruction;
 
-namespace {
-
-std::string Describe(const Instruction& i) {
-  std::string s = absl::StrCat(Instruction::Op_Name(i.op()), "(unit ", i.unit(), ", stage ", i.stage(),
-                               ", microbatch ", i.microbatch());
-  if (!i.axes().empty()) absl::StrAppend(&s, ", axes [", absl::StrJoin(i.axes(), ", "), "]");
-  return s + ")";
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Program& program,
                                                            CommunicatorMap comms) {
@@ -98,7 +88,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     if (!s.ok()) {
       (void)Drain();
       return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, " ",
-                                                 Describe(ins), ": ", s.message()));
+                                                 DescribeInstruction(ins), ": ", s.message()));
     }
   }
   if (auto s = Drain(); !s.ok()) {
@@ -209,9 +199,10 @@ absl::Status Executor::ReduceMetrics(const Instruction& ins) {
 }
 
 absl::Status Executor::Drain() {
-  absl::Status reductions = collectives_->WaitReductions();
-  absl::Status sends = activations_->WaitSends();
-  return reductions.ok() ? sends : reductions;
+  for (absl::Status s : {collectives_->WaitReductions(), collectives_->DropGathers(), activations_->WaitSends()}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> Executor::MasterShard(const std::string& name) const {

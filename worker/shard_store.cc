@@ -6,6 +6,7 @@
 #include <ATen/ops/zeros_like.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/program_check.h"
 #include "common/wire.h"
 #include "worker/model/init.h"
 
@@ -42,6 +43,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
       if (!master_piece.ok()) return master_piece.status();
       if (!compute_piece.ok()) return compute_piece.status();
       p.storage_layout = *storage;
+      p.compute_layout = *compute;
       p.master_piece = *master_piece;
       p.compute_piece = *compute_piece;
       p.same_layouts = storage->placements == compute->placements;
@@ -53,7 +55,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
                      .set_requires_grad(true);
         unit->materialized = true;
         store->Track(StorageBytes(p.full));
-        p.master_is_view = store->compute_dtype_ == at::kFloat && IsRowRangeOf(p.master_piece, p.compute_piece);
+        p.master_is_view = MasterIsView(true, program.compute_dtype(), p.master_piece, p.compute_piece);
       }
       if (p.master_is_view) {
         p.master = p.full.detach().narrow(0, p.master_piece.offset[0] - p.compute_piece.offset[0],

@@ -40,7 +40,7 @@ class ShardStore {
  public:
   struct Param {
     std::string name;
-    TensorLayout storage_layout;  // how every rank's master piece lies
+    TensorLayout storage_layout, compute_layout;  // how every rank's pieces lie
     Piece master_piece, compute_piece;
     int64_t replication = 1;  // ranks holding an identical master piece
     bool master_is_view = false;

@@ -25,24 +25,18 @@ class UnitCollectives::Packing {
     if (!a.ok()) return a.status();
     Packing packing;
     packing.size_ = mesh.axes()[*a].size;
-    std::vector<int> coords = *mesh.Coordinates(groups.rank());
-    packing.own_ = coords[*a];
+    packing.own_ = (*mesh.Coordinates(groups.rank()))[*a];
     for (ShardStore::Param& p : unit.params) {
-      if (!p.storage_layout.placements[*a].is_shard()) continue;
+      if (!GatheredAlong(p.storage_layout, p.compute_layout, *a)) continue;
+      auto pieces = GroupPieces(p.storage_layout, p.compute_layout, mesh, groups.rank(), *a);
+      if (!pieces.ok()) {
+        return absl::Status(pieces.status().code(), absl::StrCat("parameter ", p.name, ": ", pieces.status().message()));
+      }
       int64_t largest = 0;
       for (int r = 0; r < packing.size_; ++r) {
-        coords[*a] = r;
-        auto piece = LocalPiece(p.storage_layout, mesh, *mesh.RankAt(coords));
-        if (!piece.ok()) return piece.status();
-        if (!p.compute_piece.Contains(*piece)) {
-          return absl::InvalidArgumentError(absl::StrCat("parameter ", p.name, ": rank ", r, "'s piece ",
-                                                         piece->ToString(), " is not part of the compute piece ",
-                                                         p.compute_piece.ToString()));
-        }
-        Region region{&p, r, piece->offset, piece->shape, piece->numel(), packing.block_};
-        for (size_t d = 0; d < region.offset.size(); ++d) region.offset[d] -= p.compute_piece.offset[d];
-        packing.regions_.push_back(std::move(region));
-        largest = std::max(largest, piece->numel());
+        const Piece& piece = (*pieces)[r];
+        packing.regions_.push_back(Region{&p, r, piece.offset, piece.shape, piece.numel(), packing.block_});
+        largest = std::max(largest, piece.numel());
       }
       packing.block_ += largest;
     }
@@ -85,9 +79,17 @@ UnitCollectives::UnitCollectives(ShardStore* store, const Groups* groups) : stor
 
 UnitCollectives::~UnitCollectives() {
   (void)WaitReductions();
-  for (auto& [unit, gather] : gathers_) {
-    if (gather->handle) (void)gather->handle->Wait();
+  (void)DropGathers();
+}
+
+absl::Status UnitCollectives::DropGathers() {
+  if (gathers_.empty()) return absl::OkStatus();
+  const int unit = gathers_.begin()->first;
+  for (auto& [index, gather] : gathers_) {
+    if (gather->handle) (void)gather->handle->Wait();  // its buffers must outlive the collective
   }
+  gathers_.clear();
+  return absl::FailedPreconditionError(absl::StrCat("the gather of unit ", unit, " was never waited for"));
 }
 
 absl::Status UnitCollectives::Gather(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout) {

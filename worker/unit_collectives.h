@@ -49,6 +49,9 @@ class UnitCollectives {
   absl::Status AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
   // Completes every reduction issued so far; the first failure, if any.
   absl::Status WaitReductions();
+  // Completes and forgets every gather not waited for (after a failed step);
+  // FAILED_PRECONDITION naming one if there was any.
+  absl::Status DropGathers();
 
  private:
   // Where each rank's piece of each sharded parameter lies, for one unit and

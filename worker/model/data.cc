@@ -2,6 +2,8 @@
 
 #include <ATen/ops/empty.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <iterator>
 
@@ -9,11 +11,27 @@
 #include "common/counter_rng.h"
 
 namespace baton {
+namespace {
+
+// Token files are loaded whole (int32 per token).
+constexpr int64_t kMaxTokenFileBytes = int64_t{1} << 32;
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::DataSpec& data,
                                                              const baton::v1::ModelSpec& model, uint64_t seed) {
   std::unique_ptr<DataSource> source(new DataSource(data, model, seed));
   if (!data.has_token_file()) return source;
   const auto& file = data.token_file();
+  // A regular file of bounded size: a device or a FIFO would be read forever.
+  struct stat st;
+  if (stat(file.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat("token file ", file.path(), " is not a readable regular file"));
+  }
+  if (st.st_size > kMaxTokenFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), " has ", st.st_size,
+                                                   " bytes; at most ", kMaxTokenFileBytes, " are read"));
+  }
   std::ifstream in(file.path(), std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", file.path()));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -86,7 +104,9 @@ Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
     // Consecutive windows through the file, wrapping around.
     const int64_t starts = static_cast<int64_t>(tokens_.size()) - window + 1;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t start = ((global_row + r) * window) % starts;
+      // In 128 bits: row * window may exceed 64 bits on a long run.
+      const int64_t start = static_cast<int64_t>(static_cast<unsigned __int128>(global_row + r) *
+                                                 static_cast<uint64_t>(window) % static_cast<uint64_t>(starts));
       for (int64_t j = 0; j < window; ++j) out[r * window + j] = tokens_[start + j];
     }
   }

@@ -76,6 +76,27 @@ TEST(DataTest, RejectsBadTokenFiles) {
   const std::string tiny = TempFile("tiny.txt", "abc");
   auto too_short = Open("token_file { path: \"" + tiny + "\" format: TEXT_BYTES } batch_size: 2");
   EXPECT_EQ(too_short.status().code(), absl::StatusCode::kInvalidArgument);
+  // A device would be read forever: only regular files are token files.
+  auto device = Open("token_file { path: \"/dev/zero\" format: TEXT_BYTES } batch_size: 2");
+  std::printf("%s\n", device.status().ToString().c_str());
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kNotFound);
+}
+
+// Rows far into a long run still index inside the file (the window start is
+// computed without overflowing 64 bits).
+TEST(DataTest, LateRowsWrapAroundTheFile) {
+  const std::string path = TempFile("late.txt", "abcdefghijklmnopqrstuvwxyz");
+  auto source = Open("token_file { path: \"" + path + "\" format: TEXT_BYTES } batch_size: 4096");
+  ASSERT_TRUE(source.ok()) << source.status();
+  // Step 2^49 + 1: global rows 2^61 + 4000, times a window of 5 is past
+  // 2^63; the start must still be one of the 22 valid ones.
+  Batch b = (*source)->Get((int64_t{1} << 49) + 1, 4000, 2);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t first = b.tokens[r][0].item<int64_t>();
+    EXPECT_GE(first, 'a');
+    EXPECT_LE(first, 'v');
+    EXPECT_EQ(b.targets[r][0].item<int64_t>(), first + 1);
+  }
 }
 
 }  // namespace
