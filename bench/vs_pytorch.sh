@@ -22,8 +22,8 @@ if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install o
   echo "bench: installing python3-torch (the PyTorch-Python peer)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch
 fi
-bazel build -c opt //client:baton //controller:baton-controller //worker:baton-worker >/dev/null 2>&1 ||
-  bazel build -c opt //client:baton //controller:baton-controller //worker:baton-worker
+bazel build -c opt //client:baton //controller:baton-controller //worker:baton-worker //reference:baton-reference >/dev/null 2>&1 ||
+  bazel build -c opt //client:baton //controller:baton-controller //worker:baton-worker //reference:baton-reference
 BIN=bazel-bin
 
 dir=$(mktemp -d)

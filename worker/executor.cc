@@ -10,7 +10,6 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/program_check.h"
 #include "common/wire.h"
 #include "worker/optimizer.h"
@@ -18,7 +17,6 @@
 namespace baton {
 
 using baton::v1::Instruction;
-
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Program& program,
                                                            CommunicatorMap comms) {
