@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -45,6 +46,9 @@ struct Context {
   DeviceMesh mesh;
   std::map<int, const baton::v1::UnitLayout*> units;
   std::map<std::string, std::pair<TensorLayout, TensorLayout>> layouts;  // storage, compute
+  // (unit, axis, every parameter gathered) combinations already found fine:
+  // a step gathers each unit many times, along the same axis.
+  std::set<std::tuple<int, int, bool>> gathers_checked;
 };
 
 // The one axis a collective of `ins` runs along.
@@ -61,7 +65,8 @@ absl::StatusOr<int> SingleAxis(const Context& c, const Instruction& ins) {
 // GATHER_PARAMS (and, with `all_sharded`, REDUCE_SCATTER_GRADS) along `axis`:
 // every parameter's two layouts agree except, on `axis`, Shard(d) for the
 // master against Replicate for the compute tensor.
-absl::Status CheckGatherLayouts(const Context& c, const Instruction& ins, int axis, bool all_sharded) {
+absl::Status CheckGatherLayouts(Context& c, const Instruction& ins, int axis, bool all_sharded) {
+  if (!c.gathers_checked.insert({ins.unit(), axis, all_sharded}).second) return absl::OkStatus();
   for (const auto& param : c.units.at(ins.unit())->params()) {
     const auto& [storage, compute] = c.layouts.at(param.name());
     for (int a = 0; a < c.mesh.ndim(); ++a) {
@@ -102,7 +107,7 @@ absl::Status CheckPeer(const Context& c, const Instruction& ins, int axis) {
   return absl::OkStatus();
 }
 
-absl::Status CheckInstruction(const Context& c, const Instruction& ins) {
+absl::Status CheckInstruction(Context& c, const Instruction& ins) {
   const Program& p = c.program;
   const auto op = ins.op();
   if (!Instruction::Op_IsValid(op) || op == Instruction::OP_UNSPECIFIED) {

@@ -71,9 +71,20 @@ class UnitCollectives::Packing {
 
 struct UnitCollectives::InFlightGather {
   std::unique_ptr<CommHandle> handle;  // null for a local copy
-  std::unique_ptr<Packing> packing;
+  std::shared_ptr<const Packing> packing;
   at::Tensor send, recv;
 };
+
+absl::StatusOr<std::shared_ptr<const UnitCollectives::Packing>> UnitCollectives::PackingOf(ShardStore::Unit& unit,
+                                                                                             const std::string& axis) {
+  auto& cached = packings_[{unit.index, axis}];
+  if (cached == nullptr) {
+    auto packing = Packing::Create(unit, *groups_, axis);
+    if (!packing.ok()) return packing.status();
+    cached = std::make_shared<const Packing>(std::move(*packing));
+  }
+  return cached;
+}
 
 UnitCollectives::UnitCollectives(ShardStore* store, const Groups* groups) : store_(store), groups_(groups) {}
 
@@ -100,9 +111,9 @@ absl::Status UnitCollectives::Gather(ShardStore::Unit& unit, const AxisNames& ax
   if (!axes.empty()) {
     auto comm = groups_->Axis(axes[0]);
     if (!comm.ok()) return comm.status();
-    auto packing = Packing::Create(unit, *groups_, axes[0]);
+    auto packing = PackingOf(unit, axes[0]);
     if (!packing.ok()) return packing.status();
-    gather->packing = std::make_unique<Packing>(std::move(*packing));
+    gather->packing = *packing;
     const Packing& pk = *gather->packing;
     gather->send = at::zeros({pk.block()}, store_->compute_dtype());
     for (const auto& region : pk.regions()) {
@@ -150,9 +161,9 @@ absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const A
   if (axes.size() != 1) return absl::InvalidArgumentError("a reduce-scatter runs along one mesh axis");
   auto comm = groups_->Axis(axes[0]);
   if (!comm.ok()) return comm.status();
-  auto packing = Packing::Create(unit, *groups_, axes[0]);
+  auto packing = PackingOf(unit, axes[0]);
   if (!packing.ok()) return packing.status();
-  auto pk = std::make_shared<Packing>(std::move(*packing));
+  std::shared_ptr<const Packing> pk = *packing;
   at::Tensor flat = at::zeros({pk->size() * pk->block()}, at::kFloat);
   for (const auto& region : pk->regions()) {
     const at::Tensor& g = region.param->full_grad;

@@ -29,6 +29,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -67,10 +69,14 @@ class UnitCollectives {
   };
 
   absl::Status IssueAllReduce(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
+  // The packing of `unit` along `axis`, worked out on first use: layouts
+  // never change after load, and steps must not pay for it again.
+  absl::StatusOr<std::shared_ptr<const Packing>> PackingOf(ShardStore::Unit& unit, const std::string& axis);
 
   ShardStore* const store_;
   const Groups* const groups_;
   std::map<int, std::unique_ptr<InFlightGather>> gathers_;
+  std::map<std::pair<int, std::string>, std::shared_ptr<const Packing>> packings_;
   std::vector<Pending> pending_;
 };
 
