@@ -76,6 +76,21 @@ absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& o
   return CheckChunkedArgs("reduce-scatter", "input", input, "output", output, size);
 }
 
+absl::Status CheckAllToAllArgs(const at::Tensor& input, const at::Tensor& output, int size) {
+  if (input.numel() != output.numel() || input.numel() % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("all-to-all input ", ShapeString(input), " and output ",
+                                                   ShapeString(output), " must have the same number of elements, ",
+                                                   "a multiple of the group size ", size));
+  }
+  if (input.scalar_type() != output.scalar_type()) {
+    return absl::InvalidArgumentError("all-to-all input and output dtypes differ");
+  }
+  if (!input.is_contiguous() || !output.is_contiguous()) {
+    return absl::InvalidArgumentError("all-to-all needs contiguous tensors");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPeer(int peer, int rank, int size, const char* op) {
   if (peer < 0 || peer >= size || peer == rank) {
     return absl::InvalidArgumentError(

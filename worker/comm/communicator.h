@@ -7,6 +7,7 @@
 //   AllGather(in[k], out[k*n])        out[r*k .. (r+1)*k) = in of rank r
 //   ReduceScatter(in[k*n], out[k], op) out = op over ranks of in[rank*k ..)
 //   AllReduce(t[k], op)               t = op over ranks of t, in place
+//   AllToAll(in[k*n], out[k*n])       out[r*k .. (r+1)*k) = rank r's in[rank*k ..)
 //   Broadcast(t, root)                t = t of root
 //   Send(t, peer) / Recv(t, peer)     point to point, matched in order
 //   Barrier()
@@ -23,7 +24,7 @@
 //
 // Byte counters record per-rank traffic of the bandwidth-optimal ring
 // algorithms, padding included:
-//   all-gather, reduce-scatter  (n-1)*k elements sent and received
+//   all-gather, reduce-scatter, all-to-all  (n-1)*k elements sent and received
 //   all-reduce                  2*(n-1)/n * k (a reduce-scatter + an all-gather)
 //   broadcast                   k received by non-roots; root sends k
 //   send / recv                 k
@@ -89,6 +90,8 @@ class Communicator {
                                                          Milliseconds timeout) = 0;
   virtual std::unique_ptr<CommHandle> AllReduceAsync(const at::Tensor& tensor, ReduceOp op,
                                                      Milliseconds timeout) = 0;
+  virtual std::unique_ptr<CommHandle> AllToAllAsync(const at::Tensor& input, const at::Tensor& output,
+                                                    Milliseconds timeout) = 0;
   virtual std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
                                                      Milliseconds timeout) = 0;
   virtual std::unique_ptr<CommHandle> SendAsync(const at::Tensor& tensor, int peer,
@@ -108,6 +111,10 @@ class Communicator {
   absl::Status AllReduce(const at::Tensor& tensor, ReduceOp op,
                          Milliseconds timeout = kDefaultCollectiveTimeout) {
     return AllReduceAsync(tensor, op, timeout)->Wait();
+  }
+  absl::Status AllToAll(const at::Tensor& input, const at::Tensor& output,
+                        Milliseconds timeout = kDefaultCollectiveTimeout) {
+    return AllToAllAsync(input, output, timeout)->Wait();
   }
   absl::Status Broadcast(const at::Tensor& tensor, int root,
                          Milliseconds timeout = kDefaultCollectiveTimeout) {
@@ -141,6 +148,7 @@ class Communicator {
 // was expected.
 absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& output, int size);
 absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& output, int size);
+absl::Status CheckAllToAllArgs(const at::Tensor& input, const at::Tensor& output, int size);
 absl::Status CheckPeer(int peer, int rank, int size, const char* op);
 
 // All-gathers uneven Shard(0) pieces of a 1-D or N-D tensor with torch.chunk

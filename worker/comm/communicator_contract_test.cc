@@ -187,6 +187,21 @@ TEST_P(CommunicatorContractTest, AllReduceSumAvgMax) {
   });
 }
 
+TEST_P(CommunicatorContractTest, AllToAllTransposesBlocks) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    // Block j of rank r's input is Input(r * n + j, k): what rank j receives from r.
+    at::Tensor in = at::empty({n * k}), out = at::full({n * k}, -1.0f);
+    for (int j = 0; j < n; ++j) in.narrow(0, j * k, k).copy_(Input(c.rank() * n + j, k));
+    ASSERT_TRUE(c.AllToAll(in, out).ok());
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(out.narrow(0, r * k, k).equal(Input(r * n + c.rank(), k))) << "block from rank " << r;
+    }
+    EXPECT_EQ(c.stats().bytes_sent, (n - 1) * k * 4);
+  });
+}
+
 TEST_P(CommunicatorContractTest, BroadcastFromLastRank) {
   const int64_t k = GetParam().numel;
   RunOnAllRanks([&](Communicator& c) {

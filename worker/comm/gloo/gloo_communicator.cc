@@ -229,6 +229,28 @@ class GlooCommunicator : public Communicator {
     return Issue("all-reduce", timeout, [&] { return pg_->allreduce(tensors, opts); }, finish);
   }
 
+  std::unique_ptr<CommHandle> AllToAllAsync(const at::Tensor& input, const at::Tensor& output,
+                                            Milliseconds timeout) override {
+    if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
+    if (auto s = CheckAllToAllArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
+    const int64_t k = input.numel() / size_;
+    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+               RingAllGatherBytes(k, input.element_size(), size_));
+    if (k == 0) return CompletedHandle(absl::OkStatus());
+    if (size_ == 1) {
+      output.view({-1}).copy_(input.view({-1}));
+      return CompletedHandle(absl::OkStatus());
+    }
+    at::Tensor send = Movable(input).view({-1});
+    at::Tensor recv = Movable(output).view({-1});
+    c10d::AllToAllOptions opts;
+    opts.timeout = timeout;
+    return Issue("all-to-all", timeout, [&] {
+      std::vector<int64_t> equal_out, equal_in;  // empty = equal splits
+      return pg_->alltoall_base(recv, send, equal_out, equal_in, opts);
+    });
+  }
+
   std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
                                              Milliseconds timeout) override {
     if (auto s = Precheck({tensor}); !s.ok()) return CompletedHandle(s);

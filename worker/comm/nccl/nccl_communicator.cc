@@ -188,6 +188,25 @@ class NcclCommunicator : public Communicator {
                });
   }
 
+  std::unique_ptr<CommHandle> AllToAllAsync(const at::Tensor& input, const at::Tensor& output,
+                                            Milliseconds timeout) override {
+    if (auto s = CheckAllToAllArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
+    const int64_t k = input.numel() / size_;
+    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+               RingAllGatherBytes(k, input.element_size(), size_));
+    // NCCL has no all-to-all: one grouped send and receive per peer.
+    return Run("all-to-all", {input, output}, {1}, timeout, nullptr,
+               [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
+                 const int64_t bytes = k * input.element_size();
+                 ncclGroupStart();
+                 for (int peer = 0; peer < size_; ++peer) {
+                   ncclSend(static_cast<char*>(b[0].device) + peer * bytes, k, t, peer, comm_, stream_);
+                   ncclRecv(static_cast<char*>(b[1].device) + peer * bytes, k, t, peer, comm_, stream_);
+                 }
+                 return ncclGroupEnd();
+               });
+  }
+
   std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
                                              Milliseconds timeout) override {
     if (root < 0 || root >= size_) {

@@ -29,6 +29,9 @@ class SumInsteadOfAvg : public Communicator {
                                              Milliseconds t) override {
     return inner_->AllReduceAsync(x, op == ReduceOp::kAvg ? ReduceOp::kSum : op, t);
   }
+  std::unique_ptr<CommHandle> AllToAllAsync(const at::Tensor& i, const at::Tensor& o, Milliseconds t) override {
+    return inner_->AllToAllAsync(i, o, t);
+  }
   std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& x, int root, Milliseconds t) override {
     return inner_->BroadcastAsync(x, root, t);
   }
