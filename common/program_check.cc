@@ -318,8 +318,8 @@ absl::Status ValidateProgram(const Program& p) {
     }
     for (const auto& param : unit.params()) {
       if (auto s = CheckShape(absl::StrCat("parameter ", param.name()), param.shape()); !s.ok()) return s;
-      auto storage = StorageLayout(param);
-      auto compute = ComputeLayout(param);
+      auto storage = StorageLayout(param, c.mesh);
+      auto compute = ComputeLayout(param, c.mesh);
       for (const auto* layout : {&storage, &compute}) {
         if (!layout->ok()) return Bad(std::string(layout->status().message()));
         if (auto s = CheckLayout(**layout, c.mesh); !s.ok()) {

@@ -5,12 +5,19 @@
 namespace baton {
 namespace {
 
-absl::StatusOr<TensorLayout> Layout(const baton::v1::ParamLayout& param, const WirePlacements& placements) {
+absl::StatusOr<TensorLayout> Layout(const baton::v1::ParamLayout& param, const WirePlacements& placements,
+                                    const DeviceMesh& mesh) {
   auto p = FromWire(placements);
   if (!p.ok()) {
     return absl::Status(p.status().code(), absl::StrCat(param.name(), ": ", p.status().message()));
   }
-  return TensorLayout{{param.shape().begin(), param.shape().end()}, std::move(*p)};
+  TensorLayout layout{{param.shape().begin(), param.shape().end()}, std::move(*p), {}};
+  for (const std::string& axis : param.shard_order()) {
+    auto index = mesh.AxisIndex(axis);
+    if (!index.ok()) return absl::InvalidArgumentError(absl::StrCat(param.name(), ": shard order: ", index.status().message()));
+    layout.order.push_back(*index);
+  }
+  return layout;
 }
 
 }  // namespace
@@ -64,12 +71,12 @@ absl::StatusOr<std::vector<Placement>> FromWire(const WirePlacements& placements
   return out;
 }
 
-absl::StatusOr<TensorLayout> StorageLayout(const baton::v1::ParamLayout& param) {
-  return Layout(param, param.placements());
+absl::StatusOr<TensorLayout> StorageLayout(const baton::v1::ParamLayout& param, const DeviceMesh& mesh) {
+  return Layout(param, param.placements(), mesh);
 }
 
-absl::StatusOr<TensorLayout> ComputeLayout(const baton::v1::ParamLayout& param) {
-  return Layout(param, param.compute_placements());
+absl::StatusOr<TensorLayout> ComputeLayout(const baton::v1::ParamLayout& param, const DeviceMesh& mesh) {
+  return Layout(param, param.compute_placements(), mesh);
 }
 
 }  // namespace baton

@@ -26,10 +26,10 @@ baton::v1::Placement ToWire(const Placement& p);
 absl::StatusOr<Placement> FromWire(const baton::v1::Placement& p);
 absl::StatusOr<std::vector<Placement>> FromWire(const WirePlacements& placements);
 
-// A parameter's two layouts: its master/gradient/optimizer pieces and its
-// compute tensor.
-absl::StatusOr<TensorLayout> StorageLayout(const baton::v1::ParamLayout& param);
-absl::StatusOr<TensorLayout> ComputeLayout(const baton::v1::ParamLayout& param);
+// A parameter's two layouts on `mesh`: its master/gradient/optimizer pieces
+// and its compute tensor.
+absl::StatusOr<TensorLayout> StorageLayout(const baton::v1::ParamLayout& param, const DeviceMesh& mesh);
+absl::StatusOr<TensorLayout> ComputeLayout(const baton::v1::ParamLayout& param, const DeviceMesh& mesh);
 
 }  // namespace baton
 

@@ -40,7 +40,8 @@ std::string TensorLayout::ToString() const {
   return absl::StrCat("(", absl::StrJoin(shape, ", "), ") ",
                       absl::StrJoin(placements, ", ", [](std::string* out, const Placement& p) {
                         absl::StrAppend(out, p.ToString());
-                      }));
+                      }),
+                      order.empty() ? "" : absl::StrCat(" in axis order ", absl::StrJoin(order, ",")));
 }
 
 absl::Status CheckLayout(const TensorLayout& layout, const DeviceMesh& mesh) {
@@ -51,6 +52,16 @@ absl::Status CheckLayout(const TensorLayout& layout, const DeviceMesh& mesh) {
   }
   for (int64_t s : layout.shape) {
     if (s < 0) return absl::InvalidArgumentError(absl::StrCat("layout ", layout.ToString(), " has a negative extent"));
+  }
+  if (!layout.order.empty()) {
+    std::vector<int> sorted = layout.order;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < static_cast<int>(sorted.size()); ++i) {
+      if (sorted.size() != layout.placements.size() || sorted[i] != i) {
+        return absl::InvalidArgumentError(absl::StrCat("layout ", layout.ToString(),
+                                                       ": the shard order is not a permutation of the mesh axes"));
+      }
+    }
   }
   for (const Placement& p : layout.placements) {
     if (p.is_shard() && (p.dim() < 0 || p.dim() >= static_cast<int>(layout.shape.size()))) {
@@ -69,7 +80,8 @@ absl::StatusOr<Piece> LocalPiece(const TensorLayout& layout, const DeviceMesh& m
   Piece piece;
   piece.offset.assign(layout.shape.size(), 0);
   piece.shape = layout.shape;
-  for (int axis = 0; axis < mesh.ndim(); ++axis) {
+  for (int i = 0; i < mesh.ndim(); ++i) {
+    const int axis = layout.order.empty() ? i : layout.order[i];
     const Placement& p = layout.placements[axis];
     if (!p.is_shard()) continue;
     ChunkGeometry g(piece.shape[p.dim()], mesh.axes()[axis].size);

@@ -38,10 +38,14 @@ struct Piece {
 // holding `outer`, and a tensor of `inner` can be a view into it.
 bool IsRowRangeOf(const Piece& inner, const Piece& outer);
 
-// Global shape plus one placement per mesh axis.
+// Global shape plus one placement per mesh axis. Shard placements apply in
+// mesh-axis order unless `order` lists the axes otherwise: FSDP over a
+// tensor-parallel weight shards the tp piece, so its layout on (dp, tp) is
+// (Shard(0), Shard(0)) with order (tp, dp) (DTensor's strided shard).
 struct TensorLayout {
   std::vector<int64_t> shape;
   std::vector<Placement> placements;
+  std::vector<int> order;  // mesh axis indices; empty = 0, 1, ...
   std::string ToString() const;
 };
 

@@ -47,6 +47,27 @@ TEST(LayoutTest, NestedShardsOnOneDimApplyInMeshOrder) {
   EXPECT_EQ(ReplicationFactor(layout, mesh), 1);
 }
 
+// FSDP over a tensor-parallel weight: the dp shard is taken from the tp piece
+// (order tp, dp), so gathering along dp gives back exactly the tp piece.
+TEST(LayoutTest, ShardOrderPutsTheInnerAxisFirst) {
+  const DeviceMesh mesh = Mesh({{"dp", 2}, {"tp", 2}});
+  TensorLayout storage{{8, 3}, {Placement::Shard(0), Placement::Shard(0)}, {1, 0}};
+  TensorLayout compute{{8, 3}, {Placement::Replicate(), Placement::Shard(0)}};
+  // Rank (dp 1, tp 0): tp piece rows 0:4, its dp half rows 2:4.
+  EXPECT_EQ(LocalPiece(storage, mesh, 2)->ToString(), "[2:4, 0:3]");
+  auto pieces = GroupPieces(storage, compute, mesh, 2, 0);
+  ASSERT_TRUE(pieces.ok()) << pieces.status();
+  EXPECT_EQ((*pieces)[0].ToString(), "[0:2, 0:3]");
+  EXPECT_EQ((*pieces)[1].ToString(), "[2:4, 0:3]");
+  // In mesh order the dp half comes first and the pieces do not land in
+  // the tp piece.
+  storage.order.clear();
+  EXPECT_EQ(LocalPiece(storage, mesh, 2)->ToString(), "[4:6, 0:3]");
+  EXPECT_FALSE(GroupPieces(storage, compute, mesh, 2, 0).ok());
+  storage.order = {0, 0};
+  EXPECT_FALSE(CheckLayout(storage, mesh).ok());
+}
+
 TEST(LayoutTest, TwoDimsOnTwoAxes) {
   const DeviceMesh mesh = Mesh({{"dp", 2}, {"tp", 2}});
   TensorLayout layout{{4, 6}, {Placement::Shard(0), Placement::Shard(1)}};

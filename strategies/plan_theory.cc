@@ -38,8 +38,8 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   for (const auto& u : p.units()) {
     resident[u.index()] = u.resident();
     for (const auto& param : u.params()) {
-      auto storage = StorageLayout(param);
-      auto compute = ComputeLayout(param);
+      auto storage = StorageLayout(param, *mesh);
+      auto compute = ComputeLayout(param, *mesh);
       if (!storage.ok()) return storage.status();
       if (!compute.ok()) return compute.status();
       auto master = LocalPiece(*storage, *mesh, p.rank());

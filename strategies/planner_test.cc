@@ -116,10 +116,10 @@ TEST(PlannerTest, SeedLabShardsFollowTorchChunkAndRankOneHoldsTheEmptyHead) {
     ASSERT_TRUE(mesh.ok());
     for (const auto& unit : program.units()) {
       for (const auto& p : unit.params()) {
-        auto piece = LocalPiece(*StorageLayout(p), *mesh, r);
+        auto piece = LocalPiece(*StorageLayout(p, *mesh), *mesh, r);
         ASSERT_TRUE(piece.ok()) << piece.status();
         local[r] += piece->numel();
-        if (r == 0) total += LocalPiece(*ComputeLayout(p), *mesh, r)->numel();
+        if (r == 0) total += LocalPiece(*ComputeLayout(p, *mesh), *mesh, r)->numel();
         if (p.name() == "head.weight" || p.name() == "head.bias") {
           EXPECT_EQ(piece->shape[0], r == 0 ? 1 : 0) << p.name();
         }
@@ -141,12 +141,14 @@ TEST(PlannerTest, LayoutsArePlacementsPerMeshAxis) {
                                       "mode: HSDP"),
                               "j");
   ASSERT_TRUE(fsdp.ok() && ddp.ok() && hsdp.ok());
-  auto describe = [](const baton::v1::ParamLayout& p) {
-    return StorageLayout(p)->ToString() + " | " + ComputeLayout(p)->ToString();
+  auto describe = [](const baton::v1::Program& program) {
+    const DeviceMesh mesh = *ToDeviceMesh(program.mesh());
+    const auto& p = program.units(0).params(0);
+    return StorageLayout(p, mesh)->ToString() + " | " + ComputeLayout(p, mesh)->ToString();
   };
-  EXPECT_EQ(describe((*fsdp)[0].units(0).params(0)), "(32, 32) Shard(0) | (32, 32) Replicate()");
-  EXPECT_EQ(describe((*ddp)[1].units(0).params(0)), "(32, 32) Replicate() | (32, 32) Replicate()");
-  EXPECT_EQ(describe((*hsdp)[3].units(0).params(0)),
+  EXPECT_EQ(describe((*fsdp)[0]), "(32, 32) Shard(0) | (32, 32) Replicate()");
+  EXPECT_EQ(describe((*ddp)[1]), "(32, 32) Replicate() | (32, 32) Replicate()");
+  EXPECT_EQ(describe((*hsdp)[3]),
             "(64, 32) Replicate(), Shard(0) | (64, 32) Replicate(), Replicate()");
   EXPECT_FALSE((*fsdp)[0].units(0).resident());
   EXPECT_TRUE((*ddp)[0].units(0).resident());
@@ -262,8 +264,8 @@ TEST(PlannerTest, HsdpShardsAlongTheLastAxisAndReducesAcrossReplicas) {
   // Ranks 2 and 3 hold the same pieces as 0 and 1: rows follow the shard axis.
   auto mesh = ToDeviceMesh((*programs)[0].mesh());
   const auto& emb = (*programs)[3].units(0).params(0);
-  EXPECT_EQ(LocalPiece(*StorageLayout(emb), *mesh, 3)->ToString(), "[32:64, 0:32]");
-  EXPECT_EQ(LocalPiece(*StorageLayout(emb), *mesh, 1)->ToString(), "[32:64, 0:32]");
+  EXPECT_EQ(LocalPiece(*StorageLayout(emb, *mesh), *mesh, 3)->ToString(), "[32:64, 0:32]");
+  EXPECT_EQ(LocalPiece(*StorageLayout(emb, *mesh), *mesh, 1)->ToString(), "[32:64, 0:32]");
 }
 
 TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {

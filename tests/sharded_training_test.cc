@@ -61,7 +61,7 @@ at::Tensor Rows(const at::Tensor& full, const Executor& e, const std::string& na
   for (const auto& u : program.units()) {
     for (const auto& p : u.params()) {
       if (p.name() != name) continue;
-      const Piece piece = *LocalPiece(*StorageLayout(p), *mesh, program.rank());
+      const Piece piece = *LocalPiece(*StorageLayout(p, *mesh), *mesh, program.rank());
       at::Tensor t = full.detach();
       for (size_t d = 0; d < piece.shape.size(); ++d) t = t.narrow(d, piece.offset[d], piece.shape[d]);
       return t;

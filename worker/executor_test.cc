@@ -211,13 +211,13 @@ TEST(ExecutorLayoutTest, ShardOneAndReplicatePiecesHoldTheirGlobalSlices) {
     for (const auto& u : programs[r].units()) {
       for (const auto& param : u.params()) {
         const ParamSpec spec = *std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == param.name(); });
-        const Piece piece = *LocalPiece(*StorageLayout(param), mesh, r);
+        const Piece piece = *LocalPiece(*StorageLayout(param, mesh), mesh, r);
         const at::Tensor mine = *ranks->executors[r]->MasterShard(param.name());
         ASSERT_EQ(mine.sizes().vec(), piece.shape) << param.name();
         const double diff = mine.sub(Slice(Global(spec), piece)).abs().max().item<double>();
         worst_init = std::max(worst_init, diff);
         std::printf("rank %d %-18s %-12s piece %-16s holds its global slice (max abs diff %g)\n", r,
-                    param.name().c_str(), StorageLayout(param)->placements[0].ToString().c_str(),
+                    param.name().c_str(), StorageLayout(param, mesh)->placements[0].ToString().c_str(),
                     piece.ToString().c_str(), diff);
       }
     }
@@ -233,7 +233,7 @@ TEST(ExecutorLayoutTest, ShardOneAndReplicatePiecesHoldTheirGlobalSlices) {
   for (int r = 0; r < 2; ++r) {
     for (const auto& u : programs[r].units()) {
       for (const auto& param : u.params()) {
-        const Piece piece = *LocalPiece(*StorageLayout(param), mesh, r);
+        const Piece piece = *LocalPiece(*StorageLayout(param, mesh), mesh, r);
         const at::Tensor g = *ranks->executors[r]->LastGradShard(param.name());
         worst_grad = std::max(worst_grad, g.sub(Slice(want.grads.at(param.name()), piece)).abs().max().item<double>());
       }

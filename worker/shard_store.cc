@@ -34,8 +34,8 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
     for (const auto& pl : ul.params()) {
       Param p;
       p.name = pl.name();
-      auto storage = StorageLayout(pl);
-      auto compute = ComputeLayout(pl);
+      auto storage = StorageLayout(pl, mesh);
+      auto compute = ComputeLayout(pl, mesh);
       if (!storage.ok()) return storage.status();
       if (!compute.ok()) return compute.status();
       auto master_piece = LocalPiece(*storage, mesh, program.rank());
