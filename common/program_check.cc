@@ -177,6 +177,9 @@ absl::Status CheckInstruction(Context& c, const Instruction& ins) {
     case Instruction::ALL_REDUCE_GRADS:
       if (auto s = needs_unit(); !s.ok()) return s;
       if (ins.axes_size() == 0) return Bad(absl::StrCat(DescribeInstruction(ins), " names no mesh axis"));
+      if (!Instruction::Reduce_IsValid(ins.reduce())) {
+        return Bad(absl::StrCat(DescribeInstruction(ins), ": unknown reduction ", ins.reduce()));
+      }
       return needs_group();
     case Instruction::CLIP_GRAD_NORM:
       if (!(std::isfinite(ins.value()) && ins.value() > 0)) {
@@ -341,6 +344,11 @@ absl::Status ValidateProgram(const Program& p) {
                                   "\"; only Shard(d) -> Replicate is gathered for compute"));
         }
       }
+      for (const std::string& axis : param.grad_partial_axes()) {
+        if (auto a = c.mesh.AxisIndex(axis); !a.ok()) {
+          return Bad(absl::StrCat("parameter ", param.name(), " grad_partial_axes: ", a.status().message()));
+        }
+      }
       if (!c.layouts.emplace(param.name(), std::make_pair(*storage, *compute)).second) {
         return Bad(absl::StrCat("parameter ", param.name(), " appears twice"));
       }
@@ -349,6 +357,11 @@ absl::Status ValidateProgram(const Program& p) {
   for (const auto& stage : p.stages()) {
     if (!baton::v1::Stage::Kind_IsValid(stage.kind()) || !StageFitsModel(stage.kind(), p.model())) {
       return Bad(absl::StrCat("stage kind ", static_cast<int>(stage.kind()), " does not fit the model"));
+    }
+    if (stage.has_tensor_parallel()) {
+      if (auto a = c.mesh.AxisIndex(stage.tensor_parallel().axis()); !a.ok()) {
+        return Bad(absl::StrCat("stage tensor_parallel: ", a.status().message()));
+      }
     }
     const bool has_params = stage.kind() != baton::v1::Stage::MLP_INPUT;
     if (has_params ? stage.unit() < 0 : stage.unit() != -1) {

@@ -126,15 +126,4 @@ absl::StatusOr<std::vector<Piece>> GroupPieces(const TensorLayout& from, const T
   return pieces;
 }
 
-int64_t ReplicationFactor(const TensorLayout& layout, const DeviceMesh& mesh,
-                          const std::vector<std::string>& stage_axes) {
-  int64_t copies = 1;
-  for (int axis = 0; axis < mesh.ndim() && axis < static_cast<int>(layout.placements.size()); ++axis) {
-    const std::string& name = mesh.axes()[axis].name;
-    if (std::find(stage_axes.begin(), stage_axes.end(), name) != stage_axes.end()) continue;
-    if (layout.placements[axis].is_replicate()) copies *= mesh.axes()[axis].size;
-  }
-  return copies;
-}
-
 }  // namespace baton

@@ -69,13 +69,6 @@ bool GatheredAlong(const TensorLayout& from, const TensorLayout& to, int axis);
 absl::StatusOr<std::vector<Piece>> GroupPieces(const TensorLayout& from, const TensorLayout& to,
                                                const DeviceMesh& mesh, int rank, int axis);
 
-// Product of the sizes of the axes on which `layout` is Replicate, leaving
-// out `stage_axes` (along which ranks hold different parts of the model):
-// how many ranks hold an identical copy of each piece, so a sum over all
-// ranks of a per-piece quantity counts each piece this many times.
-int64_t ReplicationFactor(const TensorLayout& layout, const DeviceMesh& mesh,
-                          const std::vector<std::string>& stage_axes = {});
-
 }  // namespace baton
 
 #endif  // BATON_MESH_LAYOUT_H_

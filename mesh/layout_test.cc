@@ -24,8 +24,6 @@ TEST(LayoutTest, ReplicateAndPartialKeepTheWholeTensor) {
   const DeviceMesh mesh = Mesh({{"dp", 2}, {"tp", 2}});
   TensorLayout layout{{5, 3}, {Placement::Replicate(), Placement::Partial()}};
   for (int r = 0; r < 4; ++r) EXPECT_EQ(LocalPiece(layout, mesh, r)->ToString(), "[0:5, 0:3]");
-  EXPECT_EQ(ReplicationFactor(layout, mesh), 2);
-  EXPECT_EQ(ReplicationFactor(layout, mesh, {"dp"}), 1);  // a pipeline axis holds no copies
 }
 
 // Placements apply in mesh-axis order: the second axis chunks what the first
@@ -44,7 +42,6 @@ TEST(LayoutTest, NestedShardsOnOneDimApplyInMeshOrder) {
     total += p->numel();
   }
   EXPECT_EQ(total, 10);
-  EXPECT_EQ(ReplicationFactor(layout, mesh), 1);
 }
 
 // FSDP over a tensor-parallel weight: the dp shard is taken from the tp piece

@@ -8,6 +8,8 @@
 #include "mesh/device_mesh.h"
 #include "common/spec_check.h"
 #include "common/wire.h"
+#include "strategies/model_layout.h"
+#include "strategies/tensor_parallel.h"
 
 namespace baton {
 namespace {
@@ -67,7 +69,21 @@ int MeshSize(const JobSpec& job) {
   return n;
 }
 
-int DataParallelSize(const JobSpec& job) { return MeshSize(job); }
+std::vector<std::string> DataParallelAxes(const JobSpec& job) {
+  std::vector<std::string> axes;
+  for (const auto& a : job.mesh()) {
+    if (!job.plan().has_tensor_parallel() || a.name() != job.plan().tensor_parallel().axis()) axes.push_back(a.name());
+  }
+  return axes;
+}
+
+int DataParallelSize(const JobSpec& job) {
+  int n = 1;
+  for (const auto& a : job.mesh()) {
+    if (!job.plan().has_tensor_parallel() || a.name() != job.plan().tensor_parallel().axis()) n *= a.size();
+  }
+  return n;
+}
 
 absl::Status ValidateJobSpec(const JobSpec& job) {
   if (auto s = ValidateModel(job.model()); !s.ok()) return OfJob(s);
@@ -83,13 +99,21 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
       !baton::v1::Precision_IsValid(job.plan().mixed_precision().reduce_dtype())) {
     return Invalid("plan.mixed_precision dtypes must be FP32 or BF16");
   }
-  if (mode == baton::v1::HSDP && job.mesh_size() != 2) {
-    return Invalid(absl::StrCat("plan.mode HSDP needs a 2-D mesh (replicate, shard), got ",
-                                job.mesh_size(), " axes"));
+  const bool tp = job.plan().has_tensor_parallel();
+  if (tp && !mesh->AxisIndex(job.plan().tensor_parallel().axis()).ok()) {
+    return Invalid(absl::StrCat("plan.tensor_parallel.axis \"", job.plan().tensor_parallel().axis(),
+                                "\" is not an axis of the mesh (", FormatMeshSpec(mesh->axes()), ")"));
   }
-  if (mode != baton::v1::HSDP && job.mesh_size() != 1) {
-    return Invalid(absl::StrCat("plan.mode ", baton::v1::ParallelMode_Name(mode),
-                                " takes a 1-D mesh; use HSDP for a 2-D (replicate, shard) mesh"));
+  // The data-parallel mode runs on the axes tensor parallelism leaves.
+  const int data_axes = static_cast<int>(DataParallelAxes(job).size());
+  if (mode == baton::v1::HSDP && data_axes != 2) {
+    return Invalid(absl::StrCat("plan.mode HSDP needs two data-parallel mesh axes (replicate, shard), got ",
+                                data_axes, tp ? " besides the tensor-parallel one" : ""));
+  }
+  if (mode != baton::v1::HSDP && data_axes != 1 && !(tp && data_axes == 0)) {
+    return Invalid(absl::StrCat("plan.mode ", baton::v1::ParallelMode_Name(mode), " takes one data-parallel mesh axis",
+                                tp ? " besides the tensor-parallel one" : "",
+                                ", got ", data_axes, "; use HSDP for two (replicate, shard)"));
   }
   const auto& mp = job.plan().mixed_precision();
   if (mp.reduce_dtype() == baton::v1::BF16) {
@@ -109,6 +133,10 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (data.microbatches() < 1 || (data.batch_size() / dp) % data.microbatches() != 0) {
     return Invalid(absl::StrCat("data.microbatches ", data.microbatches(), " must divide the per-rank batch ",
                                 data.batch_size() / dp));
+  }
+  if (tp) {
+    auto plan = PlanTensorParallel(job, BuildModelLayout(job.model()));
+    if (!plan.ok()) return plan.status();
   }
   if (job.steps() < 1) return Invalid(absl::StrCat("steps must be >= 1, got ", job.steps()));
   if (job.threads_per_rank() < 1 || job.threads_per_rank() > 256) {

@@ -7,6 +7,7 @@
 #define BATON_STRATEGIES_JOB_SPEC_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
@@ -23,7 +24,10 @@ absl::Status ValidateJobSpec(const baton::v1::JobSpec& job);
 
 // Number of ranks the job's mesh needs.
 int MeshSize(const baton::v1::JobSpec& job);
-// Ranks that each see different data (every rank of the mesh).
+// The mesh axes the batch is split over: every axis but the tensor-parallel
+// one, in mesh order.
+std::vector<std::string> DataParallelAxes(const baton::v1::JobSpec& job);
+// Ranks that each see different data: the product of those axes.
 int DataParallelSize(const baton::v1::JobSpec& job);
 
 }  // namespace baton

@@ -60,7 +60,7 @@ TEST(JobSpecTest, RejectsWhatCannotRunWithActionableMessages) {
             std::string::npos);
   EXPECT_NE(ErrorOf(Replace(kDecoder, "batch_size: 8", "batch_size: 7")).find("not divisible by the 2"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(Replace(kDecoder, "mode: FSDP", "mode: HSDP")).find("2-D mesh"), std::string::npos);
+  EXPECT_NE(ErrorOf(Replace(kDecoder, "mode: FSDP", "mode: HSDP")).find("needs two data-parallel mesh axes (replicate, shard), got 1"), std::string::npos);
   EXPECT_NE(ErrorOf(Replace(kDecoder, "mode: FSDP", "mode: DDP mixed_precision { param_dtype: BF16 }"))
                 .find("FSDP or HSDP"),
             std::string::npos);

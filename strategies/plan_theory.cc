@@ -1,7 +1,9 @@
 #include "strategies/plan_theory.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/program_check.h"
@@ -20,6 +22,7 @@ struct ParamPieces {
   TensorLayout storage, compute_layout;
   Piece master, compute;  // this rank's
   bool same_layouts;      // nothing gathered: the compute gradient is the master's
+  std::set<int> grad_partial;  // axes its compute gradient is a partial sum along
 };
 
 struct RankTheory {
@@ -28,6 +31,59 @@ struct RankTheory {
   int64_t state = 0;
   int64_t peak = 0;
 };
+
+// Bytes one rank sends for the Megatron collectives inside a stage's forward
+// or backward (worker/model/stages.cc), for a microbatch of `rows`:
+// reductions in fp32, gathers in the compute dtype, even splits.
+int64_t TensorParallelBytes(const Program& p, const baton::v1::Stage& stage, bool backward, int64_t rows,
+                            const std::function<bool(const std::string&)>& split, int n, int64_t elem) {
+  const auto& tp = stage.tensor_parallel();
+  const bool sp = tp.sequence_parallel();
+  auto all_reduce = [&](int64_t numel) { return RingAllReduceBytes(numel, 4, n); };
+  // A sequence-parallel region boundary: all-gather in, reduce-scatter out
+  // (forward); their conjugates backward.
+  auto gather = [&](int64_t chunk) { return RingAllGatherBytes(chunk, elem, n); };
+  auto scatter = [&](int64_t chunk) { return RingAllGatherBytes(chunk, 4, n); };
+  if (p.model().has_mlp()) {
+    const int64_t d = p.model().mlp().d_model();
+    if (stage.kind() != baton::v1::Stage::MLP_BLOCK) return 0;
+    std::string unit;
+    for (const auto& u : p.units()) {
+      if (u.index() == stage.unit()) unit = u.name();
+    }
+    return split(unit + ".w1.weight") ? all_reduce(rows * d) : 0;  // g forward, f backward
+  }
+  const auto& m = p.model().decoder();
+  const int64_t tokens = rows * m.seq_len(), hidden = tokens * m.dim(), chunk = hidden / n;
+  // One split region (attention, MLP, the head's input): f / g, or with
+  // sequence parallelism the gather in and the reduce-scatter out.
+  auto region = [&](bool enters, bool leaves) -> int64_t {
+    if (sp) return (enters ? (backward ? scatter(chunk) : gather(chunk)) : 0) +
+                   (leaves ? (backward ? gather(chunk) : scatter(chunk)) : 0);
+    return backward ? (enters ? all_reduce(hidden) : 0) : (leaves ? all_reduce(hidden) : 0);
+  };
+  switch (stage.kind()) {
+    case baton::v1::Stage::EMBEDDING:
+      return split("tok_embeddings.weight") ? region(false, true) : 0;
+    case baton::v1::Stage::DECODER_BLOCK: {
+      std::string prefix;
+      for (const auto& u : p.units()) {
+        if (u.index() == stage.unit()) prefix = u.name() + ".";
+      }
+      return (split(prefix + "attention.wq.weight") ? region(true, true) : 0) +
+             (split(prefix + "feed_forward.w1.weight") ? region(true, true) : 0);
+    }
+    case baton::v1::Stage::LM_HEAD_CE: {
+      if (!split("output.weight")) return 0;
+      int64_t bytes = region(true, false);
+      if (backward) return bytes;
+      if (tp.loss_parallel()) return bytes + 3 * all_reduce(tokens);  // max, sum of exp, target logit
+      return bytes + RingAllGatherBytes(tokens * m.vocab() / n, elem, n);  // the logits
+    }
+    default:
+      return 0;
+  }
+}
 
 absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   auto mesh = ToDeviceMesh(p.mesh());
@@ -46,7 +102,10 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       auto full = LocalPiece(*compute, *mesh, p.rank());
       if (!master.ok()) return master.status();
       if (!full.ok()) return full.status();
-      units[u.index()].push_back({*storage, *compute, *master, *full, storage->placements == compute->placements});
+      std::set<int> partial;
+      for (const std::string& axis : param.grad_partial_axes()) partial.insert(*mesh->AxisIndex(axis));
+      units[u.index()].push_back(
+          {*storage, *compute, *master, *full, storage->placements == compute->placements, partial});
     }
   }
   auto group_size = [&](const google::protobuf::RepeatedPtrField<std::string>& axes) -> absl::StatusOr<int> {
@@ -89,8 +148,31 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   }
   t.peak = current;
   std::map<int, bool> frees_grads;
+  std::map<int, int64_t> rows;  // per microbatch
+  std::map<std::string, const ParamPieces*> by_name;
+  for (const auto& u : p.units()) {
+    for (int i = 0; i < u.params_size(); ++i) by_name[u.params(i).name()] = &units[u.index()][i];
+  }
   for (const Instruction& ins : p.instructions()) {
     switch (ins.op()) {
+      case Instruction::LOAD_BATCH:
+        rows[ins.microbatch()] = ins.rows();
+        break;
+      case Instruction::FORWARD:
+      case Instruction::BACKWARD: {
+        const auto& stage = p.stages(ins.stage());
+        if (!stage.has_tensor_parallel()) break;
+        const int axis = *mesh->AxisIndex(stage.tensor_parallel().axis());
+        auto split = [&](const std::string& name) {
+          auto it = by_name.find(name);
+          return it != by_name.end() && it->second->compute_layout.placements[axis].is_shard();
+        };
+        const int64_t bytes = TensorParallelBytes(p, stage, ins.op() == Instruction::BACKWARD, rows[ins.microbatch()],
+                                                  split, mesh->axes()[axis].size, elem);
+        t.comm += bytes;
+        t.ideal += bytes;
+        break;
+      }
       case Instruction::GATHER_PARAMS:
       case Instruction::REDUCE_SCATTER_GRADS: {
         if (ins.axes_size() == 0) break;
@@ -106,8 +188,18 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       case Instruction::ALL_REDUCE_GRADS: {
         auto n = group_size(ins.axes());
         if (!n.ok()) return n.status();
+        // The parameters that take part, as UnitCollectives picks them.
         int64_t numel = 0;
-        for (const ParamPieces& pp : units[ins.unit()]) numel += pp.master.numel();
+        for (const ParamPieces& pp : units[ins.unit()]) {
+          bool takes_part = true;
+          for (const std::string& axis : ins.axes()) {
+            const int a = *mesh->AxisIndex(axis);
+            takes_part &= ins.reduce() == Instruction::SUM ? pp.grad_partial.count(a) > 0
+                                                           : pp.storage.placements[a].is_replicate();
+          }
+          if (takes_part) numel += pp.master.numel();
+        }
+        if (numel == 0) break;
         t.comm += RingAllReduceBytes(numel, 4, *n);
         t.ideal += 2.0 * (*n - 1) / *n * numel * 4;
         break;

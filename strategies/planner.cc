@@ -6,6 +6,7 @@
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
 #include "strategies/job_spec.h"
+#include "strategies/tensor_parallel.h"
 
 namespace baton {
 namespace {
@@ -15,38 +16,34 @@ using baton::v1::JobSpec;
 using baton::v1::ParallelMode;
 using baton::v1::Program;
 
-// How a data-parallel mode lays out every parameter and treats every unit.
+// How the data-parallel mode treats every unit, on the mesh axes tensor
+// parallelism leaves (DataParallelAxes).
 struct DataParallelLayout {
-  std::vector<Placement> storage, compute;  // one per mesh axis
-  std::string shard_axis;                   // gathers and reduce-scatters run along it ("" for DDP)
-  std::string replicate_axis;               // gradients are all-reduced along it ("" for FSDP, ZeRO)
-  bool resident = false;                    // compute parameters persist (ZeRO, DDP)
-  bool free_grads = true;                   // compute gradients dropped once reduced (not ZeRO-1)
-  bool regather_after_step = false;         // updated parameters gathered after the step (ZeRO)
+  std::string shard_axis;      // gathers and reduce-scatters run along it ("" for DDP)
+  std::string replicate_axis;  // gradients are all-reduced along it ("" for FSDP, ZeRO)
+  bool resident = false;       // compute parameters persist (ZeRO, DDP, nothing sharded)
+  bool free_grads = true;      // compute gradients dropped once reduced (not ZeRO-1)
+  bool regather_after_step = false;  // updated parameters gathered after the step (ZeRO)
 };
 
 DataParallelLayout LayoutFor(const JobSpec& job) {
   DataParallelLayout l;
   const ParallelMode mode = job.plan().mode();
-  const std::string first = job.mesh(0).name();
+  const std::vector<std::string> data = DataParallelAxes(job);
+  const std::string first = data.empty() ? "" : data[0];
   switch (mode) {
     case baton::v1::HSDP:
-      l.storage = {Placement::Replicate(), Placement::Shard(0)};
-      l.compute = {Placement::Replicate(), Placement::Replicate()};
-      l.shard_axis = job.mesh(1).name();
+      l.shard_axis = data[1];
       l.replicate_axis = first;
       break;
     case baton::v1::DDP:
-      l.storage = l.compute = {Placement::Replicate()};
       l.replicate_axis = first;
       l.resident = true;
       break;
     default:  // FSDP, ZERO1, ZERO2
-      l.storage = {Placement::Shard(0)};
-      l.compute = {Placement::Replicate()};
       l.shard_axis = first;
-      l.resident = mode == baton::v1::ZERO1 || mode == baton::v1::ZERO2;
-      l.regather_after_step = l.resident;
+      l.resident = mode == baton::v1::ZERO1 || mode == baton::v1::ZERO2 || first.empty();
+      l.regather_after_step = l.resident && !first.empty();
       l.free_grads = mode != baton::v1::ZERO1;
       break;
   }
@@ -60,8 +57,8 @@ DataParallelLayout LayoutFor(const JobSpec& job) {
 class StepWriter {
  public:
   StepWriter(const JobSpec& job, const ModelLayout& model, const DataParallelLayout& layout,
-             const DeviceMesh& mesh, int rank, Program* program)
-      : job_(job), model_(model), layout_(layout), mesh_(mesh), rank_(rank), program_(program) {
+             const TensorParallelPlan& tp, const DeviceMesh& mesh, int rank, Program* program)
+      : job_(job), model_(model), layout_(layout), tp_(tp), mesh_(mesh), rank_(rank), program_(program) {
     const int n_units = static_cast<int>(model.units.size());
     first_stage_.assign(n_units, -1);
     last_stage_.assign(n_units, -1);
@@ -76,6 +73,13 @@ class StepWriter {
     }
     if (layout.resident) {
       for (int u = 0; u < n_units; ++u) ready_.insert(u);
+    }
+    // This rank's place among the data-parallel ranks (row-major over the
+    // data axes): which rows of the batch it loads.
+    const std::vector<int> coords = *mesh.Coordinates(rank);
+    for (int a = 0; a < mesh.ndim(); ++a) {
+      if (tp.enabled && mesh.axes()[a].name == tp.axis) continue;
+      dp_rank_ = dp_rank_ * mesh.axes()[a].size + coords[a];
     }
   }
 
@@ -105,12 +109,20 @@ class StepWriter {
     }
     Instruction* metrics = Add(Instruction::REDUCE_METRICS);
     for (const auto& axis : mesh_.axes()) metrics->add_axes(axis.name);
-    metrics->set_value(mesh_.size());  // every rank computes the loss of its rows
+    // Every rank computes the loss of its rows (the tp ranks of a replica
+    // the same one): the mean over all of them is the job's.
+    metrics->set_value(mesh_.size());
     if (job_.optimizer().max_grad_norm() > 0) {
       // The norm is summed over the ranks whose gradient pieces make up the
-      // whole gradient: the shard group (DDP: every rank holds it all).
+      // whole gradient, each piece once: the shard group (DDP: every rank
+      // holds it all); with tensor parallelism the whole mesh, replicated
+      // pieces weighted by their copies.
       Instruction* clip = Add(Instruction::CLIP_GRAD_NORM);
-      if (!layout_.shard_axis.empty()) clip->add_axes(layout_.shard_axis);
+      if (tp_.enabled) {
+        for (const auto& axis : mesh_.axes()) clip->add_axes(axis.name);
+      } else if (!layout_.shard_axis.empty()) {
+        clip->add_axes(layout_.shard_axis);
+      }
       clip->set_value(job_.optimizer().max_grad_norm());
     }
     Add(Instruction::OPTIMIZER_STEP);
@@ -129,20 +141,22 @@ class StepWriter {
     return i;
   }
 
-  void UnitOp(Instruction::Op op, int unit, const std::string& axis = "") {
+  Instruction* UnitOp(Instruction::Op op, int unit, const std::string& axis = "") {
     Instruction* i = Add(op);
     i->set_unit(unit);
     if (!axis.empty()) i->add_axes(axis);
+    return i;
   }
 
   // This rank's rows of the global batch: data parallelism splits it over
-  // every rank of the mesh, then into microbatches.
+  // the data-parallel ranks (the tp ranks of one replica load the same
+  // rows), then into microbatches.
   void LoadBatch(int mb) {
-    const int64_t per_rank = job_.data().batch_size() / mesh_.size();
+    const int64_t per_rank = job_.data().batch_size() / DataParallelSize(job_);
     const int64_t rows = per_rank / job_.data().microbatches();
     Instruction* i = Add(Instruction::LOAD_BATCH);
     i->set_microbatch(mb);
-    i->set_row_offset(rank_ * per_rank + mb * rows);
+    i->set_row_offset(dp_rank_ * per_rank + mb * rows);
     i->set_rows(rows);
   }
 
@@ -184,15 +198,20 @@ class StepWriter {
   void ReduceGrads(int unit) {
     if (!layout_.shard_axis.empty()) UnitOp(Instruction::REDUCE_SCATTER_GRADS, unit, layout_.shard_axis);
     if (!layout_.shard_axis.empty() && layout_.free_grads) UnitOp(Instruction::FREE_GRADS, unit);
+    bool partial = false;  // sequence parallelism leaves partial sums of replicated weights
+    for (const ParamInfo& p : model_.units[unit].params) partial |= tp_.grad_partial.count(p.name) > 0;
+    if (partial) UnitOp(Instruction::ALL_REDUCE_GRADS, unit, tp_.axis)->set_reduce(Instruction::SUM);
     if (!layout_.replicate_axis.empty()) UnitOp(Instruction::ALL_REDUCE_GRADS, unit, layout_.replicate_axis);
   }
 
   const JobSpec& job_;
   const ModelLayout& model_;
   const DataParallelLayout& layout_;
+  const TensorParallelPlan& tp_;
   const DeviceMesh& mesh_;
   const int rank_;
   Program* const program_;
+  int dp_rank_ = 0;
   std::vector<int> first_stage_, last_stage_;
   int last_block_ = -1;
   std::set<int> ready_, in_flight_;
@@ -211,11 +230,21 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
   const ModelLayout model = BuildModelLayout(job.model());
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();
+  auto tp = PlanTensorParallel(job, model);
+  if (!tp.ok()) return tp.status();
   const DataParallelLayout layout = LayoutFor(job);
   std::vector<int> stages;
   for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) stages.push_back(s);
   const SequentialSchedule schedule;
   const std::vector<Pass> order = schedule.Order(stages, job.data().microbatches());
+  // With tensor parallelism every shard applies to the tp piece first.
+  std::vector<std::string> shard_order;
+  if (tp->enabled) {
+    shard_order.push_back(tp->axis);
+    for (const auto& a : mesh->axes()) {
+      if (a.name != tp->axis) shard_order.push_back(a.name);
+    }
+  }
 
   std::vector<Program> programs;
   for (int rank = 0; rank < mesh->size(); ++rank) {
@@ -232,7 +261,8 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
     p.set_threads(job.threads_per_rank());
     p.set_microbatches(job.data().microbatches());
     p.set_reports_loss(true);
-    p.set_counts_tokens(true);
+    // Tokens count once per data-parallel replica: on its first tp rank.
+    p.set_counts_tokens(!tp->enabled || *mesh->LocalRank(tp->axis, rank) == 0);
     for (size_t u = 0; u < model.units.size(); ++u) {
       auto* unit = p.add_units();
       unit->set_index(static_cast<int>(u));
@@ -243,12 +273,30 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
         param->set_name(info.name);
         for (int64_t d : info.shape) param->add_shape(d);
         *param->mutable_init() = info.init;
-        for (const Placement& pl : layout.storage) *param->add_placements() = ToWire(pl);
-        for (const Placement& pl : layout.compute) *param->add_compute_placements() = ToWire(pl);
+        for (const auto& axis : mesh->axes()) {
+          Placement storage = Placement::Replicate(), compute = Placement::Replicate();
+          if (tp->enabled && axis.name == tp->axis) {
+            storage = compute = tp->placement.at(info.name);
+          } else if (axis.name == layout.shard_axis) {
+            storage = Placement::Shard(0);
+          }
+          *param->add_placements() = ToWire(storage);
+          *param->add_compute_placements() = ToWire(compute);
+        }
+        for (const auto& axis : shard_order) param->add_shard_order(axis);
+        if (tp->grad_partial.count(info.name)) param->add_grad_partial_axes(tp->axis);
       }
     }
-    for (const auto& s : model.stages) *p.add_stages() = s;
-    StepWriter(job, model, layout, *mesh, rank, &p).Write(order);
+    for (auto s : model.stages) {
+      if (tp->enabled) {
+        auto* par = s.mutable_tensor_parallel();
+        par->set_axis(tp->axis);
+        par->set_sequence_parallel(tp->sequence_parallel);
+        par->set_loss_parallel(tp->loss_parallel);
+      }
+      *p.add_stages() = s;
+    }
+    StepWriter(job, model, layout, *tp, *mesh, rank, &p).Write(order);
     programs.push_back(std::move(p));
   }
   return programs;

@@ -305,7 +305,31 @@ INSTANTIATE_TEST_SUITE_P(
                       ModeCase{"zero2_2", "mode: ZERO2", "mesh { name: \"dp\" size: 2 }"},
                       ModeCase{"ddp_2", "mode: DDP", "mesh { name: \"dp\" size: 2 }"},
                       ModeCase{"hsdp_2x2", "mode: HSDP",
-                               "mesh { name: \"replicate\" size: 2 } mesh { name: \"shard\" size: 2 }"}),
+                               "mesh { name: \"replicate\" size: 2 } mesh { name: \"shard\" size: 2 }"},
+                      // Tensor parallelism alone, with sequence and loss
+                      // parallelism, and composed with data parallelism.
+                      ModeCase{"tp_2", "mode: FSDP tensor_parallel { axis: \"tp\" }", "mesh { name: \"tp\" size: 2 }"},
+                      ModeCase{"tp_4", "mode: FSDP tensor_parallel { axis: \"tp\" }", "mesh { name: \"tp\" size: 4 }"},
+                      ModeCase{"tp_2_sp_lp",
+                               "mode: FSDP tensor_parallel { axis: \"tp\" sequence_parallel: true loss_parallel: true }",
+                               "mesh { name: \"tp\" size: 2 }"},
+                      ModeCase{"tp_4_sp", "mode: FSDP tensor_parallel { axis: \"tp\" sequence_parallel: true }",
+                               "mesh { name: \"tp\" size: 4 }"},
+                      ModeCase{"tp_4_lp", "mode: FSDP tensor_parallel { axis: \"tp\" loss_parallel: true }",
+                               "mesh { name: \"tp\" size: 4 }"},
+                      ModeCase{"fsdp_2_x_tp_2", "mode: FSDP tensor_parallel { axis: \"tp\" }",
+                               "mesh { name: \"dp\" size: 2 } mesh { name: \"tp\" size: 2 }"},
+                      ModeCase{"fsdp_2_x_tp_2_sp_lp",
+                               "mode: FSDP tensor_parallel { axis: \"tp\" sequence_parallel: true loss_parallel: true }",
+                               "mesh { name: \"dp\" size: 2 } mesh { name: \"tp\" size: 2 }"},
+                      ModeCase{"zero2_2_x_tp_2", "mode: ZERO2 tensor_parallel { axis: \"tp\" }",
+                               "mesh { name: \"dp\" size: 2 } mesh { name: \"tp\" size: 2 }"},
+                      ModeCase{"ddp_2_x_tp_2_sp", "mode: DDP tensor_parallel { axis: \"tp\" sequence_parallel: true }",
+                               "mesh { name: \"dp\" size: 2 } mesh { name: \"tp\" size: 2 }"},
+                      ModeCase{"hsdp_2x2_x_tp_2_sp",
+                               "mode: HSDP tensor_parallel { axis: \"tp\" sequence_parallel: true }",
+                               "mesh { name: \"replicate\" size: 2 } mesh { name: \"shard\" size: 2 } "
+                               "mesh { name: \"tp\" size: 2 }"}),
     [](const ::testing::TestParamInfo<ModeCase>& info) { return std::string(info.param.name); });
 
 // Shapes no example uses: world sizes 3 and 5, dimensions that do not divide

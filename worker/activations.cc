@@ -20,8 +20,9 @@ std::string ShapeOf(const at::Tensor& t) { return absl::StrCat("[", absl::StrJoi
 
 Activations::~Activations() { (void)WaitSends(); }
 
-void Activations::BeginStep(int64_t step) {
+void Activations::BeginStep(int64_t step, Milliseconds timeout) {
   step_ = step;
+  timeout_ = timeout;
   batches_.clear();
   entries_.clear();
   loss_sum_ = 0;
@@ -74,9 +75,28 @@ absl::Status Activations::Forward(int stage, int microbatch) {
     throw std::invalid_argument(absl::StrCat("stage ", stage, " needs parameter ", name, ", which its unit ",
                                              unit == nullptr ? std::string("(none)") : unit->name, " does not hold"));
   };
+  // Tensor parallelism: the stage's collectives run along its axis, and a
+  // weight is split when its compute layout shards it there.
+  const auto& spec = program_.stages(stage);
+  TensorParallel tp;
+  if (spec.has_tensor_parallel()) {
+    auto comm = groups_->Axis(spec.tensor_parallel().axis());
+    if (!comm.ok()) return comm.status();
+    const int axis = *groups_->mesh().AxisIndex(spec.tensor_parallel().axis());
+    tp.comm = *comm;
+    tp.sequence_parallel = spec.tensor_parallel().sequence_parallel();
+    tp.loss_parallel = spec.tensor_parallel().loss_parallel();
+    tp.timeout = timeout_;
+    tp.split = [unit = *unit, axis](const std::string& name) {
+      for (const ShardStore::Param& p : unit->params) {
+        if (p.name == name) return p.compute_layout.placements[axis].is_shard();
+      }
+      return false;
+    };
+  }
   const std::string unit_name = *unit == nullptr ? "" : (*unit)->name;
-  entry.output = StageForward(program_.stages(stage), program_.model(), unit_name, lookup, entry.input,
-                              batch->second, store_->compute_dtype());
+  entry.output = StageForward(spec, program_.model(), unit_name, lookup, entry.input, batch->second,
+                              store_->compute_dtype(), spec.has_tensor_parallel() ? &tp : nullptr);
   if (IsLossStage(program_.stages(stage).kind())) loss_sum_ += entry.output.item<double>();
   return absl::OkStatus();
 }

@@ -39,8 +39,9 @@ class Activations {
       : program_(program), store_(store), groups_(groups), data_(std::move(data)) {}
   ~Activations();
 
-  // Forgets the last step's tensors and counters.
-  void BeginStep(int64_t step);
+  // Forgets the last step's tensors and counters; `timeout` bounds every
+  // collective of the step's stages (tensor parallelism) and sends.
+  void BeginStep(int64_t step, Milliseconds timeout);
   absl::Status LoadBatch(const baton::v1::Instruction& ins);
   absl::Status Forward(int stage, int microbatch);
   absl::Status Backward(int stage, int microbatch);
@@ -70,6 +71,7 @@ class Activations {
   std::unique_ptr<DataSource> data_;
 
   int64_t step_ = 0;
+  Milliseconds timeout_{kDefaultCollectiveTimeout};
   std::map<int, Batch> batches_;  // by microbatch
   std::map<Key, Entry> entries_;
   struct Sending {

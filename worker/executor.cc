@@ -64,7 +64,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   const auto start = std::chrono::steady_clock::now();
   const int64_t sent_before = groups_.bytes_sent();
   store_->ResetPeak();
-  activations_->BeginStep(step);
+  activations_->BeginStep(step, timeout);
   loss_ = 0;
   grad_norm_ = 0;
   // BATON_TRACE=1 prints where each step's time went, per instruction kind.
@@ -151,7 +151,9 @@ absl::Status Executor::Execute(const Instruction& ins) {
     case Instruction::FORWARD: return activations_->Forward(ins.stage(), ins.microbatch());
     case Instruction::BACKWARD: return activations_->Backward(ins.stage(), ins.microbatch());
     case Instruction::REDUCE_SCATTER_GRADS: return collectives_->ReduceScatterGrads(**unit, ins.axes(), timeout_);
-    case Instruction::ALL_REDUCE_GRADS: return collectives_->AllReduceGrads(**unit, ins.axes(), timeout_);
+    case Instruction::ALL_REDUCE_GRADS:
+      return collectives_->AllReduceGrads(**unit, ins.axes(),
+                                          ins.reduce() == Instruction::SUM ? ReduceOp::kSum : ReduceOp::kAvg, timeout_);
     case Instruction::FREE_GRADS:
       store_->DropFullGrads(**unit);
       return absl::OkStatus();
@@ -160,7 +162,7 @@ absl::Status Executor::Execute(const Instruction& ins) {
       if (auto s = collectives_->WaitReductions(); !s.ok()) return s;
       auto group = groups_.Of(ins.axes());
       if (!group.ok()) return group.status();
-      auto norm = ClipGradNorm(*store_, *group, ins.value(), timeout_);
+      auto norm = ClipGradNorm(*store_, *group, AxisIndices(ins), ins.value(), timeout_);
       return norm.status();
     }
     case Instruction::OPTIMIZER_STEP:
@@ -186,7 +188,7 @@ absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   if (!group.ok()) return group.status();
   at::Tensor t = at::empty({2}, at::kDouble);
   t[0] = program_.reports_loss() ? activations_->loss_sum() / program_.microbatches() : 0.0;
-  t[1] = SquaredGradNorm(*store_, /*once_per_copy=*/true);
+  t[1] = SquaredGradNorm(*store_, AxisIndices(ins));
   if (*group != nullptr) {
     if (auto s = (*group)->AllReduce(t, ReduceOp::kSum, timeout_); !s.ok()) return s;
   }
@@ -194,6 +196,12 @@ absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   loss_ = t[0].item<double>();
   grad_norm_ = std::sqrt(t[1].item<double>());
   return absl::OkStatus();
+}
+
+std::vector<int> Executor::AxisIndices(const Instruction& ins) const {
+  std::vector<int> axes;
+  for (const std::string& a : ins.axes()) axes.push_back(*groups_.mesh().AxisIndex(a));
+  return axes;
 }
 
 absl::Status Executor::Drain() {

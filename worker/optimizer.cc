@@ -9,22 +9,23 @@
 
 namespace baton {
 
-double SquaredGradNorm(const ShardStore& store, bool once_per_copy) {
+double SquaredGradNorm(const ShardStore& store, const std::vector<int>& axes) {
   double sq = 0;
   for (const auto& u : store.units()) {
     for (const auto& p : u->params) {
       const at::Tensor& g = p.PieceGrad();
       if (!g.defined() || g.numel() == 0) continue;
       const double part = g.to(at::kDouble).pow(2).sum().item<double>();
-      sq += once_per_copy ? part / static_cast<double>(p.replication) : part;
+      const int64_t copies = store.Copies(p, axes);
+      sq += copies == 1 ? part : part / static_cast<double>(copies);
     }
   }
   return sq;
 }
 
-absl::StatusOr<double> ClipGradNorm(ShardStore& store, Communicator* group, double max_norm,
-                                    Milliseconds timeout) {
-  double sq = SquaredGradNorm(store, /*once_per_copy=*/false);
+absl::StatusOr<double> ClipGradNorm(ShardStore& store, Communicator* group, const std::vector<int>& axes,
+                                    double max_norm, Milliseconds timeout) {
+  double sq = SquaredGradNorm(store, axes);
   if (group != nullptr) {
     at::Tensor t = at::empty({1}, at::kDouble);
     t.fill_(sq);

@@ -1,5 +1,7 @@
 #include "worker/shard_store.h"
 
+#include <algorithm>
+
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -25,6 +27,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
                                                                const DeviceMesh& mesh) {
   std::unique_ptr<ShardStore> store(new ShardStore());
   store->compute_dtype_ = program.compute_dtype() == baton::v1::BF16 ? at::kBFloat16 : at::kFloat;
+  for (const auto& axis : mesh.axes()) store->axis_sizes_.push_back(axis.size);
   at::NoGradGuard no_grad;
   for (const auto& ul : program.units()) {
     auto unit = std::make_unique<Unit>();
@@ -47,7 +50,13 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
       p.master_piece = *master_piece;
       p.compute_piece = *compute_piece;
       p.same_layouts = storage->placements == compute->placements;
-      p.replication = ReplicationFactor(*storage, mesh, {program.stage_axes().begin(), program.stage_axes().end()});
+      for (const std::string& axis : pl.grad_partial_axes()) p.grad_partial_axes.insert(*mesh.AxisIndex(axis));
+      for (int a = 0; a < mesh.ndim(); ++a) {
+        const std::string& axis = mesh.axes()[a].name;
+        const bool stage_axis = std::find(program.stage_axes().begin(), program.stage_axes().end(), axis) !=
+                                program.stage_axes().end();
+        if (storage->placements[a].is_replicate() && !stage_axis) p.replicated_axes.push_back(a);
+      }
       const std::vector<int64_t> shape(pl.shape().begin(), pl.shape().end());
       if (unit->resident) {
         p.full = InitParamPiece(p.name, shape, p.compute_piece, pl.init(), program.seed())
@@ -76,6 +85,14 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
   }
   store->ResetPeak();
   return store;
+}
+
+int64_t ShardStore::Copies(const Param& param, const std::vector<int>& axes) const {
+  int64_t copies = 1;
+  for (int a : param.replicated_axes) {
+    if (std::find(axes.begin(), axes.end(), a) != axes.end()) copies *= axis_sizes_[a];
+  }
+  return copies;
 }
 
 ShardStore::Unit* ShardStore::unit(int index) {

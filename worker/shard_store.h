@@ -26,6 +26,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,8 @@ class ShardStore {
     std::string name;
     TensorLayout storage_layout, compute_layout;  // how every rank's pieces lie
     Piece master_piece, compute_piece;
-    int64_t replication = 1;  // ranks holding an identical master piece
+    std::vector<int> replicated_axes;  // mesh axes it is Replicate along (not pipeline axes)
+    std::set<int> grad_partial_axes;  // mesh axes its compute gradient is a partial sum along
     bool master_is_view = false;
     at::Tensor master, exp_avg, exp_avg_sq, grad;
     at::Tensor full, full_grad;
@@ -77,6 +79,9 @@ class ShardStore {
   absl::StatusOr<Param*> param(const std::string& name) const;
 
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // How many ranks of a group spanning `axes` hold an identical copy of
+  // `param`'s piece.
+  int64_t Copies(const Param& param, const std::vector<int>& axes) const;
 
   // Gives a unit's compute tensors memory (no-op when they have it), or takes
   // it away.
@@ -107,6 +112,7 @@ class ShardStore {
   void Track(int64_t delta);
 
   at::ScalarType compute_dtype_;
+  std::vector<int> axis_sizes_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::map<int, Unit*> by_index_;
   std::map<std::string, Param*> by_name_;

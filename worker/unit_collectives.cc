@@ -184,44 +184,58 @@ absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const A
   return absl::OkStatus();
 }
 
-absl::Status UnitCollectives::AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout) {
-  // The all-reduce needs the unit's reduce-scatter result (HSDP). Chain it
-  // instead of waiting here, so backward goes on meanwhile; WaitReductions
-  // issues it, in the same order on every rank.
+absl::Status UnitCollectives::AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, ReduceOp op,
+                                             Milliseconds timeout) {
+  // The all-reduce needs the unit's earlier reduction (HSDP's reduce-scatter,
+  // sequence parallelism's sum). Chain it instead of waiting here, so
+  // backward goes on meanwhile; WaitReductions issues it, in the same order
+  // on every rank.
   for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
     if (it->unit == unit.index) {
-      it->then_all_reduce = axes;
-      it->timeout = timeout;
+      it->then.push_back({axes, op, timeout});
       return absl::OkStatus();
     }
   }
-  return IssueAllReduce(unit, axes, timeout);
+  return IssueAllReduce(unit, {axes, op, timeout});
 }
 
-absl::Status UnitCollectives::IssueAllReduce(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout) {
-  auto comm = groups_->Of(axes);
+absl::Status UnitCollectives::IssueAllReduce(ShardStore::Unit& unit, const AllReduce& all_reduce) {
+  auto comm = groups_->Of(all_reduce.axes);
   if (!comm.ok()) return comm.status();
   if (*comm == nullptr) return absl::OkStatus();
+  std::vector<int> axes;
+  for (const std::string& a : all_reduce.axes) axes.push_back(*groups_->mesh().AxisIndex(a));
+  // Which parameters take part.
+  std::vector<ShardStore::Param*> params;
+  for (ShardStore::Param& p : unit.params) {
+    bool takes_part = true;
+    for (int a : axes) {
+      takes_part &= all_reduce.op == ReduceOp::kSum ? p.grad_partial_axes.count(a) > 0
+                                                    : p.storage_layout.placements[a].is_replicate();
+    }
+    if (takes_part) params.push_back(&p);
+  }
+  if (params.empty()) return absl::OkStatus();
   int64_t total = 0;
-  for (const ShardStore::Param& p : unit.params) total += p.master_piece.numel();
+  for (const ShardStore::Param* p : params) total += p->master_piece.numel();
   at::Tensor flat = at::zeros({total}, at::kFloat);
   int64_t offset = 0;
-  for (ShardStore::Param& p : unit.params) {
-    const int64_t len = p.master_piece.numel();
-    const at::Tensor& g = p.PieceGrad();
+  for (ShardStore::Param* p : params) {
+    const int64_t len = p->master_piece.numel();
+    const at::Tensor& g = p->PieceGrad();
     if (len > 0 && g.defined()) flat.narrow(0, offset, len).copy_(g.reshape({-1}));
     offset += len;
   }
   Pending pending;
   pending.unit = unit.index;
-  pending.handle = (*comm)->AllReduceAsync(flat, ReduceOp::kAvg, timeout);
-  pending.finish = [&unit, flat]() {
+  pending.handle = (*comm)->AllReduceAsync(flat, all_reduce.op, all_reduce.timeout);
+  pending.finish = [params, flat]() {
     int64_t off = 0;
-    for (ShardStore::Param& p : unit.params) {
-      const int64_t len = p.master_piece.numel();
+    for (ShardStore::Param* p : params) {
+      const int64_t len = p->master_piece.numel();
       if (len > 0) {
-        at::Tensor part = flat.narrow(0, off, len).view(p.master_piece.shape);
-        at::Tensor& g = p.PieceGrad();
+        at::Tensor part = flat.narrow(0, off, len).view(p->master_piece.shape);
+        at::Tensor& g = p->PieceGrad();
         if (g.defined()) {
           g.copy_(part);
         } else {
@@ -247,9 +261,21 @@ absl::Status UnitCollectives::WaitReductions() {
         continue;
       }
       p.finish();
-      if (!p.then_all_reduce.empty() && first.ok()) {
-        ShardStore::Unit* unit = store_->unit(p.unit);
-        if (auto t = IssueAllReduce(*unit, p.then_all_reduce, p.timeout); !t.ok()) first = t;
+      if (!p.then.empty() && first.ok()) {
+        const size_t before = pending_.size();
+        if (auto t = IssueAllReduce(*store_->unit(p.unit), p.then.front()); !t.ok()) {
+          first = t;
+        } else if (pending_.size() > before) {
+          pending_.back().then.assign(p.then.begin() + 1, p.then.end());
+        } else if (p.then.size() > 1) {
+          // Nothing took part in that one: the rest still waits its turn.
+          Pending next;
+          next.unit = p.unit;
+          next.handle = CompletedHandle(absl::OkStatus());
+          next.finish = [] {};
+          next.then.assign(p.then.begin() + 1, p.then.end());
+          pending_.push_back(std::move(next));
+        }
       }
     }
   }

@@ -13,8 +13,9 @@
 //            all-gather; block r -> rank r's region of `full`
 //   REDUCE_SCATTER  rank r's region of `full_grad` -> block r; reduce-scatter
 //            (AVG = SUM, then our division); own block added to `grad`
-//   ALL_REDUCE  the unit's gradient pieces, flat, AVG; chained after the
-//            unit's reduce-scatter when one is in flight (HSDP)
+//   ALL_REDUCE  the unit's gradient pieces, flat (AVG over replicas, or SUM
+//            of sequence-parallel partial sums); chained after the unit's
+//            reduction in flight, if any (HSDP, sequence parallelism)
 //
 // Gathers are asynchronous (prefetch): GATHER issues, WAIT completes.
 // Reductions are waited for together before anything reads gradients.
@@ -48,7 +49,9 @@ class UnitCollectives {
   absl::Status Gather(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
   absl::Status WaitGather(ShardStore::Unit& unit);
   absl::Status ReduceScatterGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
-  absl::Status AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
+  // kAvg: the pieces of parameters Replicate along `axes` (data-parallel
+  // replicas); kSum: those whose gradients are partial along them.
+  absl::Status AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, ReduceOp op, Milliseconds timeout);
   // Completes every reduction issued so far; the first failure, if any.
   absl::Status WaitReductions();
   // Completes and forgets every gather not waited for (after a failed step);
@@ -60,15 +63,20 @@ class UnitCollectives {
   // one axis.
   class Packing;
   struct InFlightGather;
+  // An all-reduce waiting for the unit's previous reduction.
+  struct AllReduce {
+    AxisNames axes;
+    ReduceOp op;
+    Milliseconds timeout;
+  };
   struct Pending {
     std::unique_ptr<CommHandle> handle;
     std::function<void()> finish;
     int unit = 0;
-    AxisNames then_all_reduce;  // HSDP: all-reduce the pieces once reduced
-    Milliseconds timeout{0};
+    std::vector<AllReduce> then;  // issued in order once this one finished
   };
 
-  absl::Status IssueAllReduce(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
+  absl::Status IssueAllReduce(ShardStore::Unit& unit, const AllReduce& all_reduce);
   // The packing of `unit` along `axis`, worked out on first use: layouts
   // never change after load, and steps must not pay for it again.
   absl::StatusOr<std::shared_ptr<const Packing>> PackingOf(ShardStore::Unit& unit, const std::string& axis);

@@ -28,20 +28,41 @@ at::Tensor CausalMask(int64_t t, at::ScalarType dtype) {
   return at::full({t, t}, -std::numeric_limits<float>::infinity(), at::kFloat).triu(1).to(dtype);
 }
 
+// Entering and leaving a tensor-parallel region (attention, MLP): without
+// sequence parallelism f and g (all-reduce of the gradient, of the output);
+// with it, an all-gather of the sequence shards in and a reduce-scatter out.
+at::Tensor Enter(const at::Tensor& x, bool split, const TensorParallel* tp) {
+  if (tp != nullptr && tp->sequence_parallel) return GatherSequence(x, *tp);
+  return split ? CopyToTensorParallel(x, *tp) : x;
+}
+
+at::Tensor Leave(const at::Tensor& partial, bool split, const TensorParallel* tp) {
+  if (!split) return partial;
+  return tp->sequence_parallel ? ReduceScatterSequence(partial, *tp) : ReduceFromTensorParallel(partial, *tp);
+}
+
+bool Split(const TensorParallel* tp, const std::string& param) { return tp != nullptr && tp->split(param); }
+
+// With attention split, each rank holds whole heads: wq/wk/wv's rows and
+// wo's columns of its heads.
 at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p,
-                        const ParamLookup& w, const at::Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), d = x.size(2), h = m.heads(), hd = d / h;
-  at::Tensor a = RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps());
+                        const ParamLookup& w, const at::Tensor& x, const TensorParallel* tp) {
+  const bool attn_split = Split(tp, p + "attention.wq.weight");
+  const bool ffn_split = Split(tp, p + "feed_forward.w1.weight");
+  const int64_t hd = m.dim() / m.heads();
+  at::Tensor a = Enter(RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps()), attn_split, tp);
+  const int64_t b = a.size(0), t = a.size(1);
   auto heads = [&](const char* name) {
-    return at::linear(a, w(p + "attention." + name + ".weight")).view({b, t, h, hd}).transpose(1, 2);
+    const at::Tensor& weight = w(p + "attention." + name + ".weight");
+    return at::linear(a, weight).view({b, t, weight.size(0) / hd, hd}).transpose(1, 2);
   };
   at::Tensor q = heads("wq"), k = heads("wk"), v = heads("wv");
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(1.0 / std::sqrt(static_cast<double>(hd)));
   scores = scores.add(CausalMask(t, scores.scalar_type()));
   at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(x.scalar_type());
-  at::Tensor o = at::matmul(probs, v).transpose(1, 2).reshape({b, t, d});
-  at::Tensor hidden = x.add(at::linear(o, w(p + "attention.wo.weight")));
-  at::Tensor f = RmsNorm(hidden, w(p + "ffn_norm.weight"), m.norm_eps());
+  at::Tensor o = at::matmul(probs, v).transpose(1, 2).reshape({b, t, q.size(1) * hd});
+  at::Tensor hidden = x.add(Leave(at::linear(o, w(p + "attention.wo.weight")), attn_split, tp));
+  at::Tensor f = Enter(RmsNorm(hidden, w(p + "ffn_norm.weight"), m.norm_eps()), ffn_split, tp);
   at::Tensor ffn;
   if (m.mlp() == baton::v1::DecoderModel::SWIGLU) {
     ffn = at::silu(at::linear(f, w(p + "feed_forward.w1.weight")))
@@ -49,14 +70,25 @@ at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p,
   } else {
     ffn = at::gelu(at::linear(f, w(p + "feed_forward.w1.weight")));
   }
-  return hidden.add(at::linear(ffn, w(p + "feed_forward.w2.weight")));
+  return hidden.add(Leave(at::linear(ffn, w(p + "feed_forward.w2.weight")), ffn_split, tp));
+}
+
+// A vocabulary-sharded embedding: ids outside this rank's rows give zeros,
+// and the ranks' partial rows are summed.
+at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp) {
+  const int64_t rows = weight.size(0), offset = tp.rank() * rows;
+  at::Tensor mine = tokens.ge(offset).logical_and(tokens.lt(offset + rows));
+  at::Tensor ids = tokens.sub(offset).masked_fill(mine.logical_not(), 0);
+  at::Tensor partial = at::embedding(weight, ids).mul(mine.unsqueeze(-1).to(weight.scalar_type()));
+  return tp.sequence_parallel ? ReduceScatterSequence(partial, tp) : ReduceFromTensorParallel(partial, tp);
 }
 
 }  // namespace
 
 at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
-                        const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype) {
+                        const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
+                        const TensorParallel* tp) {
   const std::string p = unit_name + ".";
   switch (stage.kind()) {
     case Stage::MLP_INPUT:
@@ -64,6 +96,14 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
     case Stage::MLP_BLOCK: {
       const bool bias = model.mlp().bias();
       const at::Tensor none;
+      if (Split(tp, p + "w1.weight")) {
+        // w1 (and its bias) by output features, w2 by input features: each
+        // rank's hidden slice gives a partial output, summed, then w2's bias.
+        at::Tensor hidden = at::gelu(at::linear(CopyToTensorParallel(input, *tp), params(p + "w1.weight"),
+                                                bias ? params(p + "w1.bias") : none));
+        at::Tensor out = ReduceFromTensorParallel(at::linear(hidden, params(p + "w2.weight")), *tp);
+        return input.add(bias ? out.add(params(p + "w2.bias")) : out);
+      }
       at::Tensor hidden = at::gelu(at::linear(input, params(p + "w1.weight"),
                                               bias ? params(p + "w1.bias") : none));
       return input.add(at::linear(hidden, params(p + "w2.weight"), bias ? params(p + "w2.bias") : none));
@@ -73,13 +113,27 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
       at::Tensor out = at::linear(input, params("head.weight"), bias ? params("head.bias") : at::Tensor());
       return at::mse_loss(out.to(at::kFloat), batch.y);
     }
-    case Stage::EMBEDDING:
-      return at::embedding(params("tok_embeddings.weight"), batch.tokens);
+    case Stage::EMBEDDING: {
+      const at::Tensor& weight = params("tok_embeddings.weight");
+      if (Split(tp, "tok_embeddings.weight")) return VocabParallelEmbedding(weight, batch.tokens, *tp);
+      at::Tensor h = at::embedding(weight, batch.tokens);
+      return tp != nullptr && tp->sequence_parallel ? ScatterSequence(h, *tp) : h;
+    }
     case Stage::DECODER_BLOCK:
-      return DecoderBlock(model.decoder(), p, params, input);
+      return DecoderBlock(model.decoder(), p, params, input, tp);
     case Stage::LM_HEAD_CE: {
       const auto& m = model.decoder();
       at::Tensor h = RmsNorm(input, params("norm.weight"), m.norm_eps());
+      if (Split(tp, "output.weight")) {
+        // Vocabulary-sharded logits: this rank's (B, T, V / tp).
+        at::Tensor local = at::linear(Enter(h, true, tp), params("output.weight"));
+        if (tp->loss_parallel) {
+          return VocabParallelCrossEntropy(local.to(at::kFloat).view({-1, local.size(-1)}),
+                                           batch.targets.reshape({-1}), *tp);
+        }
+        at::Tensor logits = GatherVocab(local, *tp).to(at::kFloat);
+        return at::cross_entropy_loss(logits.view({-1, m.vocab()}), batch.targets.reshape({-1}));
+      }
       at::Tensor logits = at::linear(h, params("output.weight")).to(at::kFloat);
       return at::cross_entropy_loss(logits.view({-1, m.vocab()}), batch.targets.reshape({-1}));
     }

@@ -13,6 +13,7 @@
 
 #include "proto/job.pb.h"
 #include "proto/program.pb.h"
+#include "worker/model/tensor_parallel.h"
 
 namespace baton {
 
@@ -31,10 +32,14 @@ using ParamLookup = std::function<const at::Tensor&(const std::string& fqn)>;
 // Runs one forward stage. `input` is the previous stage's output (undefined
 // for the first stage). Loss stages return the scalar loss (mean over the
 // microbatch's rows, in fp32); the others return the activation.
-// `unit_name` is the unit's prefix ("layers.3", "root").
+// `unit_name` is the unit's prefix ("layers.3", "head"). With `tp`, the
+// parameters are this rank's tensor-parallel pieces and the stage runs the
+// Megatron collectives (worker/model/tensor_parallel.h); with sequence
+// parallelism activations between stages are this rank's sequence shard.
 at::Tensor StageForward(const baton::v1::Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
-                        const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype);
+                        const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
+                        const TensorParallel* tp = nullptr);
 
 }  // namespace baton
 
