@@ -12,7 +12,8 @@
 namespace baton {
 
 // JSON keys: step, loss, tokens_per_s, step_ms, comm_bytes, state_bytes,
-// peak_unsharded_param_bytes, grad_norm, tokens. Integers print as numbers.
+// peak_unsharded_param_bytes, grad_norm, tokens, peak_logits_elements.
+// Integers print as numbers.
 std::string FormatStep(const baton::v1::StepMetrics& m, int total_steps, bool json);
 
 // Draws "[=====>    ] 3/20 ETA 4.2s" on stderr when it is a terminal.

@@ -47,13 +47,16 @@ absl::StatusOr<baton::v1::StepMetrics> ReferenceTrainer::Step() {
   for (auto& [name, g] : grads_) g.zero_();
   auto lookup = [this](const std::string& name) -> const at::Tensor& { return params_.at(name); };
   double loss_sum = 0;
+  int64_t peak_logits = 0;
   try {
     for (int mb = 0; mb < microbatches; ++mb) {
       Batch b = data_->Get(step_, mb * rows, rows);
       at::Tensor x;
       for (const auto& stage : layout_.stages) {
         const std::string unit = stage.unit() < 0 ? "" : layout_.units[stage.unit()].name;
-        x = StageForward(stage, job_.model(), unit, lookup, x, b, at::kFloat);
+        int64_t logits = 0;
+        x = StageForward(stage, job_.model(), unit, lookup, x, b, at::kFloat, nullptr, &logits);
+        peak_logits = std::max(peak_logits, logits);
       }
       loss_sum += x.item<double>();
       x.div(static_cast<double>(microbatches)).backward();
@@ -92,6 +95,7 @@ absl::StatusOr<baton::v1::StepMetrics> ReferenceTrainer::Step() {
     for (const auto& [name, p] : params_) state += 16 * p.numel();
     m.set_state_bytes(state);
     m.set_peak_unsharded_param_bytes(layout_.parameters() * 4);
+    m.set_peak_logits_elements(peak_logits);
     return m;
   } catch (const std::exception& e) {
     return absl::InternalError(std::string("reference step failed: ") + e.what());

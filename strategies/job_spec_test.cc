@@ -75,5 +75,56 @@ TEST(JobSpecTest, RejectsWhatCannotRunWithActionableMessages) {
   EXPECT_NE(ErrorOf(Replace(kDecoder, "seq_len: 16", "seq_len: 16 mlp: 7")).find("mlp 7"), std::string::npos);
 }
 
+// Tensor-parallel plans that cannot run are refused before any worker runs,
+// naming the parameter and the numbers.
+TEST(JobSpecTest, RejectsTensorParallelPlansThatCannotRun) {
+  // The decoder (vocab 256, dim 64, heads 4, ffn 128, seq 16) on dp=2 x tp=4.
+  auto tp = [](const std::string& extra, int tp_size = 4, const std::string& model = "") {
+    std::string text = Replace(kDecoder, "mesh { name: \"dp\" size: 2 }",
+                               "mesh { name: \"dp\" size: 2 } mesh { name: \"tp\" size: " +
+                                   std::to_string(tp_size) + " }");
+    if (!model.empty()) text = Replace(text, "heads: 4 ffn_dim: 128", model);
+    return Replace(text, "mode: FSDP", "mode: FSDP tensor_parallel { axis: \"tp\" " + extra + " }");
+  };
+  ASSERT_TRUE(ParseJobSpec(tp(""), false).ok()) << ParseJobSpec(tp(""), false).status();
+  ASSERT_TRUE(ParseJobSpec(tp("sequence_parallel: true loss_parallel: true"), false).ok());
+  EXPECT_NE(ErrorOf(tp("", 4, "heads: 2 ffn_dim: 128")).find("2 heads do not split into whole heads over 4"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(tp("", 4, "heads: 4 ffn_dim: 126")).find("layers.0.feed_forward.w1.weight (126, 64) over 4 tp "
+                                                              "ranks: 126 is not divisible by 4"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Replace(tp("loss_parallel: true"), "vocab: 256", "vocab: 258"))
+                .find("output.weight (258, 64) over 4 tp ranks: 258 is not divisible by 4"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(tp("styles { module: \"layers.*.attn.wq\" style: COLWISE }"))
+                .find("\"layers.*.attn.wq\" matches no module"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(tp("styles { module: \"layers.*.attention_norm\" style: ROWWISE }"))
+                .find("ROWWISE needs a 2-D weight: layers.0.attention_norm.weight is (64)"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Replace(tp(""), "axis: \"tp\"", "axis: \"mp\"")).find("\"mp\" is not an axis of the mesh"),
+            std::string::npos);
+  // Splits that would compute something else than the model.
+  EXPECT_NE(ErrorOf(tp("styles { module: \"layers.*.attention.wo\" style: COLWISE }"))
+                .find("layers.0.attention.wo is COLWISE but its input is sharded on the last dim: that mixes a "
+                      "sharded and a plain operand"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(tp("styles { module: \"layers.*.feed_forward.w1\" style: ROWWISE }"))
+                .find("would put the sum inside the nonlinearity"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(tp("styles { module: \"layers.*.attention.wk\" style: REPLICATE_STYLE }"))
+                .find("attention mixes a sharded and a plain tensor"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(tp("loss_parallel: true styles { module: \"output\" style: REPLICATE_STYLE }"))
+                .find("loss_parallel needs vocabulary-sharded logits"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(Replace(tp("sequence_parallel: true"), "seq_len: 16", "seq_len: 18"))
+                .find("seq_len 18 does not split over 4"),
+            std::string::npos);
+  // An axis for both: the data-parallel mode needs one of its own (or none).
+  EXPECT_NE(ErrorOf(Replace(tp(""), "mode: FSDP", "mode: HSDP")).find("two data-parallel mesh axes"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace baton

@@ -3,6 +3,7 @@
 // its own thread with real gloo communicators (the same Executor the worker
 // daemon runs), the reference runs the same model, initial weights, data and
 // AdamW in one piece. Each test prints the figure it asserts on.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,11 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/wire.h"
 #include "mesh/layout.h"
+#include "mesh/shard_geometry.h"
 #include "reference/reference_trainer.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"
 #include "strategies/planner.h"
 #include "worker/executor.h"
+#include "worker/model/data.h"
 #include "worker/testing/executor_ranks.h"
 
 namespace baton {
@@ -182,6 +185,58 @@ TEST(ExecutorTest, HsdpGradientsAverageOverTheReplicateAxis) {
   }
 }
 
+// The seed lab's MLP with w1 column-parallel and w2 row-parallel on two
+// ranks: each holds half of every block's hidden features, and one
+// all-reduce per block completes the output.
+TEST(ExecutorTest, TensorParallelMlpMatchesTheUnshardedOne) {
+  const std::string text = With(With(kSeedLab, "mesh { name: \"dp\" size: 2 }", "mesh { name: \"tp\" size: 2 }"),
+                                "mode: FSDP", "mode: FSDP tensor_parallel { axis: \"tp\" }");
+  auto job = Job(text);
+  auto ref = Reference(job);
+  std::pair<double, double> grads;
+  double loss_diff = 0;
+  auto d = RunDistributed(job, 1, [&](Distributed& dist, int) {
+    auto m = ref->Step();
+    ASSERT_TRUE(m.ok());
+    grads = GradRatio(dist, *ref);
+    loss_diff = std::abs(dist.metrics[0][0].loss() - m->loss());
+  });
+  const at::Tensor w1 = *d->executors[1]->MasterShard("blocks.0.w1.weight");
+  const at::Tensor w2 = *d->executors[1]->MasterShard("blocks.0.w2.weight");
+  std::printf("tp MLP: local w1 (%lld, %lld), w2 (%lld, %lld); loss diff %.3g; every weight gradient max abs diff "
+              "%.3g (ratio %.9f)\n",
+              (long long)w1.size(0), (long long)w1.size(1), (long long)w2.size(0), (long long)w2.size(1), loss_diff,
+              grads.second, grads.first);
+  EXPECT_EQ(w1.sizes().vec(), (std::vector<int64_t>{16, 32}));  // (h/2, d): output features
+  EXPECT_EQ(w2.sizes().vec(), (std::vector<int64_t>{32, 16}));  // (d, h/2): input features
+  EXPECT_LE(loss_diff, 1e-6);
+  EXPECT_LE(grads.second, 1e-6);
+  EXPECT_NEAR(grads.first, 1.0, 1e-6);
+
+  // The negative case, with the same weights: splitting w1 by its input
+  // features instead puts the sum inside the GELU. The same comparison
+  // fails by a wide margin (the planner refuses that plan outright).
+  auto data = DataSource::Open(job.data(), job.model(), job.seed());
+  ASSERT_TRUE(data.ok());
+  at::Tensor batch = (*data)->Get(2, 0, 8).x;
+  const at::Tensor a = ref->param("blocks.0.w1.weight").detach(), b1 = ref->param("blocks.0.w1.bias").detach();
+  const at::Tensor w = ref->param("blocks.0.w2.weight").detach();
+  const at::Tensor right = at::linear(at::gelu(at::linear(batch, a, b1)), w);
+  at::Tensor wrong = at::zeros_like(right);
+  for (int r = 0; r < 2; ++r) {
+    const at::Tensor xr = batch.narrow(1, 16 * r, 16), ar = a.narrow(1, 16 * r, 16);
+    wrong.add_(at::linear(at::gelu(at::linear(xr, ar, b1.div(2))), w));
+  }
+  const double error = wrong.sub(right).abs().max().item<double>();
+  std::printf("tp MLP: w1 split by rows first (sum inside the GELU): block output max abs diff %.3f\n", error);
+  EXPECT_GT(error, 0.05);
+  auto refused = ParseJobSpec(With(text, "axis: \"tp\"",
+                                   "axis: \"tp\" styles { module: \"blocks.*.w1\" style: ROWWISE }"),
+                              false);
+  std::printf("planner: %s\n", refused.status().ToString().c_str());
+  EXPECT_FALSE(refused.ok());
+}
+
 TEST(ExecutorTest, SeedLabBf16MixedPrecisionStaysClose) {
   auto job = Job(With(kSeedLab, "mode: FSDP", "mode: FSDP mixed_precision { param_dtype: BF16 }"));
   auto ref = Reference(Job(kSeedLab));  // the fp32 reference
@@ -295,6 +350,34 @@ TEST_P(DecoderModesTest, LossFollowsTheReferenceForTwentySteps) {
     EXPECT_EQ(state, t.state_bytes) << "step " << step + 1;
     EXPECT_EQ(peak, t.peak_unsharded_param_bytes) << "step " << step + 1;
   }
+  if (!job.plan().has_tensor_parallel()) return;
+  // What tensor parallelism saves: a block's parameters per rank (its
+  // compute pieces) against the whole block, and the logits a rank holds.
+  const auto& program = d->executors[0]->program();
+  const DeviceMesh mesh = *ToDeviceMesh(program.mesh());
+  const auto& tp = job.plan().tensor_parallel();
+  const int n = *mesh.AxisSize(tp.axis());
+  int64_t local = 0, whole = 0;
+  for (const auto& param : program.units(1).params()) {  // layers.0
+    const TensorLayout compute = *ComputeLayout(param, mesh);
+    local += LocalPiece(compute, mesh, 0)->numel();
+    whole += NumElements(compute.shape);
+  }
+  const double ratio = static_cast<double>(local) / whole;
+  // Megatron: the four attention matrices and the MLP split, two norms whole.
+  const auto& m = job.model().decoder();
+  const double matrices = 4.0 * m.dim() * m.dim() + 2.0 * m.ffn_dim() * m.dim(), norms = 2.0 * m.dim();
+  const double expected = (matrices / n + norms) / (matrices + norms);
+  const int64_t rows = job.data().batch_size() / DataParallelSize(job) / job.data().microbatches();
+  const int64_t full_logits = rows * job.model().decoder().seq_len() * job.model().decoder().vocab();
+  int64_t logits = 0;
+  for (const auto& rank : d->metrics) logits = std::max(logits, rank.back().peak_logits_elements());
+  std::printf("%s: a block's parameters per rank / the whole block = %.4f (1/%d + the norms: %.4f); peak logits "
+              "per rank %lld elements, B*T*V = %lld (%s)\n",
+              c.name, ratio, n, expected, (long long)logits, (long long)full_logits,
+              tp.loss_parallel() ? "loss parallel: / tp" : "gathered");
+  EXPECT_NEAR(ratio, expected, 1e-12);
+  EXPECT_EQ(logits, tp.loss_parallel() ? full_logits / n : full_logits);
 }
 
 INSTANTIATE_TEST_SUITE_P(

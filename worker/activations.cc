@@ -27,6 +27,7 @@ void Activations::BeginStep(int64_t step, Milliseconds timeout) {
   entries_.clear();
   loss_sum_ = 0;
   tokens_ = 0;
+  peak_logits_ = 0;
 }
 
 absl::Status Activations::LoadBatch(const Instruction& ins) {
@@ -95,8 +96,10 @@ absl::Status Activations::Forward(int stage, int microbatch) {
     };
   }
   const std::string unit_name = *unit == nullptr ? "" : (*unit)->name;
+  int64_t logits = 0;
   entry.output = StageForward(spec, program_.model(), unit_name, lookup, entry.input, batch->second,
-                              store_->compute_dtype(), spec.has_tensor_parallel() ? &tp : nullptr);
+                              store_->compute_dtype(), spec.has_tensor_parallel() ? &tp : nullptr, &logits);
+  peak_logits_ = std::max(peak_logits_, logits);
   if (IsLossStage(program_.stages(stage).kind())) loss_sum_ += entry.output.item<double>();
   return absl::OkStatus();
 }

@@ -54,6 +54,8 @@ class Activations {
   double loss_sum() const { return loss_sum_; }
   // Tokens this step's batches carried.
   int64_t tokens() const { return tokens_; }
+  // The most logits one microbatch's loss stage held on this rank.
+  int64_t peak_logits_elements() const { return peak_logits_; }
 
  private:
   struct Entry {
@@ -81,6 +83,7 @@ class Activations {
   std::vector<Sending> sends_;
   double loss_sum_ = 0;
   int64_t tokens_ = 0;
+  int64_t peak_logits_ = 0;
 };
 
 }  // namespace baton

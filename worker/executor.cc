@@ -114,6 +114,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_comm_bytes(groups_.bytes_sent() - sent_before);
   m.set_state_bytes(store_->state_bytes());
   m.set_peak_unsharded_param_bytes(store_->peak_unsharded_bytes());
+  m.set_peak_logits_elements(activations_->peak_logits_elements());
   return m;
 }
 

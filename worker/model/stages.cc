@@ -88,7 +88,11 @@ at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& to
 at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
                         const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
-                        const TensorParallel* tp) {
+                        const TensorParallel* tp, int64_t* logits_elements) {
+  auto held = [logits_elements](const at::Tensor& logits) {
+    if (logits_elements != nullptr) *logits_elements = logits.numel();
+    return logits;
+  };
   const std::string p = unit_name + ".";
   switch (stage.kind()) {
     case Stage::MLP_INPUT:
@@ -126,15 +130,15 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
       at::Tensor h = RmsNorm(input, params("norm.weight"), m.norm_eps());
       if (Split(tp, "output.weight")) {
         // Vocabulary-sharded logits: this rank's (B, T, V / tp).
-        at::Tensor local = at::linear(Enter(h, true, tp), params("output.weight"));
+        at::Tensor local = held(at::linear(Enter(h, true, tp), params("output.weight")));
         if (tp->loss_parallel) {
           return VocabParallelCrossEntropy(local.to(at::kFloat).view({-1, local.size(-1)}),
                                            batch.targets.reshape({-1}), *tp);
         }
-        at::Tensor logits = GatherVocab(local, *tp).to(at::kFloat);
+        at::Tensor logits = held(GatherVocab(local, *tp)).to(at::kFloat);
         return at::cross_entropy_loss(logits.view({-1, m.vocab()}), batch.targets.reshape({-1}));
       }
-      at::Tensor logits = at::linear(h, params("output.weight")).to(at::kFloat);
+      at::Tensor logits = held(at::linear(h, params("output.weight"))).to(at::kFloat);
       return at::cross_entropy_loss(logits.view({-1, m.vocab()}), batch.targets.reshape({-1}));
     }
     default:

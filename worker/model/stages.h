@@ -36,10 +36,12 @@ using ParamLookup = std::function<const at::Tensor&(const std::string& fqn)>;
 // parameters are this rank's tensor-parallel pieces and the stage runs the
 // Megatron collectives (worker/model/tensor_parallel.h); with sequence
 // parallelism activations between stages are this rank's sequence shard.
+// A loss stage stores in `logits_elements` how many logits this rank held
+// (V/tp per token with loss parallelism, V otherwise).
 at::Tensor StageForward(const baton::v1::Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
                         const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
-                        const TensorParallel* tp = nullptr);
+                        const TensorParallel* tp = nullptr, int64_t* logits_elements = nullptr);
 
 }  // namespace baton
 
