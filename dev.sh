@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Baton's one entry point on a fresh Debian 12 machine (run as root):
 #   ./dev.sh demo   install what is missing, build, run the main job (a local
-#                   controller and 4 workers training a small decoder with FSDP)
+#                   controller and 4 workers training a small decoder with
+#                   FSDP x tensor parallelism on a dp=2, tp=2 mesh)
 #   ./dev.sh test   install what is missing, build, run every test;
 #                   ends with a plain "N passed, N failed, N skipped" line
 #   ./dev.sh build  install what is missing, build everything
@@ -92,8 +93,9 @@ demo() {
   ./bazel-bin/client/baton status --controller "$address"
   # Every collective along both axes of a 2x2 mesh, checked bit for bit.
   ./bazel-bin/client/baton check --controller "$address" --mesh dp=2,tp=2 --numel 262144
-  # The main job: a small decoder trained with FSDP on the 4 workers,
-  # driven step by step through the controller.
+  # The main job: a small decoder trained on the 4 workers as a dp=2 x tp=2
+  # mesh (FSDP x tensor parallelism), driven step by step through the
+  # controller.
   ./bazel-bin/client/baton run --controller "$address" examples/decoder_demo.textproto
   ./bazel-bin/client/baton status --controller "$address"
   kill -TERM $up_pid

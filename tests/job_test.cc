@@ -43,7 +43,8 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
   ASSERT_NE(cluster, nullptr);
   for (const char* example : {"decoder_fsdp2.textproto", "decoder_fsdp4.textproto", "decoder_zero1.textproto",
                               "decoder_zero2.textproto", "decoder_ddp.textproto", "decoder_hsdp.textproto",
-                              "mlp_seed_lab.textproto", "decoder_zero2.json"}) {
+                              "mlp_seed_lab.textproto", "decoder_zero2.json", "decoder_tp2.textproto",
+                              "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto"}) {
     const std::string file = Runfile(absl::StrCat("examples/", example));
     auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file,
                            "--output=json"},
