@@ -7,6 +7,7 @@
 #                   ends with a plain "N passed, N failed, N skipped" line
 #   ./dev.sh build  install what is missing, build everything
 #   ./dev.sh bench  install what is missing, run bench/vs_pytorch.sh
+#   ./dev.sh bench-tp  install what is missing, run bench/tp.sh (FSDP vs TP)
 # Installing is idempotent: apt is not called when every package is present.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -110,5 +111,6 @@ case "${1:-}" in
   test) install_missing; run_tests ;;
   build) install_missing; build ;;
   bench) install_missing; shift; bench/vs_pytorch.sh "$@"; bazel shutdown ;;
-  *) echo "usage: ./dev.sh demo|test|build|bench" >&2; exit 2 ;;
+  bench-tp) install_missing; shift; bench/tp.sh "$@"; bazel shutdown ;;
+  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp" >&2; exit 2 ;;
 esac

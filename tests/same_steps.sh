@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Behaviour check for refactors: trains every example through a local fleet
-# with this checkout and with revision REV (built in a temporary worktree),
-# and compares every step's loss, comm/state/peak bytes and tokens.
+# Behaviour check for refactors: trains every example of revision REV
+# through a local fleet with this checkout's binaries and with REV's (built in
+# a temporary worktree), and compares every step's loss, comm/state/peak
+# bytes and tokens.
 #
 #   tests/same_steps.sh REV        e.g. tests/same_steps.sh 68c45a5
 #
@@ -26,7 +27,8 @@ targets=(//client:baton //controller:baton-controller //worker:baton-worker)
 bazel build "${targets[@]}" >/dev/null 2>&1 || bazel build "${targets[@]}"
 (cd "$work/old" && (bazel build "${targets[@]}" >/dev/null 2>&1 || bazel build "${targets[@]}") && bazel shutdown)
 
-# run_all BIN_DIR OUT_DIR: every example through a 4-worker fleet.
+# run_all BIN_DIR OUT_DIR: every example REV has (both builds run the same
+# files) through a 4-worker fleet.
 run_all() {
   local bin=$1 out=$2
   mkdir -p "$out"
@@ -34,7 +36,7 @@ run_all() {
   local up=$!
   pids+=("$up")
   for _ in $(seq 600); do [ -s "$out/addr" ] && break; sleep 0.1; done
-  for f in examples/*.textproto examples/*.json; do
+  for f in "$work"/old/examples/*.textproto "$work"/old/examples/*.json; do
     "$bin/client/baton" run --controller "$(cat "$out/addr")" "$f" --output=json >"$out/$(basename "$f").jsonl" \
       2>>"$out/run.log"
   done
