@@ -492,7 +492,27 @@ INSTANTIATE_TEST_SUITE_P(
         OddCase{"zero1_world3_noprefetch", R"pb(
           model { mlp { d_model: 5 blocks: 2 hidden: 7 } }
           mesh { name: "dp" size: 3 } plan { mode: ZERO1 prefetch: false } optimizer { lr: 0.01 }
-          data { batch_size: 9 microbatches: 3 } steps: 3 seed: 9)pb"}),
+          data { batch_size: 9 microbatches: 3 } steps: 3 seed: 9)pb"},
+        // FSDP over 3 ranks of tensor-parallel pieces that do not divide
+        // by 3 (ffn 10 -> 5 rows per tp rank -> 2, 2, 1), with sequence and
+        // loss parallelism, a vocabulary-split embedding and clipping.
+        OddCase{"fsdp3_x_tp2_sp_lp_uneven", R"pb(
+          model { decoder { vocab: 12 dim: 12 layers: 2 heads: 2 ffn_dim: 10 seq_len: 4 mlp: SWIGLU } }
+          mesh { name: "dp" size: 3 } mesh { name: "tp" size: 2 }
+          plan { mode: FSDP tensor_parallel { axis: "tp" sequence_parallel: true loss_parallel: true
+                 styles { module: "tok_embeddings" style: ROWWISE } } }
+          optimizer { lr: 0.01 max_grad_norm: 0.5 } data { batch_size: 6 microbatches: 2 } steps: 3 seed: 6)pb"},
+        OddCase{"mlp_zero1_x_tp2_bias", R"pb(
+          model { mlp { d_model: 7 blocks: 2 hidden: 6 } }
+          mesh { name: "tp" size: 2 } mesh { name: "dp" size: 2 }
+          plan { mode: ZERO1 tensor_parallel { axis: "tp" } } optimizer { lr: 0.01 max_grad_norm: 0.5 }
+          data { batch_size: 4 } steps: 3 seed: 10)pb"},
+        OddCase{"fsdp2_x_tp2_bf16", R"pb(
+          model { decoder { vocab: 16 dim: 8 layers: 2 heads: 2 ffn_dim: 12 seq_len: 4 } }
+          mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 }
+          plan { mode: FSDP mixed_precision { param_dtype: BF16 }
+                 tensor_parallel { axis: "tp" sequence_parallel: true loss_parallel: true } }
+          optimizer { lr: 0.01 } data { batch_size: 4 } steps: 3 seed: 12)pb"}),
     [](const ::testing::TestParamInfo<OddCase>& info) { return std::string(info.param.name); });
 
 }  // namespace
