@@ -15,17 +15,8 @@ ROUNDS=${1:-3}
 STEPS=${2:-10}
 WARMUP=2
 PY=/usr/bin/python3
-targets=(//client:baton //controller:baton-controller //worker:baton-worker)
-bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
-BIN=bazel-bin
-
-dir=$(mktemp -d)
-up_pid=""
-cleanup() {
-  if [ -n "$up_pid" ]; then kill -TERM "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+. bench/fleet.sh
+bench_fleet 4
 
 job() {  # job NAME MESH PLAN
   cat > "$dir/$1.textproto" <<JOB
@@ -44,11 +35,6 @@ job fsdp_dp2_tp2 'mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 }' \
   'mode: FSDP tensor_parallel { axis: "tp" sequence_parallel: true loss_parallel: true }'
 job tp4 'mesh { name: "tp" size: 4 }' \
   'mode: FSDP tensor_parallel { axis: "tp" sequence_parallel: true loss_parallel: true }'
-
-$BIN/client/baton up --workers 4 --address_file "$dir/addr" > "$dir/up.log" 2>&1 &
-up_pid=$!
-for _ in $(seq 600); do [ -s "$dir/addr" ] && break; sleep 0.1; done
-addr=$(cat "$dir/addr")
 
 configs=(fsdp_dp4 fsdp_dp2_tp2 tp4)
 for ((round = 0; round < ROUNDS; round++)); do

@@ -22,17 +22,8 @@ if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install o
   echo "bench: installing python3-torch (the PyTorch-Python peer)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch
 fi
-bazel build -c opt //client:baton //controller:baton-controller //worker:baton-worker //reference:baton-reference >/dev/null 2>&1 ||
-  bazel build -c opt //client:baton //controller:baton-controller //worker:baton-worker //reference:baton-reference
-BIN=bazel-bin
-
-dir=$(mktemp -d)
-up_pid=""
-cleanup() {
-  if [ -n "$up_pid" ]; then kill -TERM "$up_pid" 2>/dev/null || true; wait "$up_pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+. bench/fleet.sh
+bench_fleet 2
 
 job() {  # job NAME MODE MESH_SIZE GLOBAL_BATCH
   cat > "$dir/$1.textproto" <<JOB
@@ -49,11 +40,6 @@ JOB
 job fsdp FSDP 2 16
 job ddp DDP 2 16
 job single FSDP 1 8
-
-$BIN/client/baton up --workers 2 --address_file "$dir/addr" > "$dir/up.log" 2>&1 &
-up_pid=$!
-for _ in $(seq 600); do [ -s "$dir/addr" ] && break; sleep 0.1; done
-addr=$(cat "$dir/addr")
 
 # tokens/s over the timed steps of a `baton run`/`baton reference` JSON log.
 baton_tps() {

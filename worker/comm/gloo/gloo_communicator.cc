@@ -149,24 +149,11 @@ class GlooCommunicator : public Communicator {
                                              Milliseconds timeout) override {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckAllGatherArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
-    const int64_t k = input.numel();
-    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
-               RingAllGatherBytes(k, input.element_size(), size_));
-    if (k == 0) return CompletedHandle(absl::OkStatus());
-    if (size_ == 1) {
-      output.view({-1}).copy_(input.view({-1}));
-      return CompletedHandle(absl::OkStatus());
-    }
     // alltoall_base writes each rank's piece straight into `output`; c10d's
     // list all-gather would gather into a temporary and copy out again.
-    at::Tensor send = Movable(input).view({1, -1}).expand({size_, k}).contiguous().view({-1});
-    at::Tensor recv = Movable(output).view({-1});
-    c10d::AllToAllOptions opts;
-    opts.timeout = timeout;
-    return Issue("all-gather", timeout, [&] {
-      std::vector<int64_t> equal_out, equal_in;  // empty = equal splits
-      return pg_->alltoall_base(recv, send, equal_out, equal_in, opts);
-    });
+    const int64_t k = input.numel();
+    at::Tensor send = size_ == 1 ? input : input.view({1, -1}).expand({size_, k}).contiguous();
+    return EqualBlocks("all-gather", send, output, k, timeout);
   }
 
   std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input, const at::Tensor& output,
@@ -233,22 +220,7 @@ class GlooCommunicator : public Communicator {
                                             Milliseconds timeout) override {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckAllToAllArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
-    const int64_t k = input.numel() / size_;
-    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
-               RingAllGatherBytes(k, input.element_size(), size_));
-    if (k == 0) return CompletedHandle(absl::OkStatus());
-    if (size_ == 1) {
-      output.view({-1}).copy_(input.view({-1}));
-      return CompletedHandle(absl::OkStatus());
-    }
-    at::Tensor send = Movable(input).view({-1});
-    at::Tensor recv = Movable(output).view({-1});
-    c10d::AllToAllOptions opts;
-    opts.timeout = timeout;
-    return Issue("all-to-all", timeout, [&] {
-      std::vector<int64_t> equal_out, equal_in;  // empty = equal splits
-      return pg_->alltoall_base(recv, send, equal_out, equal_in, opts);
-    });
+    return EqualBlocks("all-to-all", input, output, input.numel() / size_, timeout);
   }
 
   std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
@@ -288,6 +260,27 @@ class GlooCommunicator : public Communicator {
   }
 
  private:
+  // alltoall_base with equal splits: block j of `send` (k elements) goes to
+  // rank j, rank j's block lands at block j of `recv`. Moves data only, so
+  // bfloat16 travels as float16 bits.
+  std::unique_ptr<CommHandle> EqualBlocks(const char* op, const at::Tensor& send, const at::Tensor& recv,
+                                          int64_t k, Milliseconds timeout) {
+    CountBytes(RingAllGatherBytes(k, send.element_size(), size_), RingAllGatherBytes(k, send.element_size(), size_));
+    if (k == 0) return CompletedHandle(absl::OkStatus());
+    if (size_ == 1) {
+      recv.view({-1}).copy_(send.reshape({-1}));
+      return CompletedHandle(absl::OkStatus());
+    }
+    at::Tensor in = Movable(send).reshape({-1});
+    at::Tensor out = Movable(recv).view({-1});
+    c10d::AllToAllOptions opts;
+    opts.timeout = timeout;
+    return Issue(op, timeout, [&] {
+      std::vector<int64_t> equal_out, equal_in;  // empty = equal splits
+      return pg_->alltoall_base(out, in, equal_out, equal_in, opts);
+    });
+  }
+
   absl::Status Precheck(std::initializer_list<at::Tensor> tensors) const {
     if (broken_->load()) {
       return absl::FailedPreconditionError(
