@@ -35,8 +35,9 @@ struct RankTheory {
 // Bytes one rank sends for the Megatron collectives inside a stage's forward
 // or backward (worker/model/stages.cc), for a microbatch of `rows`:
 // reductions in fp32, gathers in the compute dtype, even splits.
-int64_t TensorParallelBytes(const Program& p, const baton::v1::Stage& stage, bool backward, int64_t rows,
+int64_t TensorParallelBytes(const Program& p, int index, bool backward, int64_t rows,
                             const std::function<bool(const std::string&)>& split, int n, int64_t elem) {
+  const baton::v1::Stage& stage = p.stages(index);
   const auto& tp = stage.tensor_parallel();
   const bool sp = tp.sequence_parallel();
   auto all_reduce = [&](int64_t numel) { return RingAllReduceBytes(numel, 4, n); };
@@ -51,7 +52,11 @@ int64_t TensorParallelBytes(const Program& p, const baton::v1::Stage& stage, boo
     for (const auto& u : p.units()) {
       if (u.index() == stage.unit()) unit = u.name();
     }
-    return split(unit + ".w1.weight") ? all_reduce(rows * d) : 0;  // g forward, f backward
+    if (!split(unit + ".w1.weight")) return 0;
+    // g forward; f backward, unless the block's input is the batch itself
+    // (no gradient flows into it).
+    const bool from_batch = index > 0 && p.stages(index - 1).kind() == baton::v1::Stage::MLP_INPUT;
+    return backward && from_batch ? 0 : all_reduce(rows * d);
   }
   const auto& m = p.model().decoder();
   const int64_t tokens = rows * m.seq_len(), hidden = tokens * m.dim(), chunk = hidden / n;
@@ -167,7 +172,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
           auto it = by_name.find(name);
           return it != by_name.end() && it->second->compute_layout.placements[axis].is_shard();
         };
-        const int64_t bytes = TensorParallelBytes(p, stage, ins.op() == Instruction::BACKWARD, rows[ins.microbatch()],
+        const int64_t bytes = TensorParallelBytes(p, ins.stage(), ins.op() == Instruction::BACKWARD, rows[ins.microbatch()],
                                                   split, mesh->axes()[axis].size, elem);
         t.comm += bytes;
         t.ideal += bytes;

@@ -23,7 +23,9 @@ struct DataParallelLayout {
   std::string replicate_axis;  // gradients are all-reduced along it ("" for FSDP, ZeRO)
   bool resident = false;       // compute parameters persist (ZeRO, DDP, nothing sharded)
   bool free_grads = true;      // compute gradients dropped once reduced (not ZeRO-1)
-  bool regather_after_step = false;  // updated parameters gathered after the step (ZeRO)
+  // Updated parameters gathered after the step (ZeRO), or cast into the
+  // resident bf16 compute copies when nothing is sharded.
+  bool regather_after_step = false;
 };
 
 DataParallelLayout LayoutFor(const JobSpec& job) {
@@ -43,7 +45,8 @@ DataParallelLayout LayoutFor(const JobSpec& job) {
     default:  // FSDP, ZERO1, ZERO2
       l.shard_axis = first;
       l.resident = mode == baton::v1::ZERO1 || mode == baton::v1::ZERO2 || first.empty();
-      l.regather_after_step = l.resident && !first.empty();
+      l.regather_after_step =
+          l.resident && (!first.empty() || job.plan().mixed_precision().param_dtype() == baton::v1::BF16);
       l.free_grads = mode != baton::v1::ZERO1;
       break;
   }

@@ -459,10 +459,28 @@ TEST_P(OddShapesTest, MatchesTheReference) {
   std::printf("%s: step 1 loss rel diff %.3g, gradient ratio %.9f, max abs gradient diff %.3g of max "
               "|g| %.3g; worst relative loss difference over %d steps %.3g\n",
               GetParam().name, first_loss, grads.first, grads.second, grad_scale, steps, worst);
+  // Accounting on these shapes too: exactly the plan's theory.
+  auto theory = ComputeTheory(job);
+  ASSERT_TRUE(theory.ok()) << theory.status();
+  int64_t comm = 0, state = 0, peak = 0;
+  for (const auto& rank : d->metrics) {
+    comm = std::max(comm, rank.back().comm_bytes());
+    state = std::max(state, rank.back().state_bytes());
+    peak = std::max(peak, rank.back().peak_unsharded_param_bytes());
+  }
+  std::printf("%s: comm %lld, state %lld, peak unsharded %lld bytes per rank; theory %lld, %lld, %lld\n",
+              GetParam().name, (long long)comm, (long long)state, (long long)peak, (long long)theory->comm_bytes,
+              (long long)theory->state_bytes, (long long)theory->peak_unsharded_param_bytes);
+  EXPECT_EQ(comm, theory->comm_bytes);
+  EXPECT_EQ(state, theory->state_bytes);
+  EXPECT_EQ(peak, theory->peak_unsharded_param_bytes);
   EXPECT_LE(first_loss, bf16 ? 2e-2 : 1e-6);
   EXPECT_NEAR(grads.first, 1.0, bf16 ? 2e-2 : 1e-6);
   EXPECT_LE(grads.second, (bf16 ? 5e-2 : 1e-6) * grad_scale);
-  EXPECT_LE(worst, bf16 ? 5e-2 : 1e-2);
+  // bf16 compute drifts from the fp32 reference, but bf16 weights that the
+  // optimizer never refreshed drift further (0.084 against 0.012 after 6 steps
+  // in tp2_bf16_nothing_sharded).
+  EXPECT_LE(worst, bf16 ? 2e-2 : 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -507,6 +525,11 @@ INSTANTIATE_TEST_SUITE_P(
           mesh { name: "tp" size: 2 } mesh { name: "dp" size: 2 }
           plan { mode: ZERO1 tensor_parallel { axis: "tp" } } optimizer { lr: 0.01 max_grad_norm: 0.5 }
           data { batch_size: 4 } steps: 3 seed: 10)pb"},
+        OddCase{"tp2_bf16_nothing_sharded", R"pb(
+          model { decoder { vocab: 16 dim: 8 layers: 2 heads: 2 ffn_dim: 12 seq_len: 4 } }
+          mesh { name: "tp" size: 2 }
+          plan { mode: FSDP mixed_precision { param_dtype: BF16 } tensor_parallel { axis: "tp" } }
+          optimizer { lr: 0.01 } data { batch_size: 4 } steps: 6 seed: 12)pb"},
         OddCase{"fsdp2_x_tp2_bf16", R"pb(
           model { decoder { vocab: 16 dim: 8 layers: 2 heads: 2 ffn_dim: 12 seq_len: 4 } }
           mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 }

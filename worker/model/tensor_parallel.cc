@@ -42,7 +42,10 @@ at::Tensor Run(Step step, const at::Tensor& x, int64_t dim, Communicator& comm, 
   return out->scalar_type() == x.scalar_type() ? *out : out->to(x.scalar_type());
 }
 
-// Forward `fwd`, backward `bwd`, along one communicator.
+// Forward `fwd`, backward `bwd`, along one communicator. The communicator
+// is kept as a raw pointer in the autograd context: the Executor's Groups own
+// it and outlive every graph a step builds (Activations drops them when the
+// next step begins).
 class TpFunction : public torch::autograd::Function<TpFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t fwd, int64_t bwd, int64_t dim,
@@ -100,7 +103,8 @@ at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor&
   const int64_t vocab_local = logits.size(-1);
   // The max only keeps exp() in range; no gradient flows through it.
   at::Tensor max = std::get<0>(logits.detach().max(-1)).contiguous();
-  TORCH_CHECK(tp.comm->AllReduce(max, ReduceOp::kMax, tp.timeout).ok(), "tensor parallel max failed");
+  const absl::Status reduced = tp.comm->AllReduce(max, ReduceOp::kMax, tp.timeout);
+  TORCH_CHECK(reduced.ok(), "tensor parallel max of the logits: ", reduced.ToString());
   at::Tensor shifted = logits.sub(max.unsqueeze(-1));
   at::Tensor sum_exp = ReduceFromTensorParallel(shifted.exp().sum(-1), tp);
   const int64_t offset = tp.rank() * vocab_local;
