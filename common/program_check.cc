@@ -251,6 +251,94 @@ absl::Status CheckParameterLifetimes(const Context& c) {
   return absl::OkStatus();
 }
 
+// What a tensor-parallel stage assumes of its unit's layouts
+// (worker/model/stages.cc): a group of weights (attention, MLP, embedding,
+// head) is either whole or split Megatron's way along the axis, in whole
+// heads and even pieces; sequence parallelism splits every region; partial
+// gradients belong to weights replicated along the axis.
+absl::Status CheckTensorParallel(const Context& c, const baton::v1::Stage& stage) {
+  const Program& p = c.program;
+  const auto& tp = stage.tensor_parallel();
+  const int a = *c.mesh.AxisIndex(tp.axis());
+  const int n = c.mesh.axes()[a].size;
+  auto unit = c.units.find(stage.unit());
+  if (unit == c.units.end()) return absl::OkStatus();  // another rank's stage
+  const std::string prefix = unit->second->name() + ".";
+  const std::string where = absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()), " of unit ",
+                                         unit->second->name(), " along \"", tp.axis(), "\": ");
+  if ((tp.sequence_parallel() || tp.loss_parallel()) && !p.model().has_decoder()) {
+    return Bad(where + "sequence and loss parallelism need a decoder");
+  }
+  if (tp.sequence_parallel() && p.model().decoder().seq_len() % n != 0) {
+    return Bad(absl::StrCat(where, "seq_len ", p.model().decoder().seq_len(), " does not split over ", n));
+  }
+  // One group: every present weight as `split` says, or all whole. Returns
+  // whether it is split.
+  auto group = [&](const std::vector<std::pair<std::string, Placement>>& split) -> absl::StatusOr<bool> {
+    int as_split = 0, whole = 0, present = 0;
+    for (const auto& [name, want] : split) {
+      auto it = c.layouts.find(name);
+      if (it == c.layouts.end()) continue;
+      ++present;
+      const Placement& got = it->second.second.placements[a];
+      as_split += got == want;
+      whole += got.is_replicate();
+    }
+    if (as_split == present && present > 0) return true;
+    if (whole == present) return false;
+    return Bad(absl::StrCat(where, split[0].first, " and the weights that go with it are neither all whole nor split ",
+                            "column- then row-wise"));
+  };
+  auto divides = [&](const std::string& what, int64_t extent, int64_t unit_size) -> absl::Status {
+    if (extent % n != 0 || (extent / n) % unit_size != 0) {
+      return Bad(absl::StrCat(where, what, " ", extent, " does not split evenly over ", n, " ranks"));
+    }
+    return absl::OkStatus();
+  };
+  const Placement col = Placement::Shard(0), row = Placement::Shard(1), whole = Placement::Replicate();
+  switch (stage.kind()) {
+    case baton::v1::Stage::DECODER_BLOCK: {
+      const auto& m = p.model().decoder();
+      auto attention = group({{prefix + "attention.wq.weight", col}, {prefix + "attention.wk.weight", col},
+                              {prefix + "attention.wv.weight", col}, {prefix + "attention.wo.weight", row}});
+      if (!attention.ok()) return attention.status();
+      auto mlp = group({{prefix + "feed_forward.w1.weight", col}, {prefix + "feed_forward.w3.weight", col},
+                        {prefix + "feed_forward.w2.weight", row}});
+      if (!mlp.ok()) return mlp.status();
+      if (*attention) {
+        if (auto s = divides("dim (in whole heads)", m.dim(), m.dim() / m.heads()); !s.ok()) return s;
+      }
+      if (*mlp) {
+        if (auto s = divides("ffn_dim", m.ffn_dim(), 1); !s.ok()) return s;
+      }
+      if (tp.sequence_parallel() && !(*attention && *mlp)) {
+        return Bad(where + "sequence parallelism needs attention and the MLP split");
+      }
+      return group({{prefix + "attention_norm.weight", whole}, {prefix + "ffn_norm.weight", whole}}).status();
+    }
+    case baton::v1::Stage::EMBEDDING: {
+      auto split = group({{"tok_embeddings.weight", col}});
+      if (!split.ok()) return split.status();
+      return *split ? divides("vocab", p.model().decoder().vocab(), 1) : absl::OkStatus();
+    }
+    case baton::v1::Stage::LM_HEAD_CE: {
+      auto split = group({{"output.weight", col}});
+      if (!split.ok()) return split.status();
+      if (!*split && (tp.sequence_parallel() || tp.loss_parallel())) {
+        return Bad(where + "sequence and loss parallelism need the output split");
+      }
+      return *split ? divides("vocab", p.model().decoder().vocab(), 1) : absl::OkStatus();
+    }
+    case baton::v1::Stage::MLP_BLOCK: {
+      auto split = group({{prefix + "w1.weight", col}, {prefix + "w1.bias", col}, {prefix + "w2.weight", row}});
+      if (!split.ok()) return split.status();
+      return *split ? divides("hidden", p.model().mlp().hidden(), 1) : absl::OkStatus();
+    }
+    default:
+      return absl::OkStatus();
+  }
+}
+
 bool StageFitsModel(baton::v1::Stage::Kind kind, const baton::v1::ModelSpec& model) {
   switch (kind) {
     case baton::v1::Stage::MLP_INPUT:
@@ -345,8 +433,11 @@ absl::Status ValidateProgram(const Program& p) {
         }
       }
       for (const std::string& axis : param.grad_partial_axes()) {
-        if (auto a = c.mesh.AxisIndex(axis); !a.ok()) {
-          return Bad(absl::StrCat("parameter ", param.name(), " grad_partial_axes: ", a.status().message()));
+        auto a = c.mesh.AxisIndex(axis);
+        if (!a.ok()) return Bad(absl::StrCat("parameter ", param.name(), " grad_partial_axes: ", a.status().message()));
+        if (!storage->placements[*a].is_replicate()) {
+          return Bad(absl::StrCat("parameter ", param.name(), " is ", storage->placements[*a].ToString(), " along \"",
+                                  axis, "\": only a replicated weight has partial gradients to sum there"));
         }
       }
       if (!c.layouts.emplace(param.name(), std::make_pair(*storage, *compute)).second) {
@@ -368,6 +459,10 @@ absl::Status ValidateProgram(const Program& p) {
       return Bad(absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()), " has unit ", stage.unit(),
                               has_params ? "; it needs the unit of its parameters" : "; it has no parameters (-1)"));
     }
+  }
+  for (const auto& stage : p.stages()) {
+    if (!stage.has_tensor_parallel()) continue;
+    if (auto s = CheckTensorParallel(c, stage); !s.ok()) return s;
   }
   for (const auto& ins : p.instructions()) {
     if (auto s = CheckInstruction(c, ins); !s.ok()) return s;

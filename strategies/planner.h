@@ -1,7 +1,8 @@
-// The data-parallel planner: FSDP (ZeRO-3), HSDP, ZeRO-1, ZeRO-2 and DDP.
-// Turns a validated JobSpec into one Program per rank: a layout for every
-// parameter and the instructions the worker's Executor runs each step. Pure
-// planning: no sockets, no tensors, no files.
+// The planner: FSDP (ZeRO-3), HSDP, ZeRO-1, ZeRO-2 and DDP on the data
+// axes, composed with tensor parallelism on its own axis
+// (strategies/tensor_parallel.h). Turns a validated JobSpec into one Program
+// per rank: a layout for every parameter and the instructions the worker's
+// Executor runs each step. Pure planning: no sockets, no tensors, no files.
 //
 // Layouts (master / gradient / AdamW pieces | compute tensor, per mesh axis):
 //   FSDP   Shard(0) | Replicate on the shard axis
@@ -9,6 +10,9 @@
 //   ZeRO   as FSDP, with resident units: the full parameters persist and
 //          each master is a view of its rows
 //   DDP    Replicate | Replicate, resident units
+//   TP     the style's placement on the tp axis in both (COLWISE Shard(0),
+//          ROWWISE Shard(1)); data-parallel shards are taken from the tp
+//          piece (shard order tp first); stages carry the tp axis
 //
 // Around the passes a Schedule yields (data parallelism: each microbatch's
 // forward, then its backward):
@@ -16,9 +20,12 @@
 //   after its last forward stage (reshard_after_forward; the embedding, the
 //   head and the last block keep theirs by default) and after its backward;
 //   after a unit's last backward: REDUCE_SCATTER_GRADS along the shard axis,
-//   FREE_GRADS (not ZeRO-1), ALL_REDUCE_GRADS along the replicate axis;
-// then REDUCE_METRICS, CLIP_GRAD_NORM, OPTIMIZER_STEP, and (ZeRO) gathering
-// every unit's updated parameters.
+//   FREE_GRADS (not ZeRO-1), ALL_REDUCE_GRADS with SUM along tp for weights
+//   with partial gradients (sequence parallelism), ALL_REDUCE_GRADS along the
+//   replicate axis;
+// then REDUCE_METRICS, CLIP_GRAD_NORM (over the shard axis, or the whole mesh
+// with tensor parallelism), OPTIMIZER_STEP, and (ZeRO; resident bf16)
+// gathering every unit's updated parameters.
 #ifndef BATON_STRATEGIES_PLANNER_H_
 #define BATON_STRATEGIES_PLANNER_H_
 

@@ -366,6 +366,48 @@ TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {
   expect_refused(bad, "unit 0 is gathered but never waited for");
 }
 
+// Tensor-parallel Programs pass the worker's check; ones whose layouts break
+// what the stages assume are refused with the reason.
+TEST(PlannerTest, TensorParallelProgramsAreCheckedAgainstWhatStagesAssume) {
+  auto programs = CompilePrograms(
+      Decoder(R"pb(mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 })pb",
+              R"pb(mode: FSDP tensor_parallel { axis: "tp" sequence_parallel: true loss_parallel: true })pb"),
+      "j");
+  ASSERT_TRUE(programs.ok()) << programs.status();
+  for (const auto& p : *programs) EXPECT_TRUE(ValidateProgram(p).ok()) << ValidateProgram(p);
+  const auto& good = (*programs)[1];
+  auto param = [](baton::v1::Program* p, const std::string& name) -> baton::v1::ParamLayout* {
+    for (auto& u : *p->mutable_units()) {
+      for (auto& q : *u.mutable_params()) {
+        if (q.name() == name) return &q;
+      }
+    }
+    return nullptr;
+  };
+  auto refused = [](const baton::v1::Program& bad, const std::string& why) {
+    const absl::Status s = ValidateProgram(bad);
+    std::printf("refused: %s\n", s.ToString().c_str());
+    EXPECT_NE(s.message().find(why), std::string::npos) << s;
+  };
+  auto whole = [&](baton::v1::Program* p, const std::string& name) {
+    for (auto* placements : {param(p, name)->mutable_placements(), param(p, name)->mutable_compute_placements()}) {
+      placements->Mutable(1)->set_kind(baton::v1::Placement::REPLICATE);
+    }
+  };
+  auto bad = good;
+  whole(&bad, "layers.0.attention.wk.weight");
+  refused(bad, "layers.0.attention.wq.weight and the weights that go with it are neither all whole nor split");
+  bad = good;
+  for (const char* m : {"wq", "wk", "wv", "wo"}) whole(&bad, std::string("layers.0.attention.") + m + ".weight");
+  refused(bad, "sequence parallelism needs attention and the MLP split");
+  bad = good;
+  param(&bad, "layers.1.attention.wq.weight")->add_grad_partial_axes("tp");
+  refused(bad, "only a replicated weight has partial gradients to sum there");
+  bad = good;
+  bad.mutable_model()->mutable_decoder()->set_seq_len(9);
+  refused(bad, "seq_len 9 does not split over 2");
+}
+
 TEST(PlannerTest, TheoryMatchesTheFsdpFormulas) {
   auto job = SeedLab();
   auto t = ComputeTheory(job);
