@@ -102,6 +102,14 @@ TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
       {variant("too_big", "size: 2", "size: 8"), "needs 8 workers"},
       {variant("heads", "heads: 4", "heads: 3"), "not divisible by heads 3"},
       {variant("negative_lr", "lr: 0.003", "lr: -0.003"), "optimizer.lr must be positive"},
+      {variant("tp_style", "plan { mode: FSDP }",
+               "plan { mode: FSDP tensor_parallel { axis: \"dp\" "
+               "styles { module: \"layers.*.attn.wq\" style: COLWISE } } }"),
+       "\"layers.*.attn.wq\" matches no module"},
+      {variant("tp_rowwise_first", "plan { mode: FSDP }",
+               "plan { mode: FSDP tensor_parallel { axis: \"dp\" "
+               "styles { module: \"layers.*.feed_forward.w1\" style: ROWWISE } } }"),
+       "would put the sum inside the nonlinearity"},
   };
   for (const Bad& c : cases) {
     auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), c.path},
