@@ -360,6 +360,13 @@ std::string DescribeInstruction(const Instruction& i) {
   std::string s = absl::StrCat(Instruction::Op_Name(i.op()), "(unit ", i.unit(), ", stage ", i.stage(),
                                ", microbatch ", i.microbatch());
   if (!i.axes().empty()) absl::StrAppend(&s, ", axes [", absl::StrJoin(i.axes(), ", "), "]");
+  switch (i.op()) {
+    case Instruction::SEND_ACTIVATION:
+    case Instruction::SEND_GRAD: absl::StrAppend(&s, ", to rank ", i.peer()); break;
+    case Instruction::RECV_ACTIVATION:
+    case Instruction::RECV_GRAD: absl::StrAppend(&s, ", from rank ", i.peer()); break;
+    default: break;
+  }
   return s + ")";
 }
 
@@ -369,6 +376,10 @@ bool MasterIsView(bool resident, baton::v1::Precision compute_dtype, const Piece
 
 bool IsLossStage(baton::v1::Stage::Kind kind) {
   return kind == baton::v1::Stage::MLP_HEAD_MSE || kind == baton::v1::Stage::LM_HEAD_CE;
+}
+
+bool ReadsBatch(baton::v1::Stage::Kind kind) {
+  return IsLossStage(kind) || kind == baton::v1::Stage::MLP_INPUT || kind == baton::v1::Stage::EMBEDDING;
 }
 
 absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,

@@ -25,6 +25,9 @@ absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
                                               const google::protobuf::RepeatedPtrField<std::string>& axes);
 
 bool IsLossStage(baton::v1::Stage::Kind kind);
+// Whether a stage of this kind reads its microbatch of the batch (the input,
+// the tokens, or the targets of a loss): only those need a LOAD_BATCH.
+bool ReadsBatch(baton::v1::Stage::Kind kind);
 
 // Whether a parameter's fp32 master is a view of its compute tensor rather
 // than a tensor of its own: in a resident unit computing in fp32, where the

@@ -9,6 +9,7 @@
 #include "common/spec_check.h"
 #include "common/wire.h"
 #include "strategies/model_layout.h"
+#include "strategies/pipeline.h"
 #include "strategies/tensor_parallel.h"
 
 namespace baton {
@@ -69,10 +70,21 @@ int MeshSize(const JobSpec& job) {
   return n;
 }
 
+namespace {
+
+// Whether a mesh axis carries the data: not the tensor- or pipeline-parallel one.
+bool IsDataAxis(const JobSpec& job, const std::string& axis) {
+  const auto& plan = job.plan();
+  return !(plan.has_tensor_parallel() && axis == plan.tensor_parallel().axis()) &&
+         !(plan.has_pipeline_parallel() && axis == plan.pipeline_parallel().axis());
+}
+
+}  // namespace
+
 std::vector<std::string> DataParallelAxes(const JobSpec& job) {
   std::vector<std::string> axes;
   for (const auto& a : job.mesh()) {
-    if (!job.plan().has_tensor_parallel() || a.name() != job.plan().tensor_parallel().axis()) axes.push_back(a.name());
+    if (IsDataAxis(job, a.name())) axes.push_back(a.name());
   }
   return axes;
 }
@@ -80,7 +92,7 @@ std::vector<std::string> DataParallelAxes(const JobSpec& job) {
 int DataParallelSize(const JobSpec& job) {
   int n = 1;
   for (const auto& a : job.mesh()) {
-    if (!job.plan().has_tensor_parallel() || a.name() != job.plan().tensor_parallel().axis()) n *= a.size();
+    if (IsDataAxis(job, a.name())) n *= a.size();
   }
   return n;
 }
@@ -99,8 +111,8 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
       !baton::v1::Precision_IsValid(job.plan().mixed_precision().reduce_dtype())) {
     return Invalid("plan.mixed_precision dtypes must be FP32 or BF16");
   }
-  const bool tp = job.plan().has_tensor_parallel();
-  if (tp && !mesh->AxisIndex(job.plan().tensor_parallel().axis()).ok()) {
+  const bool model_parallel = job.plan().has_tensor_parallel() || job.plan().has_pipeline_parallel();
+  if (job.plan().has_tensor_parallel() && !mesh->AxisIndex(job.plan().tensor_parallel().axis()).ok()) {
     return Invalid(absl::StrCat("plan.tensor_parallel.axis \"", job.plan().tensor_parallel().axis(),
                                 "\" is not an axis of the mesh (", FormatMeshSpec(mesh->axes()), ")"));
   }
@@ -108,11 +120,11 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   const int data_axes = static_cast<int>(DataParallelAxes(job).size());
   if (mode == baton::v1::HSDP && data_axes != 2) {
     return Invalid(absl::StrCat("plan.mode HSDP needs two data-parallel mesh axes (replicate, shard), got ",
-                                data_axes, tp ? " besides the tensor-parallel one" : ""));
+                                data_axes, model_parallel ? " besides the tensor- and pipeline-parallel ones" : ""));
   }
-  if (mode != baton::v1::HSDP && data_axes != 1 && !(tp && data_axes == 0)) {
+  if (mode != baton::v1::HSDP && data_axes != 1 && !(model_parallel && data_axes == 0)) {
     return Invalid(absl::StrCat("plan.mode ", baton::v1::ParallelMode_Name(mode), " takes one data-parallel mesh axis",
-                                tp ? " besides the tensor-parallel one" : "",
+                                model_parallel ? " besides the tensor- and pipeline-parallel ones" : "",
                                 ", got ", data_axes, "; use HSDP for two (replicate, shard)"));
   }
   const auto& mp = job.plan().mixed_precision();
@@ -134,8 +146,12 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return Invalid(absl::StrCat("data.microbatches ", data.microbatches(), " must divide the per-rank batch ",
                                 data.batch_size() / dp));
   }
-  if (tp) {
+  if (job.plan().has_tensor_parallel()) {
     auto plan = PlanTensorParallel(job, BuildModelLayout(job.model()));
+    if (!plan.ok()) return plan.status();
+  }
+  if (job.plan().has_pipeline_parallel()) {
+    auto plan = PlanPipeline(job, BuildModelLayout(job.model()));
     if (!plan.ok()) return plan.status();
   }
   if (job.steps() < 1) return Invalid(absl::StrCat("steps must be >= 1, got ", job.steps()));

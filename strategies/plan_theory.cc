@@ -25,13 +25,6 @@ struct ParamPieces {
   std::set<int> grad_partial;  // axes its compute gradient is a partial sum along
 };
 
-struct RankTheory {
-  int64_t comm = 0;
-  double ideal = 0;
-  int64_t state = 0;
-  int64_t peak = 0;
-};
-
 // Bytes one rank sends for the Megatron collectives inside a stage's forward
 // or backward (worker/model/stages.cc), for a microbatch of `rows`:
 // reductions in fp32, gathers in the compute dtype, even splits.
@@ -154,6 +147,8 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   t.peak = current;
   std::map<int, bool> frees_grads;
   std::map<int, int64_t> rows;  // per microbatch
+  std::map<int, int> stages_in_flight;  // per microbatch: forwards minus backwards
+  int live = 0;
   std::map<std::string, const ParamPieces*> by_name;
   for (const auto& u : p.units()) {
     for (int i = 0; i < u.params_size(); ++i) by_name[u.params(i).name()] = &units[u.index()][i];
@@ -165,6 +160,13 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         break;
       case Instruction::FORWARD:
       case Instruction::BACKWARD: {
+        int& in_flight = stages_in_flight[ins.microbatch()];
+        if (ins.op() == Instruction::FORWARD) {
+          if (in_flight++ == 0) ++live;
+          t.peak_live = std::max(t.peak_live, live);
+        } else if (--in_flight == 0) {
+          --live;
+        }
         const auto& stage = p.stages(ins.stage());
         if (!stage.has_tensor_parallel()) break;
         const int axis = *mesh->AxisIndex(stage.tensor_parallel().axis());
@@ -275,6 +277,8 @@ absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<Program>& programs)
     theory.ideal_comm_bytes = std::max(theory.ideal_comm_bytes, t->ideal);
     theory.state_bytes = std::max(theory.state_bytes, t->state);
     theory.peak_unsharded_param_bytes = std::max(theory.peak_unsharded_param_bytes, t->peak);
+    theory.peak_live_microbatches = std::max(theory.peak_live_microbatches, t->peak_live);
+    theory.ranks.push_back(*t);
     for (const auto& u : p.units()) {
       for (const auto& param : u.params()) {
         int64_t numel = 1;

@@ -10,7 +10,9 @@
 //                resident compute parameters, compute gradients no
 //                FREE_GRADS releases;
 //   peak_unsharded_param_bytes  the most compute-parameter bytes allocated at
-//                once, replaying WAIT_PARAMS / FREE_PARAMS.
+//                once, replaying WAIT_PARAMS / FREE_PARAMS;
+//   peak_live_microbatches  the most microbatches forwarded but not yet
+//                backward on a rank (pipeline schedules hold up to p or m).
 // Figures are the maximum over ranks, as the controller reports them.
 #ifndef BATON_STRATEGIES_PLAN_THEORY_H_
 #define BATON_STRATEGIES_PLAN_THEORY_H_
@@ -24,6 +26,15 @@
 
 namespace baton {
 
+// One rank's figures.
+struct RankTheory {
+  int64_t comm = 0;
+  double ideal = 0;
+  int64_t state = 0;
+  int64_t peak = 0;      // unsharded parameter bytes
+  int peak_live = 0;     // microbatches between forward and backward
+};
+
 struct PlanTheory {
   int64_t parameters = 0;  // P
   int64_t comm_bytes = 0;
@@ -31,6 +42,8 @@ struct PlanTheory {
   double ideal_comm_bytes = 0;
   int64_t state_bytes = 0;
   int64_t peak_unsharded_param_bytes = 0;
+  int peak_live_microbatches = 0;
+  std::vector<RankTheory> ranks;  // by rank
 };
 
 // `programs`: one per rank of a job, valid (common/program_check.h).

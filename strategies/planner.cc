@@ -1,11 +1,16 @@
 #include "strategies/planner.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
 #include "strategies/job_spec.h"
+#include "strategies/pipeline.h"
 #include "strategies/tensor_parallel.h"
 
 namespace baton {
@@ -60,8 +65,9 @@ DataParallelLayout LayoutFor(const JobSpec& job) {
 class StepWriter {
  public:
   StepWriter(const JobSpec& job, const ModelLayout& model, const DataParallelLayout& layout,
-             const TensorParallelPlan& tp, const DeviceMesh& mesh, int rank, Program* program)
-      : job_(job), model_(model), layout_(layout), tp_(tp), mesh_(mesh), rank_(rank), program_(program) {
+             const TensorParallelPlan& tp, const PipelinePlan& pp, const DeviceMesh& mesh, int rank,
+             Program* program)
+      : job_(job), model_(model), layout_(layout), tp_(tp), pp_(pp), mesh_(mesh), rank_(rank), program_(program) {
     const int n_units = static_cast<int>(model.units.size());
     first_stage_.assign(n_units, -1);
     last_stage_.assign(n_units, -1);
@@ -74,31 +80,69 @@ class StepWriter {
     for (int u = n_units - 1; u >= 0 && last_block_ < 0; --u) {
       if (!model.units[u].root) last_block_ = u;
     }
-    if (layout.resident) {
-      for (int u = 0; u < n_units; ++u) ready_.insert(u);
+    pp_rank_ = pp.enabled ? *mesh.LocalRank(pp.axis, rank) : 0;
+    for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) {
+      const int u = model.stages[s].unit();
+      if (u >= 0 && pp.RankOf(pp.stage_chunk[s]) == pp_rank_) owned_.insert(u);
     }
+    if (layout.resident) ready_ = owned_;
     // This rank's place among the data-parallel ranks (row-major over the
     // data axes): which rows of the batch it loads.
     const std::vector<int> coords = *mesh.Coordinates(rank);
     for (int a = 0; a < mesh.ndim(); ++a) {
-      if (tp.enabled && mesh.axes()[a].name == tp.axis) continue;
+      const std::string& name = mesh.axes()[a].name;
+      if ((tp.enabled && name == tp.axis) || (pp.enabled && name == pp.axis)) continue;
       dp_rank_ = dp_rank_ * mesh.axes()[a].size + coords[a];
     }
   }
 
-  void Write(const std::vector<Pass>& order) {
+  const std::set<int>& owned() const { return owned_; }
+
+  // `chunks`: the order this rank runs its chunks' passes in; each expands
+  // to its stages' passes (backward in reverse), with the activations or
+  // gradients received before it and sent after it.
+  void Write(const std::vector<ChunkPass>& chunks) {
+    std::vector<Pass> order;
+    std::vector<int> pass_chunk;  // index into `chunks`
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      std::vector<int> stages = pp_.StagesOf(chunks[c].chunk);
+      if (chunks[c].kind == Pass::kBackward) std::reverse(stages.begin(), stages.end());
+      for (int s : stages) {
+        order.push_back({chunks[c].kind, s, chunks[c].microbatch});
+        pass_chunk.push_back(static_cast<int>(c));
+      }
+    }
+    const int last_chunk = pp_.chunks() - 1;
+    const bool needs_batch = !pp_.enabled || pp_.RankOf(0) == pp_rank_ || pp_.RankOf(last_chunk) == pp_rank_;
     Add(Instruction::ZERO_GRAD);
     std::set<int> loaded;
     std::vector<int> backwards_done(model_.units.size(), 0);
     const int microbatches = job_.data().microbatches();
     for (size_t i = 0; i < order.size(); ++i) {
       const Pass& pass = order[i];
+      const ChunkPass& chunk = chunks[pass_chunk[i]];
+      const bool chunk_starts = i == 0 || pass_chunk[i - 1] != pass_chunk[i];
+      const bool chunk_ends = i + 1 == order.size() || pass_chunk[i + 1] != pass_chunk[i];
       const int unit = model_.stages[pass.stage].unit();
-      if (pass.kind == Pass::kForward && loaded.insert(pass.microbatch).second) LoadBatch(pass.microbatch);
+      if (pass.kind == Pass::kForward && needs_batch && loaded.insert(pass.microbatch).second) {
+        LoadBatch(pass.microbatch);
+      }
+      if (chunk_starts && pass.kind == Pass::kForward && chunk.chunk > 0) {
+        PointToPoint(Instruction::RECV_ACTIVATION, pass.stage, pass.microbatch, chunk.chunk - 1);
+      }
+      if (chunk_starts && pass.kind == Pass::kBackward && chunk.chunk < last_chunk) {
+        PointToPoint(Instruction::RECV_GRAD, pass.stage, pass.microbatch, chunk.chunk + 1);
+      }
       Prepare(unit, NextUnit(order, i));
       Instruction* run = Add(pass.kind == Pass::kForward ? Instruction::FORWARD : Instruction::BACKWARD);
       run->set_stage(pass.stage);
       run->set_microbatch(pass.microbatch);
+      if (chunk_ends && pass.kind == Pass::kForward && chunk.chunk < last_chunk) {
+        PointToPoint(Instruction::SEND_ACTIVATION, pass.stage, pass.microbatch, chunk.chunk + 1);
+      }
+      if (chunk_ends && pass.kind == Pass::kBackward && chunk.chunk > 0) {
+        PointToPoint(Instruction::SEND_GRAD, pass.stage, pass.microbatch, chunk.chunk - 1);
+      }
       if (unit < 0) continue;
       if (pass.kind == Pass::kForward) {
         if (pass.stage == last_stage_[unit] &&
@@ -112,16 +156,16 @@ class StepWriter {
     }
     Instruction* metrics = Add(Instruction::REDUCE_METRICS);
     for (const auto& axis : mesh_.axes()) metrics->add_axes(axis.name);
-    // Every rank computes the loss of its rows (the tp ranks of a replica
-    // the same one): the mean over all of them is the job's.
-    metrics->set_value(mesh_.size());
+    // The ranks of the last stage compute the loss of their rows (the tp
+    // ranks of a replica the same one): the mean over them is the job's.
+    metrics->set_value(mesh_.size() / pp_.size);
     if (job_.optimizer().max_grad_norm() > 0) {
       // The norm is summed over the ranks whose gradient pieces make up the
       // whole gradient, each piece once: the shard group (DDP: every rank
       // holds it all); with tensor parallelism the whole mesh, replicated
       // pieces weighted by their copies.
       Instruction* clip = Add(Instruction::CLIP_GRAD_NORM);
-      if (tp_.enabled) {
+      if (tp_.enabled || pp_.enabled) {
         for (const auto& axis : mesh_.axes()) clip->add_axes(axis.name);
       } else if (!layout_.shard_axis.empty()) {
         clip->add_axes(layout_.shard_axis);
@@ -130,7 +174,7 @@ class StepWriter {
     }
     Add(Instruction::OPTIMIZER_STEP);
     if (layout_.regather_after_step) {
-      for (int u = 0; u < static_cast<int>(model_.units.size()); ++u) {
+      for (int u : owned_) {
         UnitOp(Instruction::GATHER_PARAMS, u, layout_.shard_axis);
         UnitOp(Instruction::WAIT_PARAMS, u);
       }
@@ -161,6 +205,28 @@ class StepWriter {
     i->set_microbatch(mb);
     i->set_row_offset(dp_rank_ * per_rank + mb * rows);
     i->set_rows(rows);
+  }
+
+  // An activation (or its gradient) to or from the rank of `chunk`, along
+  // the pp axis: a microbatch's (batch, sequence, features) - the sequence
+  // this rank's shard under sequence parallelism - or (batch, features).
+  void PointToPoint(Instruction::Op op, int stage, int mb, int chunk) {
+    std::vector<int> coords = *mesh_.Coordinates(rank_);
+    coords[*mesh_.AxisIndex(pp_.axis)] = pp_.RankOf(chunk);
+    Instruction* i = Add(op);
+    i->set_stage(stage);
+    i->set_microbatch(mb);
+    i->add_axes(pp_.axis);
+    i->set_peer(*mesh_.RankAt(coords));
+    const int64_t rows = job_.data().batch_size() / DataParallelSize(job_) / job_.data().microbatches();
+    i->add_shape(rows);
+    if (job_.model().has_decoder()) {
+      const auto& m = job_.model().decoder();
+      i->add_shape(m.seq_len() / (tp_.enabled && tp_.sequence_parallel ? tp_.size : 1));
+      i->add_shape(m.dim());
+    } else {
+      i->add_shape(job_.model().mlp().d_model());
+    }
   }
 
   // The unit of the nearest pass after `i` in the same run (same kind and
@@ -211,14 +277,112 @@ class StepWriter {
   const ModelLayout& model_;
   const DataParallelLayout& layout_;
   const TensorParallelPlan& tp_;
+  const PipelinePlan& pp_;
   const DeviceMesh& mesh_;
   const int rank_;
   Program* const program_;
   int dp_rank_ = 0;
+  int pp_rank_ = 0;
+  std::set<int> owned_;  // units of this rank's chunks
   std::vector<int> first_stage_, last_stage_;
   int last_block_ = -1;
   std::set<int> ready_, in_flight_;
 };
+
+// The chunk boundary a point-to-point message crosses and its microbatch:
+// the lower of its two stages (an activation goes from stage s to s + 1, a
+// gradient from s + 1 to s).
+struct Message {
+  bool grad;
+  int boundary;
+  int microbatch;
+  bool operator<(const Message& o) const {
+    return std::tie(grad, boundary, microbatch) < std::tie(o.grad, o.boundary, o.microbatch);
+  }
+  bool operator==(const Message& o) const { return !(*this < o) && !(o < *this); }
+};
+
+bool IsSend(const Instruction& ins) {
+  return ins.op() == Instruction::SEND_ACTIVATION || ins.op() == Instruction::SEND_GRAD;
+}
+bool IsRecv(const Instruction& ins) {
+  return ins.op() == Instruction::RECV_ACTIVATION || ins.op() == Instruction::RECV_GRAD;
+}
+
+Message MessageOf(const Instruction& ins) {
+  const bool grad = ins.op() == Instruction::SEND_GRAD || ins.op() == Instruction::RECV_GRAD;
+  const bool lower = ins.op() == Instruction::SEND_ACTIVATION || ins.op() == Instruction::RECV_GRAD;
+  return {grad, lower ? ins.stage() : ins.stage() - 1, ins.microbatch()};
+}
+
+std::string Describe(const Message& m) {
+  return absl::StrCat(m.grad ? "gradient" : "activation", " of microbatch ", m.microbatch, " across stages ",
+                      m.boundary, "/", m.boundary + 1);
+}
+
+// Point-to-point messages between two ranks match in the order they are
+// posted (one channel per pair, as NCCL and gloo's untagged send/recv have
+// it). A receiver posts its receives in the order it consumes them; a sender
+// holds back a message produced ahead of one its receiver takes first, and
+// posts it once that one is posted. Holding back never delays a receiver:
+// it takes the earlier message first anyway, and sends do not block. Every
+// message must have exactly one matching receive of the same shape.
+absl::Status OrderSendsForReceivers(std::vector<Program>& programs) {
+  const int n = static_cast<int>(programs.size());
+  struct Receive {
+    Message message;
+    std::vector<int64_t> shape;
+  };
+  std::map<std::pair<int, int>, std::vector<Receive>> receives;  // (from, to) -> in order
+  for (int to = 0; to < n; ++to) {
+    for (const Instruction& ins : programs[to].instructions()) {
+      if (IsRecv(ins)) receives[{ins.peer(), to}].push_back({MessageOf(ins), {ins.shape().begin(), ins.shape().end()}});
+    }
+  }
+  for (int from = 0; from < n; ++from) {
+    auto& instructions = *programs[from].mutable_instructions();
+    std::map<int, size_t> taken;                               // peer -> receives matched
+    std::map<int, std::map<Message, Instruction>> held;        // peer -> produced, not yet posted
+    google::protobuf::RepeatedPtrField<Instruction> ordered;
+    for (Instruction& ins : instructions) {
+      if (!IsSend(ins)) {
+        *ordered.Add() = std::move(ins);
+        continue;
+      }
+      const int to = ins.peer();
+      const auto& expected = receives[{from, to}];
+      held[to].emplace(MessageOf(ins), std::move(ins));
+      for (size_t& next = taken[to]; next < expected.size();) {
+        auto it = held[to].find(expected[next].message);
+        if (it == held[to].end()) break;
+        if (!std::equal(it->second.shape().begin(), it->second.shape().end(), expected[next].shape.begin(),
+                        expected[next].shape.end())) {
+          return absl::InternalError(absl::StrCat("planner: rank ", from, " sends ", Describe(it->first), " of shape [",
+                                                  absl::StrJoin(it->second.shape(), ", "), "] but rank ", to,
+                                                  " receives [", absl::StrJoin(expected[next].shape, ", "), "]"));
+        }
+        *ordered.Add() = std::move(it->second);
+        held[to].erase(it);
+        ++next;
+      }
+    }
+    for (const auto& [to, messages] : held) {
+      if (!messages.empty()) {
+        return absl::InternalError(absl::StrCat("planner: rank ", from, " sends ", Describe(messages.begin()->first),
+                                                " to rank ", to, ", which never receives it in that order"));
+      }
+    }
+    for (const auto& [pair, expected] : receives) {
+      if (pair.first == from && taken[pair.second] != expected.size()) {
+        return absl::InternalError(absl::StrCat("planner: rank ", pair.second, " waits for ",
+                                                Describe(expected[taken[pair.second]].message), " from rank ",
+                                                from, ", which never sends it"));
+      }
+    }
+    instructions.Swap(&ordered);
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -235,11 +399,10 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
   if (!mesh.ok()) return mesh.status();
   auto tp = PlanTensorParallel(job, model);
   if (!tp.ok()) return tp.status();
+  auto pp = PlanPipeline(job, model);
+  if (!pp.ok()) return pp.status();
+  if (auto timeline = SimulatePipeline(*pp, job.data().microbatches()); !timeline.ok()) return timeline.status();
   const DataParallelLayout layout = LayoutFor(job);
-  std::vector<int> stages;
-  for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) stages.push_back(s);
-  const SequentialSchedule schedule;
-  const std::vector<Pass> order = schedule.Order(stages, job.data().microbatches());
   // With tensor parallelism every shard applies to the tp piece first.
   std::vector<std::string> shard_order;
   if (tp->enabled) {
@@ -263,10 +426,15 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
                                                                                        : baton::v1::FP32);
     p.set_threads(job.threads_per_rank());
     p.set_microbatches(job.data().microbatches());
-    p.set_reports_loss(true);
-    // Tokens count once per data-parallel replica: on its first tp rank.
-    p.set_counts_tokens(!tp->enabled || *mesh->LocalRank(tp->axis, rank) == 0);
+    const int pp_rank = pp->enabled ? *mesh->LocalRank(pp->axis, rank) : 0;
+    // The loss comes from the last stage; tokens count once per
+    // data-parallel replica: on the first stage's first tp rank.
+    p.set_reports_loss(pp->RankOf(pp->chunks() - 1) == pp_rank);
+    p.set_counts_tokens(pp_rank == 0 && (!tp->enabled || *mesh->LocalRank(tp->axis, rank) == 0));
+    if (pp->enabled) p.add_stage_axes(pp->axis);
+    StepWriter writer(job, model, layout, *tp, *pp, *mesh, rank, &p);
     for (size_t u = 0; u < model.units.size(); ++u) {
+      if (!writer.owned().count(static_cast<int>(u))) continue;
       auto* unit = p.add_units();
       unit->set_index(static_cast<int>(u));
       unit->set_name(model.units[u].name);
@@ -299,9 +467,10 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
       }
       *p.add_stages() = s;
     }
-    StepWriter(job, model, layout, *tp, *mesh, rank, &p).Write(order);
+    writer.Write(PipelineOrder(*pp, pp_rank, job.data().microbatches()));
     programs.push_back(std::move(p));
   }
+  if (auto s = OrderSendsForReceivers(programs); !s.ok()) return s;
   return programs;
 }
 

@@ -20,89 +20,19 @@
 #include "strategies/planner.h"
 #include "worker/executor.h"
 #include "worker/model/data.h"
+#include "tests/training_harness.h"
 #include "worker/testing/executor_ranks.h"
 
 namespace baton {
 namespace {
 
-using testing::ExecutorRanks;
-using Distributed = ExecutorRanks;
-
-baton::v1::JobSpec Job(const std::string& text) {
-  auto job = ParseJobSpec(text, false);
-  EXPECT_TRUE(job.ok()) << job.status();
-  return *job;
-}
-
-// Compiles `job` and runs `steps` steps on every rank; `after_step(step)`
-// runs once all ranks finished that step (for inspecting gradients before
-// the next one). The communicators of `buggy_axes` sum where they should
-// average.
-std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int steps,
-                                            const std::function<void(Distributed&, int)>& after_step = nullptr,
-                                            const std::set<std::string>& buggy_axes = {}) {
-  auto programs = CompilePrograms(job, "test");
-  EXPECT_TRUE(programs.ok()) << programs.status();
-  auto d = ExecutorRanks::Start(*programs, buggy_axes);
-  for (int step = 1; step <= steps; ++step) {
-    d->Step();
-    if (after_step) after_step(*d, step);
-  }
-  return d;
-}
-
-std::unique_ptr<ReferenceTrainer> Reference(const baton::v1::JobSpec& job) {
-  auto ref = ReferenceTrainer::Create(job);
-  EXPECT_TRUE(ref.ok()) << ref.status();
-  return std::move(*ref);
-}
-
-// The part of `full` a rank's master piece covers.
-at::Tensor Rows(const at::Tensor& full, const Executor& e, const std::string& name) {
-  const auto& program = e.program();
-  auto mesh = ToDeviceMesh(program.mesh());
-  for (const auto& u : program.units()) {
-    for (const auto& p : u.params()) {
-      if (p.name() != name) continue;
-      const Piece piece = *LocalPiece(*StorageLayout(p, *mesh), *mesh, program.rank());
-      at::Tensor t = full.detach();
-      for (size_t d = 0; d < piece.shape.size(); ++d) t = t.narrow(d, piece.offset[d], piece.shape[d]);
-      return t;
-    }
-  }
-  return at::Tensor();
-}
-
-// Max |sharded - reference| over every parameter of every rank.
-double MaxParamDiff(const Distributed& d, const ReferenceTrainer& ref) {
-  double worst = 0;
-  for (const auto& e : d.executors) {
-    for (const auto& name : ref.param_names()) {
-      at::Tensor mine = *e->MasterShard(name);
-      if (mine.numel() == 0) continue;
-      worst = std::max(worst, mine.sub(Rows(ref.param(name), *e, name)).abs().max().item<double>());
-    }
-  }
-  return worst;
-}
-
-// <g_sharded, g_ref> / <g_ref, g_ref> and the max abs difference, over every
-// parameter shard of every rank: 1.0 when the sharded gradients are right,
-// 2.0 for a reduction that sums instead of averaging.
-std::pair<double, double> GradRatio(const Distributed& d, const ReferenceTrainer& ref) {
-  double dot = 0, norm = 0, worst = 0;
-  for (const auto& e : d.executors) {
-    for (const auto& name : ref.param_names()) {
-      at::Tensor mine = (*e->LastGradShard(name)).to(at::kDouble);
-      if (mine.numel() == 0) continue;
-      at::Tensor want = Rows(ref.grad(name), *e, name).to(at::kDouble);
-      dot += mine.mul(want).sum().item<double>();
-      norm += want.mul(want).sum().item<double>();
-      worst = std::max(worst, mine.sub(want).abs().max().item<double>());
-    }
-  }
-  return {dot / norm, worst};
-}
+using testing::Distributed;
+using testing::GradRatio;
+using testing::Job;
+using testing::MaxParamDiff;
+using testing::Reference;
+using testing::RunDistributed;
+using testing::With;
 
 // GradRatio of the first step's gradients.
 std::pair<double, double> FirstStepGradRatio(const baton::v1::JobSpec& job, const std::set<std::string>& buggy_axes) {
@@ -128,11 +58,6 @@ const char kSeedLab[] = R"pb(
   seed: 0
 )pb";
 
-std::string With(std::string text, const std::string& from, const std::string& to) {
-  auto pos = text.find(from);
-  EXPECT_NE(pos, std::string::npos) << from;
-  return text.replace(pos, from.size(), to);
-}
 
 TEST(ExecutorTest, SeedLabTwoWorkersMatchesTheReference) {
   auto job = Job(kSeedLab);
@@ -330,25 +255,8 @@ TEST_P(DecoderModesTest, LossFollowsTheReferenceForTwentySteps) {
   EXPECT_LT(ref_loss.back(), ref_loss.front());  // it trains
 
   // Accounting: exactly what the plan's Programs predict, every step.
-  auto theory = ComputeTheory(job);
-  ASSERT_TRUE(theory.ok()) << theory.status();
-  const PlanTheory& t = *theory;
   for (size_t step = 0; step < d->metrics[0].size(); ++step) {
-    int64_t comm = 0, state = 0, peak = 0;
-    for (const auto& rank : d->metrics) {
-      comm = std::max(comm, rank[step].comm_bytes());
-      state = std::max(state, rank[step].state_bytes());
-      peak = std::max(peak, rank[step].peak_unsharded_param_bytes());
-    }
-    if (step == 0) {
-      std::printf("%s: comm %lld bytes/rank/step, theory %lld (%.4f of the unpadded P(n-1)/n formulas); "
-                  "state %lld, theory %lld; peak unsharded %lld, theory %lld\n",
-                  c.name, (long long)comm, (long long)t.comm_bytes, comm / t.ideal_comm_bytes, (long long)state,
-                  (long long)t.state_bytes, (long long)peak, (long long)t.peak_unsharded_param_bytes);
-    }
-    EXPECT_EQ(comm, t.comm_bytes) << "step " << step + 1;
-    EXPECT_EQ(state, t.state_bytes) << "step " << step + 1;
-    EXPECT_EQ(peak, t.peak_unsharded_param_bytes) << "step " << step + 1;
+    testing::ExpectAccountingEqualsTheory(step == 0 ? c.name : "", job, *d, step);
   }
   if (!job.plan().has_tensor_parallel()) return;
   // What tensor parallelism saves: a block's parameters per rank (its
@@ -460,20 +368,7 @@ TEST_P(OddShapesTest, MatchesTheReference) {
               "|g| %.3g; worst relative loss difference over %d steps %.3g\n",
               GetParam().name, first_loss, grads.first, grads.second, grad_scale, steps, worst);
   // Accounting on these shapes too: exactly the plan's theory.
-  auto theory = ComputeTheory(job);
-  ASSERT_TRUE(theory.ok()) << theory.status();
-  int64_t comm = 0, state = 0, peak = 0;
-  for (const auto& rank : d->metrics) {
-    comm = std::max(comm, rank.back().comm_bytes());
-    state = std::max(state, rank.back().state_bytes());
-    peak = std::max(peak, rank.back().peak_unsharded_param_bytes());
-  }
-  std::printf("%s: comm %lld, state %lld, peak unsharded %lld bytes per rank; theory %lld, %lld, %lld\n",
-              GetParam().name, (long long)comm, (long long)state, (long long)peak, (long long)theory->comm_bytes,
-              (long long)theory->state_bytes, (long long)theory->peak_unsharded_param_bytes);
-  EXPECT_EQ(comm, theory->comm_bytes);
-  EXPECT_EQ(state, theory->state_bytes);
-  EXPECT_EQ(peak, theory->peak_unsharded_param_bytes);
+  testing::ExpectAccountingEqualsTheory(GetParam().name, job, *d, d->metrics[0].size() - 1);
   EXPECT_LE(first_loss, bf16 ? 2e-2 : 1e-6);
   EXPECT_NEAR(grads.first, 1.0, bf16 ? 2e-2 : 1e-6);
   EXPECT_LE(grads.second, (bf16 ? 5e-2 : 1e-6) * grad_scale);

@@ -2,6 +2,8 @@
 
 #include <ATen/ops/empty.h>
 
+#include <chrono>
+#include <set>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +30,8 @@ void Activations::BeginStep(int64_t step, Milliseconds timeout) {
   loss_sum_ = 0;
   tokens_ = 0;
   peak_logits_ = 0;
+  peak_live_ = 0;
+  idle_ms_ = 0;
 }
 
 absl::Status Activations::LoadBatch(const Instruction& ins) {
@@ -51,8 +55,10 @@ absl::StatusOr<ShardStore::Unit*> Activations::StageUnit(int stage) {
 absl::Status Activations::Forward(int stage, int microbatch) {
   auto unit = StageUnit(stage);
   if (!unit.ok()) return unit.status();
+  const auto& spec = program_.stages(stage);
+  static const Batch kNoBatch;
   auto batch = batches_.find(microbatch);
-  if (batch == batches_.end()) {
+  if (batch == batches_.end() && ReadsBatch(spec.kind())) {
     return absl::FailedPreconditionError(absl::StrCat("microbatch ", microbatch, " was not loaded"));
   }
   Entry& entry = entries_[{stage, microbatch}];
@@ -78,7 +84,6 @@ absl::Status Activations::Forward(int stage, int microbatch) {
   };
   // Tensor parallelism: the stage's collectives run along its axis, and a
   // weight is split when its compute layout shards it there.
-  const auto& spec = program_.stages(stage);
   TensorParallel tp;
   if (spec.has_tensor_parallel()) {
     auto comm = groups_->Axis(spec.tensor_parallel().axis());
@@ -97,9 +102,13 @@ absl::Status Activations::Forward(int stage, int microbatch) {
   }
   const std::string unit_name = *unit == nullptr ? "" : (*unit)->name;
   int64_t logits = 0;
-  entry.output = StageForward(spec, program_.model(), unit_name, lookup, entry.input, batch->second,
+  entry.output = StageForward(spec, program_.model(), unit_name, lookup, entry.input,
+                              batch == batches_.end() ? kNoBatch : batch->second,
                               store_->compute_dtype(), spec.has_tensor_parallel() ? &tp : nullptr, &logits);
   peak_logits_ = std::max(peak_logits_, logits);
+  std::set<int> live;
+  for (const auto& [key, e] : entries_) live.insert(key.second);
+  peak_live_ = std::max(peak_live_, static_cast<int>(live.size()));
   if (IsLossStage(program_.stages(stage).kind())) loss_sum_ += entry.output.item<double>();
   return absl::OkStatus();
 }
@@ -126,6 +135,9 @@ absl::Status Activations::Backward(int stage, int microbatch) {
   entry.output = at::Tensor();
   entry.output_grad = at::Tensor();
   entries_.erase({stage + 1, microbatch});  // its input's gradient is consumed
+  // Nothing reads this stage's input gradient (the batch, the embedding's
+  // tokens): the microbatch is done here.
+  if (!entry.input.defined() || !entry.input.requires_grad()) entries_.erase(it);
   if (*unit != nullptr) store_->AccumulateGrads(**unit);
   return absl::OkStatus();
 }
@@ -164,7 +176,10 @@ absl::Status Activations::Recv(const Instruction& ins, Milliseconds timeout) {
   auto peer = groups_->PeerInGroup(ins.axes(0), ins.peer());
   if (!peer.ok()) return peer.status();
   at::Tensor t = at::empty(std::vector<int64_t>(ins.shape().begin(), ins.shape().end()), store_->compute_dtype());
-  if (absl::Status s = (*comm)->Recv(t, *peer, timeout); !s.ok()) return s;
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status received = (*comm)->Recv(t, *peer, timeout);
+  idle_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!received.ok()) return received;
   Entry& entry = entries_[{ins.stage(), ins.microbatch()}];
   if (ins.op() == Instruction::RECV_ACTIVATION) {
     entry.input = t.set_requires_grad(true);  // its gradient goes back with SEND_GRAD

@@ -56,6 +56,10 @@ class Activations {
   int64_t tokens() const { return tokens_; }
   // The most logits one microbatch's loss stage held on this rank.
   int64_t peak_logits_elements() const { return peak_logits_; }
+  // The most microbatches whose activations were held for backward at once.
+  int peak_live_microbatches() const { return peak_live_; }
+  // Time spent waiting to receive from other stages this step.
+  double idle_ms() const { return idle_ms_; }
 
  private:
   struct Entry {
@@ -84,6 +88,8 @@ class Activations {
   double loss_sum_ = 0;
   int64_t tokens_ = 0;
   int64_t peak_logits_ = 0;
+  int peak_live_ = 0;
+  double idle_ms_ = 0;
 };
 
 }  // namespace baton

@@ -115,6 +115,8 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_state_bytes(store_->state_bytes());
   m.set_peak_unsharded_param_bytes(store_->peak_unsharded_bytes());
   m.set_peak_logits_elements(activations_->peak_logits_elements());
+  m.set_peak_live_microbatches(activations_->peak_live_microbatches());
+  m.set_idle_ms(activations_->idle_ms());
   return m;
 }
 

@@ -1,0 +1,113 @@
+#include "tests/training_harness.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "common/wire.h"
+#include "mesh/layout.h"
+#include "strategies/job_spec.h"
+#include "strategies/plan_theory.h"
+#include "strategies/planner.h"
+
+namespace baton::testing {
+
+baton::v1::JobSpec Job(const std::string& text) {
+  auto job = ParseJobSpec(text, false);
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *job : baton::v1::JobSpec();
+}
+
+std::string With(std::string text, const std::string& from, const std::string& to) {
+  auto pos = text.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  return pos == std::string::npos ? text : text.replace(pos, from.size(), to);
+}
+
+std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int steps,
+                                            const std::function<void(Distributed&, int)>& after_step,
+                                            const std::set<std::string>& buggy_axes) {
+  auto programs = CompilePrograms(job, "test");
+  EXPECT_TRUE(programs.ok()) << programs.status();
+  if (!programs.ok()) return std::make_unique<Distributed>();
+  auto d = ExecutorRanks::Start(*programs, buggy_axes);
+  for (int step = 1; step <= steps; ++step) {
+    d->Step();
+    if (after_step) after_step(*d, step);
+  }
+  return d;
+}
+
+std::unique_ptr<ReferenceTrainer> Reference(const baton::v1::JobSpec& job) {
+  auto ref = ReferenceTrainer::Create(job);
+  EXPECT_TRUE(ref.ok()) << ref.status();
+  return ref.ok() ? std::move(*ref) : nullptr;
+}
+
+at::Tensor PieceOf(const at::Tensor& full, const Executor& e, const std::string& name) {
+  const auto& program = e.program();
+  auto mesh = ToDeviceMesh(program.mesh());
+  for (const auto& u : program.units()) {
+    for (const auto& p : u.params()) {
+      if (p.name() != name) continue;
+      const Piece piece = *LocalPiece(*StorageLayout(p, *mesh), *mesh, program.rank());
+      at::Tensor t = full.detach();
+      for (size_t d = 0; d < piece.shape.size(); ++d) t = t.narrow(d, piece.offset[d], piece.shape[d]);
+      return t;
+    }
+  }
+  return at::Tensor();
+}
+
+double MaxParamDiff(const Distributed& d, const ReferenceTrainer& ref) {
+  double worst = 0;
+  for (const auto& e : d.executors) {
+    for (const auto& name : ref.param_names()) {
+      auto mine = e->MasterShard(name);
+      if (!mine.ok() || mine->numel() == 0) continue;  // another stage's, or an empty piece
+      worst = std::max(worst, mine->sub(PieceOf(ref.param(name), *e, name)).abs().max().item<double>());
+    }
+  }
+  return worst;
+}
+
+std::pair<double, double> GradRatio(const Distributed& d, const ReferenceTrainer& ref) {
+  double dot = 0, norm = 0, worst = 0;
+  for (const auto& e : d.executors) {
+    for (const auto& name : ref.param_names()) {
+      auto grad = e->LastGradShard(name);
+      if (!grad.ok() || grad->numel() == 0) continue;
+      at::Tensor mine = grad->to(at::kDouble);
+      at::Tensor want = PieceOf(ref.grad(name), *e, name).to(at::kDouble);
+      dot += mine.mul(want).sum().item<double>();
+      norm += want.mul(want).sum().item<double>();
+      worst = std::max(worst, mine.sub(want).abs().max().item<double>());
+    }
+  }
+  return {dot / norm, worst};
+}
+
+void ExpectAccountingEqualsTheory(const char* name, const baton::v1::JobSpec& job, const Distributed& d, size_t step) {
+  auto theory = ComputeTheory(job);
+  ASSERT_TRUE(theory.ok()) << theory.status();
+  int64_t comm = 0, state = 0, peak = 0;
+  int live = 0;
+  for (const auto& rank : d.metrics) {
+    ASSERT_GT(rank.size(), step);
+    comm = std::max(comm, rank[step].comm_bytes());
+    state = std::max(state, rank[step].state_bytes());
+    peak = std::max(peak, rank[step].peak_unsharded_param_bytes());
+    live = std::max(live, rank[step].peak_live_microbatches());
+  }
+  const PlanTheory& t = *theory;
+  if (*name != '\0') std::printf("%s: comm %lld B/rank/step, theory %lld (%.4f of the unpadded formulas); state %lld, theory %lld; "
+              "peak unsharded %lld, theory %lld; live microbatches %d, theory %d\n",
+              name, (long long)comm, (long long)t.comm_bytes, comm / t.ideal_comm_bytes, (long long)state,
+              (long long)t.state_bytes, (long long)peak, (long long)t.peak_unsharded_param_bytes, live,
+              t.peak_live_microbatches);
+  EXPECT_EQ(comm, t.comm_bytes) << name << " step " << step + 1;
+  EXPECT_EQ(state, t.state_bytes) << name << " step " << step + 1;
+  EXPECT_EQ(peak, t.peak_unsharded_param_bytes) << name << " step " << step + 1;
+  EXPECT_EQ(live, t.peak_live_microbatches) << name << " step " << step + 1;
+}
+
+}  // namespace baton::testing
