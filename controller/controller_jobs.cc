@@ -47,6 +47,7 @@ baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::Run
     m.set_peak_logits_elements(std::max(m.peak_logits_elements(), rm.peak_logits_elements()));
     m.set_peak_live_microbatches(std::max(m.peak_live_microbatches(), rm.peak_live_microbatches()));
     m.set_idle_ms(std::max(m.idle_ms(), rm.idle_ms()));
+    m.set_peak_live_activation_bytes(std::max(m.peak_live_activation_bytes(), rm.peak_live_activation_bytes()));
   }
   m.set_tokens_per_s(wall_ms > 0 ? m.tokens() / (wall_ms / 1e3) : 0);
   return m;

@@ -149,6 +149,20 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   std::map<int, int64_t> rows;  // per microbatch
   std::map<int, int> stages_in_flight;  // per microbatch: forwards minus backwards
   int live = 0;
+  int64_t live_bytes = 0;
+  // The bytes of a stage's output for a microbatch of `rows` (as
+  // worker/model/stages.cc returns it).
+  auto output_bytes = [&](int index, int64_t rows) -> int64_t {
+    const baton::v1::Stage& stage = p.stages(index);
+    if (IsLossStage(stage.kind())) return 4;
+    if (p.model().has_mlp()) return rows * p.model().mlp().d_model() * (stage.kind() == baton::v1::Stage::MLP_INPUT ? 4 : elem);
+    const auto& m = p.model().decoder();
+    int64_t seq = m.seq_len();
+    if (stage.has_tensor_parallel() && stage.tensor_parallel().sequence_parallel()) {
+      seq /= *mesh->AxisSize(stage.tensor_parallel().axis());
+    }
+    return rows * seq * m.dim() * elem;
+  };
   std::map<std::string, const ParamPieces*> by_name;
   for (const auto& u : p.units()) {
     for (int i = 0; i < u.params_size(); ++i) by_name[u.params(i).name()] = &units[u.index()][i];
@@ -158,14 +172,24 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       case Instruction::LOAD_BATCH:
         rows[ins.microbatch()] = ins.rows();
         break;
+      case Instruction::RECV_ACTIVATION:
+      case Instruction::RECV_GRAD:
+        // A middle pipeline stage loads no batch: its rows come with the
+        // activation.
+        if (!rows.count(ins.microbatch()) && ins.shape_size() > 0) rows[ins.microbatch()] = ins.shape(0);
+        break;
       case Instruction::FORWARD:
       case Instruction::BACKWARD: {
         int& in_flight = stages_in_flight[ins.microbatch()];
+        const int64_t out = output_bytes(ins.stage(), rows[ins.microbatch()]);
         if (ins.op() == Instruction::FORWARD) {
           if (in_flight++ == 0) ++live;
+          live_bytes += out;
           t.peak_live = std::max(t.peak_live, live);
-        } else if (--in_flight == 0) {
-          --live;
+          t.peak_live_bytes = std::max(t.peak_live_bytes, live_bytes);
+        } else {
+          if (--in_flight == 0) --live;
+          live_bytes -= out;
         }
         const auto& stage = p.stages(ins.stage());
         if (!stage.has_tensor_parallel()) break;
@@ -278,6 +302,7 @@ absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<Program>& programs)
     theory.state_bytes = std::max(theory.state_bytes, t->state);
     theory.peak_unsharded_param_bytes = std::max(theory.peak_unsharded_param_bytes, t->peak);
     theory.peak_live_microbatches = std::max(theory.peak_live_microbatches, t->peak_live);
+    theory.peak_live_activation_bytes = std::max(theory.peak_live_activation_bytes, t->peak_live_bytes);
     theory.ranks.push_back(*t);
     for (const auto& u : p.units()) {
       for (const auto& param : u.params()) {

@@ -12,7 +12,12 @@
 //   peak_unsharded_param_bytes  the most compute-parameter bytes allocated at
 //                once, replaying WAIT_PARAMS / FREE_PARAMS;
 //   peak_live_microbatches  the most microbatches forwarded but not yet
-//                backward on a rank (pipeline schedules hold up to p or m).
+//                backward on a rank (pipeline schedules hold up to p or m);
+//   peak_live_activation_bytes  the most bytes of stage outputs held for
+//                backward at once (a block's [rows, seq (/ tp with sequence
+//                parallelism), dim] in the compute dtype, a loss stage's
+//                fp32 scalar; what autograd saves inside a stage is not
+//                counted).
 // Figures are the maximum over ranks, as the controller reports them.
 #ifndef BATON_STRATEGIES_PLAN_THEORY_H_
 #define BATON_STRATEGIES_PLAN_THEORY_H_
@@ -33,6 +38,7 @@ struct RankTheory {
   int64_t state = 0;
   int64_t peak = 0;      // unsharded parameter bytes
   int peak_live = 0;     // microbatches between forward and backward
+  int64_t peak_live_bytes = 0;  // stage outputs held for backward
 };
 
 struct PlanTheory {
@@ -43,6 +49,7 @@ struct PlanTheory {
   int64_t state_bytes = 0;
   int64_t peak_unsharded_param_bytes = 0;
   int peak_live_microbatches = 0;
+  int64_t peak_live_activation_bytes = 0;
   std::vector<RankTheory> ranks;  // by rank
 };
 

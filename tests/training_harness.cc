@@ -89,25 +89,34 @@ std::pair<double, double> GradRatio(const Distributed& d, const ReferenceTrainer
 void ExpectAccountingEqualsTheory(const char* name, const baton::v1::JobSpec& job, const Distributed& d, size_t step) {
   auto theory = ComputeTheory(job);
   ASSERT_TRUE(theory.ok()) << theory.status();
-  int64_t comm = 0, state = 0, peak = 0;
-  int live = 0;
-  for (const auto& rank : d.metrics) {
-    ASSERT_GT(rank.size(), step);
-    comm = std::max(comm, rank[step].comm_bytes());
-    state = std::max(state, rank[step].state_bytes());
-    peak = std::max(peak, rank[step].peak_unsharded_param_bytes());
-    live = std::max(live, rank[step].peak_live_microbatches());
-  }
   const PlanTheory& t = *theory;
-  if (*name != '\0') std::printf("%s: comm %lld B/rank/step, theory %lld (%.4f of the unpadded formulas); state %lld, theory %lld; "
-              "peak unsharded %lld, theory %lld; live microbatches %d, theory %d\n",
-              name, (long long)comm, (long long)t.comm_bytes, comm / t.ideal_comm_bytes, (long long)state,
-              (long long)t.state_bytes, (long long)peak, (long long)t.peak_unsharded_param_bytes, live,
-              t.peak_live_microbatches);
-  EXPECT_EQ(comm, t.comm_bytes) << name << " step " << step + 1;
-  EXPECT_EQ(state, t.state_bytes) << name << " step " << step + 1;
-  EXPECT_EQ(peak, t.peak_unsharded_param_bytes) << name << " step " << step + 1;
-  EXPECT_EQ(live, t.peak_live_microbatches) << name << " step " << step + 1;
+  ASSERT_EQ(d.metrics.size(), t.ranks.size());
+  int64_t comm = 0, state = 0, peak = 0, live_bytes = 0;
+  int live = 0;
+  // Rank by rank: each rank's figures are its own Program's.
+  for (size_t r = 0; r < d.metrics.size(); ++r) {
+    ASSERT_GT(d.metrics[r].size(), step);
+    const baton::v1::StepMetrics& m = d.metrics[r][step];
+    const RankTheory& want = t.ranks[r];
+    EXPECT_EQ(m.comm_bytes(), want.comm) << name << " rank " << r << " step " << step + 1;
+    EXPECT_EQ(m.state_bytes(), want.state) << name << " rank " << r << " step " << step + 1;
+    EXPECT_EQ(m.peak_unsharded_param_bytes(), want.peak) << name << " rank " << r << " step " << step + 1;
+    EXPECT_EQ(m.peak_live_microbatches(), want.peak_live) << name << " rank " << r << " step " << step + 1;
+    EXPECT_EQ(m.peak_live_activation_bytes(), want.peak_live_bytes) << name << " rank " << r << " step " << step + 1;
+    comm = std::max(comm, m.comm_bytes());
+    state = std::max(state, m.state_bytes());
+    peak = std::max(peak, m.peak_unsharded_param_bytes());
+    live = std::max(live, m.peak_live_microbatches());
+    live_bytes = std::max(live_bytes, m.peak_live_activation_bytes());
+  }
+  if (*name != '\0') {
+    std::printf("%s: per rank, each equal to its Program's theory; largest: comm %lld B/step, theory %lld (%.4f of "
+                "the unpadded formulas); state %lld, theory %lld; peak unsharded %lld, theory %lld; live "
+                "microbatches %d, theory %d; live activations %lld B, theory %lld\n",
+                name, (long long)comm, (long long)t.comm_bytes, comm / t.ideal_comm_bytes, (long long)state,
+                (long long)t.state_bytes, (long long)peak, (long long)t.peak_unsharded_param_bytes, live,
+                t.peak_live_microbatches, (long long)live_bytes, (long long)t.peak_live_activation_bytes);
+  }
 }
 
 }  // namespace baton::testing

@@ -31,6 +31,7 @@ void Activations::BeginStep(int64_t step, Milliseconds timeout) {
   tokens_ = 0;
   peak_logits_ = 0;
   peak_live_ = 0;
+  live_bytes_ = peak_live_bytes_ = 0;
   idle_ms_ = 0;
 }
 
@@ -109,6 +110,8 @@ absl::Status Activations::Forward(int stage, int microbatch) {
   std::set<int> live;
   for (const auto& [key, e] : entries_) live.insert(key.second);
   peak_live_ = std::max(peak_live_, static_cast<int>(live.size()));
+  live_bytes_ += entry.output.nbytes();
+  peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   if (IsLossStage(program_.stages(stage).kind())) loss_sum_ += entry.output.item<double>();
   return absl::OkStatus();
 }
@@ -122,6 +125,7 @@ absl::Status Activations::Backward(int stage, int microbatch) {
   }
   Entry& entry = it->second;
   at::Tensor out = entry.output;
+  live_bytes_ -= out.nbytes();
   if (IsLossStage(program_.stages(stage).kind())) {
     out.div(static_cast<double>(program_.microbatches())).backward();
   } else if (out.requires_grad()) {

@@ -58,6 +58,8 @@ class Activations {
   int64_t peak_logits_elements() const { return peak_logits_; }
   // The most microbatches whose activations were held for backward at once.
   int peak_live_microbatches() const { return peak_live_; }
+  // The most bytes of stage outputs held for backward at once.
+  int64_t peak_live_activation_bytes() const { return peak_live_bytes_; }
   // Time spent waiting to receive from other stages this step.
   double idle_ms() const { return idle_ms_; }
 
@@ -89,6 +91,7 @@ class Activations {
   int64_t tokens_ = 0;
   int64_t peak_logits_ = 0;
   int peak_live_ = 0;
+  int64_t live_bytes_ = 0, peak_live_bytes_ = 0;
   double idle_ms_ = 0;
 };
 

@@ -117,6 +117,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_peak_logits_elements(activations_->peak_logits_elements());
   m.set_peak_live_microbatches(activations_->peak_live_microbatches());
   m.set_idle_ms(activations_->idle_ms());
+  m.set_peak_live_activation_bytes(activations_->peak_live_activation_bytes());
   return m;
 }
 
