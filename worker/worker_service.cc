@@ -1,6 +1,7 @@
 #include "worker/worker_service.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -127,7 +128,11 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const baton::v1::Con
       configuring_epoch_ = req->mesh().epoch();
       old = std::move(current_);  // leave the old mesh before joining the new one
     }
-    ReleaseInBackground(std::move(old));
+    if (old != nullptr) {
+      const std::string reason =
+          absl::StrCat("mesh epoch ", old->mesh.epoch(), " replaced by epoch ", req->mesh().epoch());
+      ReleaseInBackground(std::move(old), reason);
+    }
     auto state = BuildMesh(*req);
     absl::MutexLock lock(&mu_);
     if (generation == configure_generation_) configuring_epoch_ = 0;
@@ -209,11 +214,21 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const baton::v1::AbortRe
       configuring_epoch_ = 0;
     }
   }
-  ReleaseInBackground(std::move(dropped));
+  ReleaseInBackground(std::move(dropped),
+                      absl::StrCat("the controller aborted mesh epoch ", req->epoch(),
+                                   req->reason().empty() ? "" : absl::StrCat(": ", req->reason())));
   return grpc::Status::OK;
 }
 
-void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state) {
+void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason) {
+  if (state == nullptr) return;
+  // A step still running on the old mesh (blocked on a peer that is gone,
+  // say) ends at once with `reason` instead of at its timeout.
+  for (auto& [name, comm] : state->comms) comm->Abort(reason);
+  DropInBackground(std::move(state));
+}
+
+void WorkerService::DropInBackground(std::shared_ptr<MeshState> state) {
   // Communicators are released when their last user finishes; a gloo
   // destructor may wait for an operation in flight, so never on an RPC thread.
   if (state != nullptr) std::thread([s = std::move(state)]() mutable { s.reset(); }).detach();
@@ -257,14 +272,26 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext*, const baton::v1::RunSt
     }
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());
-    absl::MutexLock lock(&(*state)->run_mu);
-    if ((*state)->executor == nullptr || (*state)->job_id != req->job_id()) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
+    std::shared_ptr<MeshState> mesh = std::move(*state);
+    absl::StatusOr<baton::v1::StepMetrics> metrics;
+    {
+      absl::MutexLock lock(&mesh->run_mu);
+      if (mesh->executor == nullptr || mesh->job_id != req->job_id()) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
+      }
+      metrics = mesh->executor->RunStep(req->step(), Milliseconds(req->timeout_ms()));
     }
-    auto metrics = (*state)->executor->RunStep(req->step(), Milliseconds(req->timeout_ms()));
-    if (!metrics.ok()) return ToGrpcStatus(metrics.status());
-    resp->set_rank((*state)->rank);
+    if (!metrics.ok()) {
+      std::fprintf(stderr, "worker %s: job %s step %lld failed: %s\n", name().c_str(), req->job_id().c_str(),
+                   static_cast<long long>(req->step()), metrics.status().ToString().c_str());
+      // A failed step can leave transfers running under its aborted waits;
+      // if the mesh was dropped meanwhile, this is its last reference, and
+      // tearing it down waits for them: not before the answer goes out.
+      DropInBackground(std::move(mesh));
+      return ToGrpcStatus(metrics.status());
+    }
+    resp->set_rank(mesh->rank);
     *resp->mutable_metrics() = *metrics;
     return grpc::Status::OK;
   });

@@ -63,7 +63,10 @@ class WorkerService final : public baton::v1::Worker::Service {
     std::unique_ptr<Executor> executor ABSL_GUARDED_BY(run_mu);
   };
 
-  static void ReleaseInBackground(std::shared_ptr<MeshState> state);
+  // Aborts the communicators of `state` with `reason` and drops it.
+  static void ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason);
+  // Drops this reference to `state` on another thread (it may be the last).
+  static void DropInBackground(std::shared_ptr<MeshState> state);
   // The current mesh if it has `epoch`, else FAILED_PRECONDITION.
   absl::StatusOr<std::shared_ptr<MeshState>> MeshOfEpoch(int64_t epoch);
 

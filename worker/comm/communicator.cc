@@ -28,6 +28,23 @@ std::unique_ptr<CommHandle> CompletedHandle(absl::Status status) {
   return std::make_unique<DoneHandle>(std::move(status));
 }
 
+bool AbortSignal::Raise(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (raised_.load()) return false;
+  reason_ = reason;
+  raised_.store(true);
+  return true;
+}
+
+absl::Status AbortSignal::status(const std::string& op) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return absl::AbortedError(absl::StrCat(op, " aborted: ", reason_));
+}
+
+void Communicator::Abort(const std::string& reason) {
+  if (abort_->Raise(reason)) WakeWaits();
+}
+
 CommStats Communicator::stats() const {
   CommStats s;
   s.bytes_sent = bytes_sent_.load();

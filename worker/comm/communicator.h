@@ -22,6 +22,11 @@
 // communicator is broken: later calls fail at once with FAILED_PRECONDITION,
 // and the owner must build a new one (as after an Abort).
 //
+// Abort(reason) ends every operation in flight within a moment - a receive
+// from a peer that will never send included - with ABORTED naming the
+// reason, and fails every later one: how a rank blocked on a dead peer's
+// neighbour learns of it without waiting for its timeout.
+//
 // Byte counters record per-rank traffic of the bandwidth-optimal ring
 // algorithms, padding included:
 //   all-gather, reduce-scatter, all-to-all  (n-1)*k elements sent and received
@@ -39,6 +44,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,6 +66,22 @@ struct CommStats {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   int64_t operations = 0;
+};
+
+// Why a communicator was aborted; shared with the handles it issued, which
+// may outlive it. Thread-safe.
+class AbortSignal {
+ public:
+  // The first reason wins; false if already raised.
+  bool Raise(const std::string& reason);
+  bool raised() const { return raised_.load(); }
+  // ABORTED: "<op> aborted: <reason>".
+  absl::Status status(const std::string& op) const;
+
+ private:
+  std::atomic<bool> raised_{false};
+  mutable std::mutex mu_;
+  std::string reason_;  // guarded by mu_
 };
 
 // An operation in flight. Wait() blocks until it completed, failed or timed
@@ -135,13 +157,23 @@ class Communicator {
   CommStats stats() const;
   void ResetStats();
 
+  // Ends what is in flight and everything after with ABORTED: `reason`.
+  // Thread-safe, also while another thread waits on a handle; idempotent
+  // (the first reason stays).
+  void Abort(const std::string& reason);
+
  protected:
   void CountBytes(int64_t sent, int64_t received);
+  // Backends wake the waits that do not poll abort_signal(); called once,
+  // after the signal is raised.
+  virtual void WakeWaits() {}
+  const std::shared_ptr<AbortSignal>& abort_signal() const { return abort_; }
 
  private:
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> operations_{0};
+  std::shared_ptr<AbortSignal> abort_ = std::make_shared<AbortSignal>();
 };
 
 // Shape checks shared by every backend; an error names the operation and what

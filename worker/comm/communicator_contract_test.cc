@@ -16,6 +16,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/kv_store.h"
 #include "worker/comm/communicator.h"
@@ -278,6 +279,51 @@ TEST_P(CommunicatorContractTest, WrongShapesAreRejectedWithoutBreakingTheGroup) 
     at::Tensor t = at::full({3}, 1.0f);
     ASSERT_TRUE(c.AllReduce(t, ReduceOp::kSum).ok());
     EXPECT_EQ(t[0].item<float>(), static_cast<float>(n));
+  });
+}
+
+// Abort ends what waits on a peer that will never come - a receive, and a
+// collective the other rank has not issued - within a moment and with the
+// reason, long before their timeout; later calls fail the same way.
+TEST_P(CommunicatorContractTest, AbortEndsWaitsOnPeersThatNeverCome) {
+  if (GetParam().world != 2 || GetParam().numel != 5) GTEST_SKIP() << "once per backend, on two ranks";
+  std::promise<void> aborted;
+  std::shared_future<void> rank0_done = aborted.get_future().share();
+  RunOnAllRanks([&](Communicator& c) {
+    if (c.rank() == 1) {
+      // Joins the all-reduce only once rank 0 gave up on it, so the
+      // operation left running underneath ends before the group is torn down.
+      ASSERT_EQ(rank0_done.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+      at::Tensor t = at::full({5}, 1.0f);
+      (void)c.AllReduce(t, ReduceOp::kSum, Milliseconds(5000));
+      return;
+    }
+    const Milliseconds timeout(30000);
+    at::Tensor got = at::empty({5}), sum = at::full({5}, 1.0f);
+    auto recv = c.RecvAsync(got, 1, timeout);
+    auto reduce = c.AllReduceAsync(sum, ReduceOp::kSum, timeout);
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      c.Abort("rank 1 (worker-1) is dead");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    // Both wait while the abort comes: the all-reduce here, the receive on
+    // another thread.
+    absl::Status r;
+    std::thread receiver([&] { r = recv->Wait(); });
+    const absl::Status a = reduce->Wait();
+    receiver.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    aborter.join();
+    std::printf("%s: receive and all-reduce aborted after %.3f s (timeout 30 s): %s | %s\n", c.backend().c_str(),
+                seconds, r.ToString().c_str(), a.ToString().c_str());
+    EXPECT_EQ(r.code(), absl::StatusCode::kAborted) << r;
+    EXPECT_EQ(a.code(), absl::StatusCode::kAborted) << a;
+    EXPECT_TRUE(absl::StrContains(r.message(), "rank 1 (worker-1) is dead")) << r;
+    EXPECT_LT(seconds, 2.0);
+    const absl::Status later = c.Barrier(Milliseconds(1000));
+    EXPECT_EQ(later.code(), absl::StatusCode::kAborted) << later;
+    aborted.set_value();
   });
 }
 

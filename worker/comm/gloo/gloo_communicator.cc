@@ -6,6 +6,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <functional>
+#include <map>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -84,42 +86,118 @@ absl::Status FromException(const std::string& op, const std::exception& e) {
   return absl::UnavailableError(msg);
 }
 
+// The point-to-point operations in flight, which Abort wakes: c10d's gloo
+// send and receive wait on a buffer that only abort() (or their timeout,
+// which breaks the whole gloo context) ends. Collectives need no entry: their
+// handles wait in short slices and look at the abort signal in between.
+class InFlight {
+ public:
+  void Add(const void* handle, c10::intrusive_ptr<c10d::Work> work, const AbortSignal& signal) {
+    std::lock_guard<std::mutex> lock(mu_);
+    works_[handle] = work;
+    if (signal.raised()) AbortQuietly(*work);  // raised before it was listed
+  }
+  void Remove(const void* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    works_.erase(handle);
+  }
+  void AbortAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [handle, work] : works_) AbortQuietly(*work);
+  }
+
+ private:
+  static void AbortQuietly(c10d::Work& work) {
+    try {
+      work.abort();
+    } catch (const std::exception&) {
+      // Nothing to wake.
+    }
+  }
+  std::mutex mu_;
+  std::map<const void*, c10::intrusive_ptr<c10d::Work>> works_;
+};
+
 class GlooHandle : public CommHandle {
  public:
+  // How often a collective's wait looks at the abort signal.
+  static constexpr Milliseconds kSlice{50};
+
+  // `in_flight` is set for sends and receives (see InFlight).
   GlooHandle(std::string op, c10::intrusive_ptr<c10d::Work> work, Milliseconds timeout,
-             std::function<void()> finish, BrokenFlag broken)
+             std::function<void()> finish, BrokenFlag broken, std::shared_ptr<AbortSignal> abort,
+             std::shared_ptr<InFlight> in_flight)
       : op_(std::move(op)),
         work_(std::move(work)),
         timeout_(timeout),
         finish_(std::move(finish)),
-        broken_(std::move(broken)) {}
+        broken_(std::move(broken)),
+        abort_(std::move(abort)),
+        in_flight_(std::move(in_flight)) {
+    if (in_flight_) in_flight_->Add(this, work_, *abort_);
+  }
+  ~GlooHandle() override {
+    if (in_flight_) in_flight_->Remove(this);
+  }
 
   absl::Status Wait() override {
     if (done_) return status_;
     done_ = true;
-    try {
-      // gloo enforces `timeout_` itself; the extra second only guards
-      // against a wait that would otherwise outlive it.
-      if (!work_->wait(timeout_ + Milliseconds(1000))) {
-        status_ = absl::DeadlineExceededError(absl::StrCat("gloo ", op_, " timed out"));
-      } else if (finish_) {
-        finish_();
-      }
-    } catch (const std::exception& e) {
-      status_ = FromException(op_, e);
-    }
+    status_ = in_flight_ ? WaitPointToPoint() : WaitCollective();
+    if (status_.ok() && finish_) finish_();
     if (!status_.ok()) broken_->store(true);
+    if (in_flight_) in_flight_->Remove(this);
     work_.reset();
     finish_ = nullptr;
     return status_;
   }
 
  private:
+  absl::Status WaitPointToPoint() {
+    try {
+      // The wait bounds a send or receive (c10d's gloo has no per-op
+      // timeout for them); false means it was aborted.
+      if (work_->wait(timeout_ + Milliseconds(1000))) return absl::OkStatus();
+      return abort_->raised() ? abort_->status("gloo " + op_)
+                              : absl::DeadlineExceededError(absl::StrCat("gloo ", op_, " timed out"));
+    } catch (const std::exception& e) {
+      return abort_->raised() ? abort_->status("gloo " + op_) : FromException(op_, e);
+    }
+  }
+
+  absl::Status WaitCollective() {
+    // gloo enforces `timeout_` itself; the extra second only guards against
+    // a wait that would otherwise outlive it. A slice that elapses throws
+    // without touching the operation, which goes on.
+    const auto deadline = std::chrono::steady_clock::now() + timeout_ + Milliseconds(1000);
+    while (true) {
+      if (abort_->raised()) return abort_->status("gloo " + op_);
+      try {
+        work_->wait(kSlice);
+        return absl::OkStatus();
+      } catch (const std::exception& e) {
+        if (work_->isCompleted()) {
+          try {
+            work_->wait(kSlice);  // completed: returns, or throws the operation's own error
+            return absl::OkStatus();
+          } catch (const std::exception& failed) {
+            return FromException(op_, failed);
+          }
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrCat("gloo ", op_, " timed out"));
+        }
+      }
+    }
+  }
+
   std::string op_;
   c10::intrusive_ptr<c10d::Work> work_;
   Milliseconds timeout_;
   std::function<void()> finish_;
   BrokenFlag broken_;
+  std::shared_ptr<AbortSignal> abort_;
+  std::shared_ptr<InFlight> in_flight_;
   bool done_ = false;
   absl::Status status_;
 };
@@ -281,7 +359,13 @@ class GlooCommunicator : public Communicator {
     });
   }
 
+  void WakeWaits() override {
+    broken_->store(true);
+    in_flight_->AbortAll();
+  }
+
   absl::Status Precheck(std::initializer_list<at::Tensor> tensors) const {
+    if (abort_signal()->raised()) return abort_signal()->status("gloo operation");
     if (broken_->load()) {
       return absl::FailedPreconditionError(
           "gloo communicator is broken by an earlier failure; configure the mesh again");
@@ -309,16 +393,18 @@ class GlooCommunicator : public Communicator {
     std::vector<at::Tensor> tensors{Movable(tensor)};
     // c10d's gloo send/recv has no per-op timeout; the handle's wait bounds it.
     (void)timeout;
-    return Issue(send ? "send" : "recv", timeout, [&] {
-      return send ? pg_->send(tensors, peer, /*tag=*/0) : pg_->recv(tensors, peer, /*tag=*/0);
-    });
+    return Issue(
+        send ? "send" : "recv", timeout,
+        [&] { return send ? pg_->send(tensors, peer, /*tag=*/0) : pg_->recv(tensors, peer, /*tag=*/0); }, nullptr,
+        /*point_to_point=*/true);
   }
 
   std::unique_ptr<CommHandle> Issue(const char* op, Milliseconds timeout,
                                     const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-                                    std::function<void()> finish = nullptr) {
+                                    std::function<void()> finish = nullptr, bool point_to_point = false) {
     try {
-      return std::make_unique<GlooHandle>(op, start(), timeout, std::move(finish), broken_);
+      return std::make_unique<GlooHandle>(op, start(), timeout, std::move(finish), broken_, abort_signal(),
+                                          point_to_point ? in_flight_ : nullptr);
     } catch (const std::exception& e) {
       broken_->store(true);
       return CompletedHandle(FromException(op, e));
@@ -330,6 +416,7 @@ class GlooCommunicator : public Communicator {
   const int rank_;
   const int size_;
   BrokenFlag broken_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
 }  // namespace

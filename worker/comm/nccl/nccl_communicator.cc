@@ -78,13 +78,14 @@ struct Operation {
 class NcclHandle : public CommHandle {
  public:
   NcclHandle(std::string op, std::unique_ptr<Operation> operation, int device, ncclComm_t comm,
-             Milliseconds timeout, BrokenFlag broken)
+             Milliseconds timeout, BrokenFlag broken, std::shared_ptr<AbortSignal> abort)
       : op_(std::move(op)),
         operation_(std::move(operation)),
         device_(device),
         comm_(comm),
         deadline_(absl::Now() + absl::FromChrono(timeout)),
-        broken_(std::move(broken)) {}
+        broken_(std::move(broken)),
+        abort_(std::move(abort)) {}
   ~NcclHandle() override { Wait(); }
 
   absl::Status Wait() override {
@@ -105,6 +106,10 @@ class NcclHandle : public CommHandle {
       }
       if (absl::Now() > deadline_) {
         status_ = absl::DeadlineExceededError(absl::StrCat("nccl ", op_, " timed out"));
+        break;
+      }
+      if (abort_->raised()) {  // ncclCommAbort below ends the kernels
+        status_ = abort_->status("nccl " + op_);
         break;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -131,6 +136,7 @@ class NcclHandle : public CommHandle {
   ncclComm_t comm_;
   absl::Time deadline_;
   BrokenFlag broken_;
+  std::shared_ptr<AbortSignal> abort_;
   absl::Status status_;
 };
 
@@ -265,6 +271,7 @@ class NcclCommunicator : public Communicator {
       const char* op, const std::vector<at::Tensor>& tensors, const std::vector<int>& copy_back,
       Milliseconds timeout, std::function<void()> finish,
       const std::function<ncclResult_t(const std::vector<DeviceBuffer>&, ncclDataType_t)>& call) {
+    if (abort_signal()->raised()) return CompletedHandle(abort_signal()->status(absl::StrCat("nccl ", op)));
     if (broken_->load()) {
       return CompletedHandle(absl::FailedPreconditionError(
           "nccl communicator is broken by an earlier failure; configure the mesh again"));
@@ -315,7 +322,7 @@ class NcclCommunicator : public Communicator {
     }
     cudaEventCreateWithFlags(&operation->done, cudaEventDisableTiming);
     cudaEventRecord(operation->done, stream_);
-    return std::make_unique<NcclHandle>(op, std::move(operation), device_, comm_, timeout, broken_);
+    return std::make_unique<NcclHandle>(op, std::move(operation), device_, comm_, timeout, broken_, abort_signal());
   }
 
   ncclComm_t comm_;
