@@ -20,14 +20,13 @@ constexpr int kDefaultCheckIters = 3;
 constexpr int kMaxCheckIters = 100;
 constexpr int64_t kDefaultCheckTimeoutMs = 5000;
 
-std::string Label(const baton::v1::Mesh& mesh, int rank) {
-  return absl::StrCat("worker ", mesh.worker_names(rank), " (rank ", rank, ", ",
-                      mesh.worker_addresses(rank), ")");
-}
-
 grpc::Status Error(grpc::StatusCode code, const std::string& msg) { return grpc::Status(code, msg); }
 
 }  // namespace
+
+std::string WorkerLabel(const baton::v1::Mesh& mesh, int rank) {
+  return absl::StrCat("worker ", mesh.worker_names(rank), " (rank ", rank, ", ", mesh.worker_addresses(rank), ")");
+}
 
 ControllerService::ControllerService(WorkerRegistry* registry, KeyValueStore* kv, EventLog* events,
                                      ControllerOptions options)
@@ -56,21 +55,28 @@ void ControllerService::MonitorLoop() {
       auto it = std::find(mesh.worker_names().begin(), mesh.worker_names().end(), name);
       if (it == mesh.worker_names().end()) continue;
       int rank = static_cast<int>(it - mesh.worker_names().begin());
-      AbortMesh(mesh, absl::StrCat(Label(mesh, rank), " is DEAD (missed heartbeats)"));
+      AbortMesh(mesh, absl::StrCat(WorkerLabel(mesh, rank), " is DEAD (missed heartbeats)"));
       break;
     }
   }
 }
 
 std::string ControllerService::DeadWorkerIn(const baton::v1::Mesh& mesh) const {
+  const std::vector<size_t> dead = DeadRanksIn(mesh);
+  if (dead.empty()) return "";
+  const int r = static_cast<int>(dead.front());
+  auto info = registry_->Get(mesh.worker_names(r));
+  return absl::StrFormat("%s is DEAD: no heartbeat for %.1f s", WorkerLabel(mesh, r),
+                         info.ok() ? info->heartbeat_age_s() : 0.0);
+}
+
+std::vector<size_t> ControllerService::DeadRanksIn(const baton::v1::Mesh& mesh) const {
+  std::vector<size_t> dead;
   for (int r = 0; r < mesh.worker_names_size(); ++r) {
     auto info = registry_->Get(mesh.worker_names(r));
-    if (!info.ok() || info->state() == baton::v1::DEAD) {
-      return absl::StrFormat("%s is DEAD: no heartbeat for %.1f s", Label(mesh, r),
-                             info.ok() ? info->heartbeat_age_s() : 0.0);
-    }
+    if (!info.ok() || info->state() == baton::v1::DEAD) dead.push_back(static_cast<size_t>(r));
   }
-  return "";
+  return dead;
 }
 
 std::string ControllerService::ExplainFailure(const baton::v1::Mesh& mesh,
@@ -89,7 +95,7 @@ std::string ControllerService::ExplainFailure(const baton::v1::Mesh& mesh,
       nullptr);
   for (size_t r = 0; r < probes.size(); ++r) {
     if (probes[r].status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      return absl::StrCat(Label(mesh, static_cast<int>(r)), " is unreachable (",
+      return absl::StrCat(WorkerLabel(mesh, static_cast<int>(r)), " is unreachable (",
                           probes[r].status.error_message(), ")");
     }
   }
@@ -98,7 +104,7 @@ std::string ControllerService::ExplainFailure(const baton::v1::Mesh& mesh,
     const grpc::Status& s = statuses[r];
     // Calls we cancelled after another failed explain nothing.
     if (s.ok() || s.error_code() == grpc::StatusCode::CANCELLED) continue;
-    other.push_back(absl::StrCat(Label(mesh, static_cast<int>(r)), ": ", s.error_message()));
+    other.push_back(absl::StrCat(WorkerLabel(mesh, static_cast<int>(r)), ": ", s.error_message()));
   }
   if (!other.empty()) {
     return absl::StrCat(other.front(),
@@ -365,7 +371,7 @@ grpc::Status ControllerService::CheckCollectives(grpc::ServerContext*,
         agg->set_seconds(std::max(agg->seconds(), cr.seconds()));
         if (!cr.passed() && agg->passed()) {
           agg->set_passed(false);
-          agg->set_error(absl::StrCat(Label(mesh, static_cast<int>(r)), ": ", cr.error()));
+          agg->set_error(absl::StrCat(WorkerLabel(mesh, static_cast<int>(r)), ": ", cr.error()));
         }
       }
       passed = passed && agg->passed();

@@ -36,6 +36,9 @@ struct ControllerOptions {
   absl::Duration rpc_slack = absl::Seconds(5);
 };
 
+// "worker NAME (rank R, ADDRESS)": how errors name a rank of `mesh`.
+std::string WorkerLabel(const baton::v1::Mesh& mesh, int rank);
+
 class ControllerService final : public baton::v1::Controller::Service {
  public:
   ControllerService(WorkerRegistry* registry, KeyValueStore* kv, EventLog* events,
@@ -74,6 +77,8 @@ class ControllerService final : public baton::v1::Controller::Service {
   void AbortMesh(const baton::v1::Mesh& mesh, const std::string& reason);
   // "" while every worker of the mesh is alive; else which one is not.
   std::string DeadWorkerIn(const baton::v1::Mesh& mesh) const;
+  // The ranks of `mesh` whose worker is DEAD (or forgotten).
+  std::vector<size_t> DeadRanksIn(const baton::v1::Mesh& mesh) const;
   // One sentence naming the worker (and rank) that most likely caused the
   // failures in `statuses` (indexed by mesh rank).
   // Probes every worker of the mesh (GetInfo, kProbeDeadline) to tell a

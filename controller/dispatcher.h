@@ -2,7 +2,9 @@
 // deadline. It stops waiting early, cancelling what is still in flight, as
 // soon as one call fails (the others cannot succeed without it) or
 // `should_abort` names a reason (e.g. a worker of the mesh was declared
-// DEAD). Channels are cached per address.
+// DEAD). With a Drain it first tells the workers to stop (on_failure) and
+// gives their calls a moment to return by themselves, so every worker's own
+// outcome is known. Channels are cached per address.
 //
 // Thread-safe; Call() blocks the calling thread until every call returned.
 #ifndef BATON_CONTROLLER_DISPATCHER_H_
@@ -26,6 +28,17 @@ template <typename Resp>
 struct CallResult {
   grpc::Status status;
   Resp response;
+  absl::Duration elapsed;  // from the fan-out's start to this call's end
+};
+
+// On the first failure (or abort reason): `on_failure(statuses so far,
+// abort reason)` runs on the calling thread - calls still in flight read OK -
+// and returns the calls not worth waiting for (their worker is known dead),
+// which are cancelled at once; the rest get up to `wait` to return before
+// they are cancelled.
+struct Drain {
+  std::function<std::vector<size_t>(const std::vector<grpc::Status>&, const std::string&)> on_failure;
+  absl::Duration wait;
 };
 
 class Dispatcher {
@@ -48,7 +61,8 @@ class Dispatcher {
       const std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const Req&,
                                        Resp*)>& method,
       const std::function<Req(size_t)>& request, absl::Duration deadline,
-      const std::function<std::string()>& should_abort, std::string* abort_reason);
+      const std::function<std::string()>& should_abort, std::string* abort_reason,
+      const Drain* drain = nullptr);
 
  private:
   absl::Mutex mu_;
@@ -61,8 +75,9 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
     const std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const Req&,
                                      Resp*)>& method,
     const std::function<Req(size_t)>& request, absl::Duration deadline,
-    const std::function<std::string()>& should_abort, std::string* abort_reason) {
+    const std::function<std::string()>& should_abort, std::string* abort_reason, const Drain* drain) {
   const size_t n = addresses.size();
+  const absl::Time start = absl::Now();
   std::vector<CallResult<Resp>> results(n);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
   absl::Mutex done_mu;      // guards done, failed, cancelled and contexts
@@ -94,16 +109,25 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
       }
       absl::MutexLock lock(&done_mu);
       results[i].status = s;
+      results[i].elapsed = absl::Now() - start;
       ++done;
       failed = failed || !s.ok();
     });
   }
   {
     absl::MutexLock lock(&done_mu);
-    auto all_done_or_failed = [&] { return done == n || (failed && !cancelled); };
+    bool stopping = false;  // a failure was seen
+    absl::Time cancel_at = absl::InfiniteFuture();
+    auto all_done_or_failed = [&] { return done == n || (failed && !stopping); };
     while (done < n) {
       done_mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), kAbortPollInterval);
       if (cancelled || done == n) continue;
+      if (stopping) {
+        if (absl::Now() < cancel_at) continue;
+        for (auto& ctx : contexts) ctx->TryCancel();
+        cancelled = true;
+        continue;
+      }
       std::string reason;
       if (!failed && should_abort) {  // (evaluated without holding done_mu)
         done_mu.Unlock();
@@ -112,6 +136,19 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
       }
       if (!failed && reason.empty()) continue;
       if (abort_reason != nullptr) *abort_reason = reason;
+      stopping = true;
+      if (drain != nullptr) {
+        std::vector<grpc::Status> so_far;
+        for (const auto& r : results) so_far.push_back(r.status);
+        done_mu.Unlock();
+        const std::vector<size_t> hopeless = drain->on_failure(so_far, reason);
+        done_mu.Lock();
+        for (size_t i : hopeless) {
+          if (i < n) contexts[i]->TryCancel();
+        }
+        cancel_at = absl::Now() + drain->wait;
+        continue;
+      }
       for (auto& ctx : contexts) ctx->TryCancel();
       cancelled = true;
     }
