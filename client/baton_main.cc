@@ -3,6 +3,7 @@
 //   baton up --workers N [--address_file F]         local controller + N workers
 //   baton status --controller ADDR [--output=json]  one line per worker
 //   baton check --controller ADDR --mesh dp=2,tp=2  check every collective
+//   baton plan JOBFILE [--explain] [--output=json]   the dry run: schedule, bubble, per-rank figures
 //   baton run --controller ADDR JOBFILE [--output=json]  train through the controller
 //   baton reference JOBFILE [--output=json]          the same job in one process (baton-reference)
 //   baton stop --controller ADDR JOB_ID              stop a job
@@ -27,11 +28,13 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/local_cluster.h"
+#include "client/plan_output.h"
 #include "client/step_output.h"
 #include "client/job_file.h"
 #include "common/process.h"
 #include "common/wire.h"
 #include "google/protobuf/util/json_util.h"
+#include "strategies/dry_run.h"
 
 ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT.");
 ABSL_FLAG(std::string, output, "text", "Output format: text or json.");
@@ -50,6 +53,7 @@ ABSL_FLAG(int, iters, 3, "check: timed iterations per collective.");
 ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
 ABSL_FLAG(std::string, backend, "gloo", "check, run: gloo or nccl.");
 ABSL_FLAG(int64_t, step_timeout_ms, 30000, "run: timeout of one collective within a step.");
+ABSL_FLAG(bool, explain, false, "plan: also print every rank's Program, instruction by instruction.");
 ABSL_FLAG(int64_t, seconds, 0, "watch: stop after this many seconds (0 = until interrupted).");
 
 namespace baton {
@@ -62,6 +66,7 @@ std::string Usage() {
          "  baton up --workers N [--address_file F]\n"
          "  baton status --controller HOST:PORT [--output=json]\n"
          "  baton check --controller HOST:PORT --mesh dp=2,tp=2 [--numel N] [--iters K]\n"
+         "  baton plan JOBFILE [--explain] [--output=json]\n"
          "  baton run --controller HOST:PORT JOBFILE [--output=json]\n"
          "  baton reference JOBFILE [--output=json]\n"
          "  baton stop --controller HOST:PORT JOB_ID\n"
@@ -222,6 +227,24 @@ std::optional<baton::v1::JobSpec> LoadJobOrExplain(const std::string& command, c
   return *job;
 }
 
+// The dry run: compiles the job as the controller would and prints what it
+// predicts, without starting any worker.
+int Plan(const std::string& path) {
+  auto job = LoadJobOrExplain("plan", path);
+  if (!job) return kUsage;
+  auto plan = PlanDryRun(*job);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "baton plan: %s\n", plan.status().ToString().c_str());
+    return kUsage;
+  }
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::printf("%s\n", FormatPlanJson(*job, *plan).c_str());
+  } else {
+    std::printf("%s", FormatPlan(*job, *plan, absl::GetFlag(FLAGS_explain)).c_str());
+  }
+  return 0;
+}
+
 int Run(const std::string& path) {
   // A bad job file fails here, before any worker is touched.
   auto job = LoadJobOrExplain("run", path);
@@ -251,6 +274,7 @@ int Run(const std::string& path) {
                static_cast<long long>(created->expected_state_bytes()),
                static_cast<long long>(created->expected_peak_unsharded_param_bytes()));
   ProgressBar progress(job->steps());
+  baton::v1::StepMetrics last;
   for (int step = 1; step <= job->steps(); ++step) {
     timespec no_wait{0, 0};
     if (int sig = sigtimedwait(&signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
@@ -275,10 +299,12 @@ int Run(const std::string& path) {
       progress.Finish();
       std::printf("%s\n", FormatStep(m, job->steps(), json).c_str());
       std::fflush(stdout);
+      last = m;
     }
     progress.Update(step);
   }
   progress.Finish();
+  std::printf("%s%s", FormatMeasuredVsPredicted(*created, last, json).c_str(), json ? "\n" : "");
   return 0;
 }
 
@@ -354,6 +380,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "--output must be text or json\n");
       return kUsage;
     }
+    if (command == "plan") return Plan(positional[2]);
     if (command == "run") return Run(positional[2]);
     if (command == "stop") return StopCommand(positional[2]);
     if (command == "reference") return Reference(positional[2]);

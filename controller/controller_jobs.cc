@@ -2,9 +2,11 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "controller/controller_service.h"
+#include "strategies/dry_run.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"
 #include "strategies/planner.h"
@@ -18,6 +20,9 @@ constexpr int64_t kMaxStepTimeoutMs = 600000;
 // of these (a failing collective or a dead worker ends it long before).
 constexpr int kStepDeadlineInTimeouts = 4;
 constexpr absl::Duration kMinStepDeadline = absl::Minutes(10);
+// How long the other ranks of a failed step get to return once their mesh
+// is aborted (they return within milliseconds: their waits are woken).
+constexpr absl::Duration kStepDrain = absl::Seconds(10);
 
 bool Finished(baton::v1::JobState s) {
   return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
@@ -100,10 +105,12 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
     }
     job_id = absl::StrCat("job-", next_job_++);
   }
-  auto programs = CompilePrograms(job, job_id);
-  if (!programs.ok()) return ToGrpcStatus(programs.status());
-  auto theory = AnalyzePrograms(*programs);
-  if (!theory.ok()) return ToGrpcStatus(theory.status());
+  // The Programs and what they predict, as `baton plan` shows them.
+  auto plan = PlanDryRun(job);
+  if (!plan.ok()) return ToGrpcStatus(plan.status());
+  std::vector<baton::v1::Program>* programs = &plan->programs;
+  for (auto& p : *programs) p.set_job_id(job_id);
+  const PlanTheory* theory = &plan->theory;
 
   baton::v1::MeshSpec spec;
   *spec.mutable_axes() = job.mesh();
@@ -145,6 +152,9 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
   resp->set_expected_comm_bytes(theory->comm_bytes);
   resp->set_expected_state_bytes(theory->state_bytes);
   resp->set_expected_peak_unsharded_param_bytes(theory->peak_unsharded_param_bytes);
+  resp->set_expected_peak_live_microbatches(theory->peak_live_microbatches);
+  resp->set_expected_peak_live_activation_bytes(theory->peak_live_activation_bytes);
+  resp->set_expected_idle_fraction(*std::max_element(plan->idle_fraction.begin(), plan->idle_fraction.end()));
   return grpc::Status::OK;
 }
 
@@ -191,17 +201,43 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
     rr.set_job_id(job.status.job_id());
     rr.set_step(step);
     rr.set_timeout_ms(timeout_ms);
-    std::string abort_reason;
+    std::string abort_reason, why;
+    std::vector<size_t> dead;
     const absl::Time started = absl::Now();
+    // When one rank fails, the mesh is aborted on every worker at once (a
+    // rank blocked on a dead stage's neighbour returns instead of waiting for
+    // its timeout), and every rank's own outcome is collected.
+    const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string& reason) {
+                        why = reason.empty() ? ExplainFailure(mesh, so_far) : reason;
+                        AbortMesh(mesh, why);  // also fails the job
+                        dead = DeadRanksIn(mesh);  // a stopped worker never answers
+                        return dead;
+                      },
+                      kStepDrain};
     auto results = dispatcher_.Call<baton::v1::RunStepRequest, baton::v1::RunStepResponse>(
         addresses, run, [&](size_t) { return rr; },
         std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) +
             options_.rpc_slack,
-        [&] { return DeadWorkerIn(mesh); }, &abort_reason);
-    if (const std::string why = AbortOnFailure(mesh, results, abort_reason); !why.empty()) {
-      // AbortMesh also failed the job.
+        [&] { return DeadWorkerIn(mesh); }, &abort_reason, &drain);
+    if (!why.empty()) {
+      std::string ranks;
+      for (size_t r = 0; r < results.size(); ++r) {
+        const grpc::Status& s = results[r].status;
+        const std::string label = WorkerLabel(mesh, static_cast<int>(r));
+        const double seconds = absl::ToDoubleSeconds(results[r].elapsed);
+        if (s.ok()) {
+          absl::StrAppendFormat(&ranks, "\n  %s finished the step after %.2f s", label, seconds);
+        } else if (std::find(dead.begin(), dead.end(), r) != dead.end()) {
+          absl::StrAppendFormat(&ranks, "\n  %s is DEAD: not waited for", label);
+        } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
+          absl::StrAppendFormat(&ranks, "\n  %s was still running %s after the abort; cancelled", label,
+                                absl::FormatDuration(kStepDrain));
+        } else {
+          absl::StrAppendFormat(&ranks, "\n  %s returned after %.2f s: %s", label, seconds, s.error_message());
+        }
+      }
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          absl::StrCat("job ", job.status.job_id(), " step ", step, " failed: ", why));
+                          absl::StrCat("job ", job.status.job_id(), " step ", step, " failed: ", why, ranks));
     }
     const baton::v1::StepMetrics m = AggregateStep(results, absl::ToDoubleMilliseconds(absl::Now() - started));
     *resp->add_metrics() = m;

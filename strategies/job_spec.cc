@@ -142,7 +142,10 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return Invalid(absl::StrCat("data.batch_size ", data.batch_size(), " is not divisible by the ", dp,
                                 " data-parallel ranks of the mesh"));
   }
-  if (data.microbatches() < 1 || (data.batch_size() / dp) % data.microbatches() != 0) {
+  if (data.microbatches() < 1) {
+    return Invalid(absl::StrCat("data.microbatches must be >= 1, got ", data.microbatches()));
+  }
+  if ((data.batch_size() / dp) % data.microbatches() != 0) {
     return Invalid(absl::StrCat("data.microbatches ", data.microbatches(), " must divide the per-rank batch ",
                                 data.batch_size() / dp));
   }

@@ -81,8 +81,9 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const baton::v1::JobSpec& job, const M
     int total = 0;
     for (int b : split) total += b;
     if (static_cast<int>(split.size()) != chunks || total != n_blocks) {
-      return Invalid(absl::StrCat("split [", absl::StrJoin(split, ", "), "] must give ", chunks, " chunks ",
-                                  n_blocks, " blocks in all"));
+      return Invalid(absl::StrCat("split [", absl::StrJoin(split, ", "), "] must give the blocks of each of the ",
+                                  chunks, " chunks (", plan.size, " ranks x ", plan.virtual_stages,
+                                  "), summing to the model's ", n_blocks));
     }
     for (int c = 0; c < chunks; ++c) {
       if (split[c] < 1) return Invalid(absl::StrCat("split leaves chunk ", c, " without a block"));
@@ -210,9 +211,14 @@ absl::StatusOr<PipelineTimeline> SimulatePipeline(const PipelinePlan& plan, int 
   }
   PipelineTimeline t;
   t.slots = *std::max_element(free_at.begin(), free_at.end());
+  size_t width = 1;  // every cell as wide as the widest label, so columns line up
+  for (const auto& rank : slots) {
+    for (const auto& [slot, label] : rank) width = std::max(width, label.size());
+  }
   for (int r = 0; r < p; ++r) {
     std::vector<std::string> row(t.slots, ".");
     for (const auto& [slot, label] : slots[r]) row[slot] = label;
+    for (std::string& cell : row) cell.resize(width, ' ');
     t.grid.push_back(absl::StrJoin(row, " "));
     t.idle_fraction.push_back(t.slots == 0 ? 0.0 : static_cast<double>(t.slots - busy[r]) / t.slots);
     t.peak_live.push_back(peak_live[r]);

@@ -44,8 +44,15 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
   for (const char* example : {"decoder_fsdp2.textproto", "decoder_fsdp4.textproto", "decoder_zero1.textproto",
                               "decoder_zero2.textproto", "decoder_ddp.textproto", "decoder_hsdp.textproto",
                               "mlp_seed_lab.textproto", "decoder_zero2.json", "decoder_tp2.textproto",
-                              "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto"}) {
+                              "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto", "decoder_pp4_gpipe.textproto",
+                              "decoder_pp4_1f1b.textproto", "decoder_pp4_interleaved.textproto",
+                              "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto"}) {
     const std::string file = Runfile(absl::StrCat("examples/", example));
+    // The dry run's predictions, made without any worker.
+    auto plan = RunCommand({Baton(), "plan", file, "--output=json"}, absl::Seconds(60));
+    ASSERT_EQ(plan.exit_code, 0) << plan.output;
+    const std::vector<std::string> plan_lines = JsonLines(plan.output, "{\"plan\":");
+    ASSERT_EQ(plan_lines.size(), 1u) << plan.output;
     auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file,
                            "--output=json"},
                           absl::Seconds(120));
@@ -77,6 +84,22 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
                 example, run_lines.size(), Field(run_lines.front(), "loss"), Field(run_lines.back(), "loss"),
                 worst, (long long)theory.comm, (long long)theory.state, (long long)theory.peak);
     EXPECT_LE(worst, 1e-5);
+    // `baton plan` against what the run measured (largest rank): state and
+    // live microbatches exact, comm within 2 %.
+    const std::string& last = run_lines.back();
+    const double plan_comm = Field(plan_lines[0], "comm_bytes");
+    std::printf("%s: baton plan predicted state %.0f B, comm %.0f B/step, %.0f live microbatches (%.0f B); the run "
+                "measured %.0f B, %.0f B/step (ratio %.4f), %.0f (%.0f B)\n",
+                example, Field(plan_lines[0], "state_bytes"), plan_comm, Field(plan_lines[0], "peak_live_microbatches"),
+                Field(plan_lines[0], "peak_live_activation_bytes"), Field(last, "state_bytes"),
+                Field(last, "comm_bytes"), Field(last, "comm_bytes") / plan_comm,
+                Field(last, "peak_live_microbatches"), Field(last, "peak_live_activation_bytes"));
+    EXPECT_EQ(Field(last, "state_bytes"), Field(plan_lines[0], "state_bytes")) << example;
+    EXPECT_NEAR(Field(last, "comm_bytes") / plan_comm, 1.0, 0.02) << example;
+    EXPECT_EQ(Field(last, "peak_live_microbatches"), Field(plan_lines[0], "peak_live_microbatches")) << example;
+    // And `baton run` closes with the same comparison.
+    const std::vector<std::string> closing = JsonLines(run.output, "{\"measured_vs_predicted\":");
+    ASSERT_EQ(closing.size(), 1u) << run.output;
   }
   StopAndExpectAllGone(*cluster);
 }
@@ -95,11 +118,33 @@ TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
     std::ofstream(path) << text;
     return path;
   };
+  // Two pipeline stages of a decoder with `layers` blocks.
+  auto pipeline = [&](const std::string& name, int layers, const std::string& pipeline_parallel, int microbatches) {
+    const std::string path = dir + "/" + name + ".textproto";
+    std::ofstream(path) << "model { decoder { vocab: 64 dim: 32 layers: " << layers
+                        << " heads: 4 ffn_dim: 64 seq_len: 8 } }\n"
+                        << "mesh { name: \"pp\" size: 2 }\n"
+                        << "plan { mode: FSDP pipeline_parallel { axis: \"pp\" " << pipeline_parallel << " } }\n"
+                        << "optimizer { lr: 0.01 }\ndata { synthetic {} batch_size: 16 microbatches: " << microbatches
+                        << " }\nsteps: 1\n";
+    return path;
+  };
   struct Bad {
     std::string path, expect;
+    bool plannable = false;  // a fleet too small: the dry run needs no worker
   } cases[] = {
+      {pipeline("pp_more_stages_than_blocks", 1, "schedule: GPIPE", 2), "more stages than blocks"},
+      {pipeline("pp_more_chunks_than_blocks", 3, "schedule: INTERLEAVED_1F1B virtual_stages: 2", 2),
+       "more stages than blocks: 2 ranks x 2 chunks = 4 chunks for 3 blocks"},
+      {pipeline("pp_no_microbatch", 2, "schedule: ONE_F_ONE_B", 0), "data.microbatches must be >= 1, got 0"},
+      {pipeline("pp_interleaved_m3", 4, "schedule: INTERLEAVED_1F1B", 1),
+       "INTERLEAVED_1F1B needs data.microbatches (1) to be a multiple of the 2 pipeline ranks"},
+      {pipeline("pp_empty_stage", 3, "schedule: GPIPE split: 3 split: 0", 2), "split leaves chunk 1 without a block"},
+      {pipeline("pp_split_sum", 3, "schedule: GPIPE split: 1 split: 1", 2), "summing to the model's 3"},
+      {pipeline("pp_axis", 2, "schedule: GPIPE } tensor_parallel { axis: \"pp\"", 2),
+       "axis \"pp\" is also the tensor-parallel axis"},
       {variant("unknown_field", "seq_len: 32", "seq_len: 32 dropout: 0.1"), "no field named \"dropout\""},
-      {variant("too_big", "size: 2", "size: 8"), "needs 8 workers"},
+      {variant("too_big", "size: 2", "size: 8"), "needs 8 workers", true},
       {variant("heads", "heads: 4", "heads: 3"), "not divisible by heads 3"},
       {variant("negative_lr", "lr: 0.003", "lr: -0.003"), "optimizer.lr must be positive"},
       {variant("tp_style", "plan { mode: FSDP }",
@@ -117,6 +162,11 @@ TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
     std::printf("%s -> exit %d: %s", c.path.c_str(), run.exit_code, run.output.c_str());
     EXPECT_NE(run.exit_code, 0);
     EXPECT_TRUE(absl::StrContains(run.output, c.expect)) << run.output;
+    // The dry run refuses it the same way, as bad usage.
+    if (c.plannable) continue;
+    auto plan = RunCommand({Baton(), "plan", c.path}, absl::Seconds(30));
+    EXPECT_EQ(plan.exit_code, 2) << plan.output;
+    EXPECT_TRUE(absl::StrContains(plan.output, c.expect)) << plan.output;
   }
   // No worker was touched: no mesh formed, no job created, all still REGISTERED.
   auto client = Client::Connect(cluster->controller_address());
@@ -199,10 +249,10 @@ struct Interrupted {
   std::string output;
 };
 
-Interrupted RunAndSignalWorker(LocalCluster& cluster, int signal, const std::string& name) {
+Interrupted RunAndSignalWorker(LocalCluster& cluster, int signal, const std::string& name,
+                               const std::string& job_file = Runfile("examples/decoder_demo.textproto")) {
   const std::string dir = testing::TempDir(name);
-  auto run = testing::StartBackground({Baton(), "run", "--controller=" + cluster.controller_address(),
-                                       Runfile("examples/decoder_demo.textproto"),
+  auto run = testing::StartBackground({Baton(), "run", "--controller=" + cluster.controller_address(), job_file,
                                        "--step_timeout_ms=60000"},
                                       dir + "/run.log");
   const absl::Time start = absl::Now();
@@ -238,6 +288,62 @@ TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
   auto status = (*client)->Status();
   ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->job().state(), baton::v1::JOB_FAILED) << status->job().DebugString();
+  StopAndExpectAllGone(*cluster);
+}
+
+// A pipeline stage killed mid-schedule: the ranks waiting on it - its
+// neighbours in a receive, the others behind them - are woken by the mesh's
+// abort and return within 10 s, each with an error naming the dead stage;
+// the fleet then trains a new pipeline on the workers left.
+TEST(JobTest, PipelineStageKilledMidScheduleEndsEveryStage) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  const std::string dir = testing::TempDir("pp_kill");
+  std::string text = testing::ReadFile(Runfile("examples/decoder_pp4_1f1b.textproto"));
+  text.replace(text.find("steps: 10"), 9, "steps: 1000");
+  const std::string job = dir + "/long_pipeline.textproto";
+  std::ofstream(job) << text;
+  const Interrupted r = RunAndSignalWorker(*cluster, SIGKILL, "pp_killed", job);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_TRUE(absl::StrContains(r.output, "worker-1 (rank 1")) << r.output;
+  // Every other stage's own outcome: returned, in time, naming rank 1.
+  for (int rank : {0, 2, 3}) {
+    const std::string label = absl::StrCat("  worker worker-", rank, " (rank ", rank, ", ");
+    const size_t at = r.output.find(label);
+    ASSERT_NE(at, std::string::npos) << label << " missing in " << r.output;
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    double seconds = 99;
+    const size_t after = line.find(" after ");
+    ASSERT_NE(after, std::string::npos) << line;
+    ASSERT_EQ(std::sscanf(line.c_str() + after, " after %lf s", &seconds), 1) << line;
+    std::printf("pp rank %d returned %.2f s into the step: %s\n", rank, seconds, line.c_str());
+    EXPECT_LT(seconds, 10.0) << line;
+    EXPECT_FALSE(absl::StrContains(line, "cancelled")) << line;
+    EXPECT_TRUE(absl::StrContains(line, "rank 1") || absl::StrContains(line, "worker-1")) << line;
+  }
+  // The fleet is usable: three stages on the three workers left, once the
+  // controller has found worker-1 dead (missed heartbeats).
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  bool dead = false;
+  for (const absl::Time until = absl::Now() + absl::Seconds(20); !dead && absl::Now() < until;) {
+    auto status = (*client)->Status();
+    ASSERT_TRUE(status.ok());
+    for (const auto& w : status->workers()) dead |= w.name() == "worker-1" && w.state() == baton::v1::DEAD;
+    if (!dead) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(dead) << "worker-1 never declared DEAD";
+  const std::string three = dir + "/three_stages.textproto";
+  std::ofstream(three) << "model { decoder { vocab: 64 dim: 32 layers: 3 heads: 4 ffn_dim: 64 seq_len: 8 } }\n"
+                          "mesh { name: \"pp\" size: 3 }\n"
+                          "plan { mode: FSDP pipeline_parallel { axis: \"pp\" schedule: ONE_F_ONE_B } }\n"
+                          "optimizer { lr: 0.01 }\ndata { synthetic {} batch_size: 6 microbatches: 3 }\nsteps: 2\n";
+  auto again = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), three},
+                          absl::Seconds(120));
+  std::printf("afterwards, 3 stages on the 3 workers left: exit %d\n%s", again.exit_code, again.output.c_str());
+  EXPECT_EQ(again.exit_code, 0) << again.output;
   StopAndExpectAllGone(*cluster);
 }
 

@@ -32,7 +32,9 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
       "decoder_fsdp2.textproto", "decoder_fsdp4.textproto", "decoder_zero1.textproto",
       "decoder_zero2.textproto", "decoder_ddp.textproto",   "decoder_hsdp.textproto",
       "decoder_demo.textproto",  "mlp_seed_lab.textproto",  "decoder_zero2.json",
-      "decoder_tp2.textproto",   "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto"};
+      "decoder_tp2.textproto",   "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto",
+      "decoder_pp4_gpipe.textproto", "decoder_pp4_1f1b.textproto", "decoder_pp4_interleaved.textproto",
+      "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto"};
   const std::string dir = testing::TempDir("oracle");
   std::vector<std::string> files;
   for (const auto& e : examples) files.push_back(Runfile("examples/" + e));

@@ -1,0 +1,52 @@
+#include "strategies/dry_run.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/wire.h"
+#include "strategies/job_spec.h"
+#include "strategies/model_layout.h"
+#include "strategies/planner.h"
+
+namespace baton {
+
+absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
+  const baton::v1::JobSpec job = WithDefaults(spec);
+  if (auto s = ValidateJobSpec(job); !s.ok()) return s;
+  DryRun plan;
+  auto programs = CompilePrograms(job, "plan");
+  if (!programs.ok()) return programs.status();
+  plan.programs = std::move(*programs);
+  auto theory = AnalyzePrograms(plan.programs);
+  if (!theory.ok()) return theory.status();
+  plan.theory = std::move(*theory);
+  auto mesh = ToDeviceMesh(job.mesh());
+  if (!mesh.ok()) return mesh.status();
+  const ModelLayout model = BuildModelLayout(job.model());
+  auto pipeline = PlanPipeline(job, model);
+  if (!pipeline.ok()) return pipeline.status();
+  plan.pipeline = std::move(*pipeline);
+  for (int c = 0; c < plan.pipeline.chunks(); ++c) {
+    std::vector<std::string> units;
+    for (int s : plan.pipeline.StagesOf(c)) {
+      const int u = model.stages[s].unit();
+      units.push_back(u >= 0 ? model.units[u].name : baton::v1::Stage::Kind_Name(model.stages[s].kind()));
+    }
+    plan.chunks.push_back(absl::StrJoin(units, ", "));
+  }
+  if (plan.pipeline.enabled) {
+    auto timeline = SimulatePipeline(plan.pipeline, job.data().microbatches());
+    if (!timeline.ok()) return timeline.status();
+    plan.timeline = std::move(*timeline);
+  }
+  for (int rank = 0; rank < mesh->size(); ++rank) {
+    const std::vector<int> coords = *mesh->Coordinates(rank);
+    std::vector<std::string> parts;
+    for (int a = 0; a < mesh->ndim(); ++a) parts.push_back(absl::StrCat(mesh->axes()[a].name, "=", coords[a]));
+    plan.coordinates.push_back(absl::StrJoin(parts, ","));
+    plan.idle_fraction.push_back(
+        plan.timeline ? plan.timeline->idle_fraction[*mesh->LocalRank(plan.pipeline.axis, rank)] : 0.0);
+  }
+  return plan;
+}
+
+}  // namespace baton
