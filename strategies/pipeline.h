@@ -23,9 +23,20 @@
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
 #include "strategies/model_layout.h"
-#include "strategies/schedule.h"
 
 namespace baton {
+
+// One pass of one stage over one microbatch: what the planner wraps its
+// gathers, frees, reductions, sends and receives around.
+struct Pass {
+  enum Kind { kForward, kBackward };
+  Kind kind = kForward;
+  int stage = 0;
+  int microbatch = 0;
+  bool operator==(const Pass& o) const {
+    return kind == o.kind && stage == o.stage && microbatch == o.microbatch;
+  }
+};
 
 struct PipelinePlan {
   bool enabled = false;
@@ -45,14 +56,15 @@ struct PipelinePlan {
 // Disabled when the job has none: one chunk holding every stage.
 absl::StatusOr<PipelinePlan> PlanPipeline(const baton::v1::JobSpec& job, const ModelLayout& model);
 
-// One pass of a whole chunk.
+// One pass of a whole chunk (its stages in order, backward in reverse).
 struct ChunkPass {
   Pass::Kind kind = Pass::kForward;
   int chunk = 0;
   int microbatch = 0;
 };
 
-// The order pp rank `rank` runs its chunks' passes in.
+// The order pp rank `rank` runs its chunks' passes in. Without a pipeline:
+// each microbatch in turn, forward then backward (gradient accumulation).
 std::vector<ChunkPass> PipelineOrder(const PipelinePlan& plan, int rank, int microbatches);
 
 // Every rank's schedule laid out in time slots, a forward taking one slot and

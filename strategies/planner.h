@@ -1,8 +1,9 @@
 // The planner: FSDP (ZeRO-3), HSDP, ZeRO-1, ZeRO-2 and DDP on the data
-// axes, composed with tensor parallelism on its own axis
-// (strategies/tensor_parallel.h). Turns a validated JobSpec into one Program
-// per rank: a layout for every parameter and the instructions the worker's
-// Executor runs each step. Pure planning: no sockets, no tensors, no files.
+// axes, composed with tensor parallelism (strategies/tensor_parallel.h) and
+// pipeline parallelism (strategies/pipeline.h), each on its own axis. Turns a
+// validated JobSpec into one Program per rank: a layout for every parameter
+// of the units the rank owns and the instructions the worker's Executor runs
+// each step. Pure planning: no sockets, no tensors, no files.
 //
 // Layouts (master / gradient / AdamW pieces | compute tensor, per mesh axis):
 //   FSDP   Shard(0) | Replicate on the shard axis
@@ -13,9 +14,14 @@
 //   TP     the style's placement on the tp axis in both (COLWISE Shard(0),
 //          ROWWISE Shard(1)); data-parallel shards are taken from the tp
 //          piece (shard order tp first); stages carry the tp axis
+//   PP     nothing on the pp axis: a rank owns only its chunks' units
 //
-// Around the passes a Schedule yields (data parallelism: each microbatch's
-// forward, then its backward):
+// Around the passes of the rank's pipeline order (without a pipeline: each
+// microbatch's forward, then its backward):
+//   RECV_ACTIVATION before a chunk's forward and SEND_ACTIVATION after it
+//   (RECV_GRAD / SEND_GRAD around its backward), to and from the ranks of the
+//   neighbouring chunks; sends are then reordered so that every (sender,
+//   receiver) channel matches in order;
 //   gather a unit before its stage runs, prefetching the next unit's; free it
 //   after its last forward stage (reshard_after_forward; the embedding, the
 //   head and the last block keep theirs by default) and after its backward;
@@ -24,8 +30,8 @@
 //   with partial gradients (sequence parallelism), ALL_REDUCE_GRADS along the
 //   replicate axis;
 // then REDUCE_METRICS, CLIP_GRAD_NORM (over the shard axis, or the whole mesh
-// with tensor parallelism), OPTIMIZER_STEP, and (ZeRO; resident bf16)
-// gathering every unit's updated parameters.
+// with tensor or pipeline parallelism), OPTIMIZER_STEP, and (ZeRO; resident
+// bf16) gathering every owned unit's updated parameters.
 #ifndef BATON_STRATEGIES_PLANNER_H_
 #define BATON_STRATEGIES_PLANNER_H_
 
@@ -36,7 +42,7 @@
 #include "proto/job.pb.h"
 #include "proto/program.pb.h"
 #include "strategies/model_layout.h"
-#include "strategies/schedule.h"
+#include "strategies/pipeline.h"
 
 namespace baton {
 

@@ -17,12 +17,10 @@
 namespace baton {
 namespace {
 
-using testing::Distributed;
-using testing::GradRatio;
 using testing::Job;
 using testing::MaxParamDiff;
-using testing::Reference;
-using testing::RunDistributed;
+using testing::TrainInLockstep;
+using testing::WorstRelativeLoss;
 
 std::string PipelineJob(const std::string& schedule, int m, const std::string& mesh = "mesh { name: \"pp\" size: 4 }",
                         const std::string& extra_plan = "", int layers = 8, int steps = 3) {
@@ -42,22 +40,10 @@ class PipelineScheduleTest : public ::testing::TestWithParam<ScheduleCase> {};
 TEST_P(PipelineScheduleTest, FourStagesMatchOneProcess) {
   const ScheduleCase& c = GetParam();
   const auto job = Job(PipelineJob(c.schedule, c.m));
-  auto ref = Reference(job);
-  std::vector<double> ref_loss;
-  std::pair<double, double> grads;
-  auto d = RunDistributed(job, 3, [&](Distributed& dist, int step) {
-    auto m = ref->Step();
-    ASSERT_TRUE(m.ok());
-    ref_loss.push_back(m->loss());
-    if (step == 1) grads = GradRatio(dist, *ref);
-  });
+  auto [d, ref, ref_loss, grads] = TrainInLockstep(job, 3);
   ASSERT_EQ(d->metrics.size(), 4u);
-  double worst = 0;
-  for (size_t s = 0; s < ref_loss.size(); ++s) {
-    const auto& last = d->metrics[3][s];  // the last stage reports the loss
-    ASSERT_TRUE(last.has_loss());
-    worst = std::max(worst, std::abs(last.loss() - ref_loss[s]) / std::abs(ref_loss[s]));
-  }
+  for (size_t s = 0; s < ref_loss.size(); ++s) ASSERT_TRUE(d->metrics[3][s].has_loss());  // the last stage's
+  const double worst = WorstRelativeLoss(*d, ref_loss);
   const double params = MaxParamDiff(*d, *ref);
   const std::string name = absl::StrCat(c.schedule, " m=", c.m);
   std::printf(
@@ -149,24 +135,10 @@ class PipelineShapesTest : public ::testing::TestWithParam<OddCase> {};
 TEST_P(PipelineShapesTest, MatchOneProcess) {
   const OddCase& c = GetParam();
   const auto job = Job(c.job);
-  auto ref = Reference(job);
-  std::vector<double> ref_loss;
-  std::pair<double, double> grads;
-  auto d = RunDistributed(job, 2, [&](Distributed& dist, int step) {
-    auto m = ref->Step();
-    ASSERT_TRUE(m.ok());
-    ref_loss.push_back(m->loss());
-    if (step == 1) grads = GradRatio(dist, *ref);
-  });
-  double worst = 0;
+  auto [d, ref, ref_loss, grads] = TrainInLockstep(job, 2);
   int reporting = 0;
-  for (size_t s = 0; s < ref_loss.size(); ++s) {
-    for (const auto& rank : d->metrics) {
-      if (!rank[s].has_loss()) continue;
-      ++reporting;
-      worst = std::max(worst, std::abs(rank[s].loss() - ref_loss[s]) / std::abs(ref_loss[s]));
-    }
-  }
+  for (const auto& rank : d->metrics) reporting += rank.back().has_loss();
+  const double worst = WorstRelativeLoss(*d, ref_loss);
   const double params = MaxParamDiff(*d, *ref);
   std::printf(
       "%s: worst relative loss difference %.3g; gradients max abs diff %.3g (ratio %.9f); parameters max abs diff "
@@ -251,20 +223,8 @@ class PipelineCompositionTest : public ::testing::TestWithParam<ThreeDCase> {};
 TEST_P(PipelineCompositionTest, TenStepsFollowTheReference) {
   const ThreeDCase& c = GetParam();
   const auto job = Job(PipelineJob("ONE_F_ONE_B", 4, c.mesh, c.plan, 4, 10));
-  auto ref = Reference(job);
-  std::vector<double> ref_loss;
-  auto d = RunDistributed(job, 10, [&](Distributed&, int) {
-    auto m = ref->Step();
-    ASSERT_TRUE(m.ok());
-    ref_loss.push_back(m->loss());
-  });
-  double worst = 0;
-  for (size_t s = 0; s < ref_loss.size(); ++s) {
-    for (const auto& rank : d->metrics) {
-      if (!rank[s].has_loss()) continue;
-      worst = std::max(worst, std::abs(rank[s].loss() - ref_loss[s]) / std::abs(ref_loss[s]));
-    }
-  }
+  auto [d, ref, ref_loss, grads] = TrainInLockstep(job, 10);
+  const double worst = WorstRelativeLoss(*d, ref_loss);
   std::printf("%s: loss %.6f -> %.6f, worst relative loss difference over 10 steps %.3g\n", c.name, ref_loss.front(),
               ref_loss.back(), worst);
   EXPECT_LE(worst, 1e-5);

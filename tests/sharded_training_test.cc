@@ -32,6 +32,8 @@ using testing::Job;
 using testing::MaxParamDiff;
 using testing::Reference;
 using testing::RunDistributed;
+using testing::TrainInLockstep;
+using testing::WorstRelativeLoss;
 using testing::With;
 
 // GradRatio of the first step's gradients.
@@ -236,19 +238,8 @@ class DecoderModesTest : public ::testing::TestWithParam<ModeCase> {};
 TEST_P(DecoderModesTest, LossFollowsTheReferenceForTwentySteps) {
   const ModeCase& c = GetParam();
   auto job = Job(With(With(kDecoder, "mode: FSDP", c.plan), "mesh { name: \"dp\" size: 2 }", c.mesh));
-  auto ref = Reference(job);
-  std::vector<double> ref_loss;
-  auto d = RunDistributed(job, 20, [&](Distributed&, int) {
-    auto m = ref->Step();
-    ASSERT_TRUE(m.ok());
-    ref_loss.push_back(m->loss());
-  });
-  double worst = 0;
-  for (size_t s = 0; s < ref_loss.size(); ++s) {
-    for (const auto& rank : d->metrics) {
-      worst = std::max(worst, std::abs(rank[s].loss() - ref_loss[s]) / std::abs(ref_loss[s]));
-    }
-  }
+  auto [d, ref, ref_loss, grads] = TrainInLockstep(job, 20);
+  const double worst = WorstRelativeLoss(*d, ref_loss);
   std::printf("%s: loss %.6f -> %.6f, worst relative loss difference %.3g\n", c.name, ref_loss.front(),
               ref_loss.back(), worst);
   EXPECT_LE(worst, 1e-5);
@@ -340,30 +331,15 @@ class OddShapesTest : public ::testing::TestWithParam<OddCase> {};
 // on these tiny, quickly-learnt models later parameters legitimately drift.
 TEST_P(OddShapesTest, MatchesTheReference) {
   auto job = Job(GetParam().job);
-  auto ref = Reference(job);
-  std::vector<double> ref_loss;
-  std::pair<double, double> grads;
   double grad_scale = 0;
   const int steps = job.steps();
-  auto d = RunDistributed(job, steps, [&](Distributed& dist, int step) {
-    auto m = ref->Step();
-    ASSERT_TRUE(m.ok());
-    ref_loss.push_back(m->loss());
-    if (step == 1) {
-      grads = GradRatio(dist, *ref);
-      for (const auto& name : ref->param_names()) {
-        grad_scale = std::max(grad_scale, ref->grad(name).abs().max().item<double>());
-      }
-    }
+  auto [d, ref, ref_loss, grads] = TrainInLockstep(job, steps, [&](Distributed&, ReferenceTrainer& r, int step) {
+    if (step != 1) return;
+    for (const auto& name : r.param_names()) grad_scale = std::max(grad_scale, r.grad(name).abs().max().item<double>());
   });
   const bool bf16 = job.plan().mixed_precision().param_dtype() == baton::v1::BF16;
   const double first_loss = std::abs(d->metrics[0][0].loss() - ref_loss[0]) / std::abs(ref_loss[0]);
-  double worst = 0;
-  for (size_t s = 0; s < ref_loss.size(); ++s) {
-    for (const auto& rank : d->metrics) {
-      worst = std::max(worst, std::abs(rank[s].loss() - ref_loss[s]) / std::abs(ref_loss[s]));
-    }
-  }
+  const double worst = WorstRelativeLoss(*d, ref_loss);
   std::printf("%s: step 1 loss rel diff %.3g, gradient ratio %.9f, max abs gradient diff %.3g of max "
               "|g| %.3g; worst relative loss difference over %d steps %.3g\n",
               GetParam().name, first_loss, grads.first, grads.second, grad_scale, steps, worst);

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "common/wire.h"
 #include "mesh/layout.h"
 #include "strategies/job_spec.h"
@@ -56,6 +59,34 @@ at::Tensor PieceOf(const at::Tensor& full, const Executor& e, const std::string&
     }
   }
   return at::Tensor();
+}
+
+Lockstep TrainInLockstep(const baton::v1::JobSpec& job, int steps,
+                         const std::function<void(Distributed&, ReferenceTrainer&, int)>& after_step) {
+  Lockstep l;
+  l.reference = Reference(job);
+  l.distributed = RunDistributed(job, steps, [&](Distributed& d, int step) {
+    auto m = l.reference->Step();
+    ASSERT_TRUE(m.ok()) << m.status();
+    l.ref_loss.push_back(m->loss());
+    if (step == 1) l.grads = GradRatio(d, *l.reference);
+    if (after_step) after_step(d, *l.reference, step);
+  });
+  return l;
+}
+
+double WorstRelativeLoss(const Distributed& d, const std::vector<double>& ref_loss) {
+  double worst = 0;
+  for (size_t s = 0; s < ref_loss.size(); ++s) {
+    int reporting = 0;
+    for (const auto& rank : d.metrics) {
+      if (s >= rank.size() || !rank[s].has_loss()) continue;
+      ++reporting;
+      worst = std::max(worst, std::abs(rank[s].loss() - ref_loss[s]) / std::abs(ref_loss[s]));
+    }
+    if (reporting == 0) ADD_FAILURE() << "no rank reported a loss at step " << s + 1;
+  }
+  return worst;
 }
 
 double MaxParamDiff(const Distributed& d, const ReferenceTrainer& ref) {

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "proto/job.pb.h"
 #include "reference/reference_trainer.h"
@@ -36,8 +37,25 @@ std::unique_ptr<Distributed> RunDistributed(const baton::v1::JobSpec& job, int s
 
 std::unique_ptr<ReferenceTrainer> Reference(const baton::v1::JobSpec& job);
 
+// `job` trained on the ranks and on the single-process reference in
+// lockstep: the reference's loss of every step, and the gradients compared
+// (GradRatio) right after the first step, before any update shows.
+struct Lockstep {
+  std::unique_ptr<Distributed> distributed;
+  std::unique_ptr<ReferenceTrainer> reference;
+  std::vector<double> ref_loss;
+  std::pair<double, double> grads;
+};
+// `after_step(ranks, reference, step)` runs once both finished that step.
+Lockstep TrainInLockstep(const baton::v1::JobSpec& job, int steps,
+                         const std::function<void(Distributed&, ReferenceTrainer&, int)>& after_step = nullptr);
+
 // The part of `full` an Executor's master piece of `name` covers.
 at::Tensor PieceOf(const at::Tensor& full, const Executor& e, const std::string& name);
+
+// The largest |loss - reference| / |reference| over the steps of
+// `ref_loss` and the ranks that report a loss (a pipeline's last stage).
+double WorstRelativeLoss(const Distributed& d, const std::vector<double>& ref_loss);
 
 // Max |sharded - reference| over every parameter piece of every rank.
 double MaxParamDiff(const Distributed& d, const ReferenceTrainer& ref);
