@@ -53,7 +53,7 @@ keys = ["comm_bytes", "state_bytes", "peak_unsharded_param_bytes", "tokens"]
 status = 0
 for path in sorted(glob.glob(os.path.join(new_dir, "*.jsonl"))):
     name = os.path.basename(path)
-    read = lambda p: [json.loads(l) for l in open(p) if l.startswith("{")]
+    read = lambda p: [json.loads(l) for l in open(p) if l.startswith("{\"step\":")]
     new, old = read(path), read(os.path.join(old_dir, name))
     if len(new) != len(old) or not new:
         print(f"{name}: {len(old)} steps before, {len(new)} after"); status = 1; continue
