@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/program_check.h"
 #include "common/wire.h"
 #include "strategies/job_spec.h"
 #include "strategies/model_layout.h"
@@ -16,6 +17,14 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
   auto programs = CompilePrograms(job, "plan");
   if (!programs.ok()) return programs.status();
   plan.programs = std::move(*programs);
+  // What every worker will check before it runs its Program: a plan that
+  // fails here is the planner's bug, refused before any worker is touched.
+  for (const auto& p : plan.programs) {
+    if (auto s = ValidateProgram(p); !s.ok()) {
+      return absl::InternalError(absl::StrCat("planner produced an invalid Program for rank ", p.rank(), ": ",
+                                              s.message()));
+    }
+  }
   auto theory = AnalyzePrograms(plan.programs);
   if (!theory.ok()) return theory.status();
   plan.theory = std::move(*theory);

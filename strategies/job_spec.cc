@@ -1,5 +1,7 @@
 #include "strategies/job_spec.h"
 
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -112,11 +114,17 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return Invalid("plan.mixed_precision dtypes must be FP32 or BF16");
   }
   const bool model_parallel = job.plan().has_tensor_parallel() || job.plan().has_pipeline_parallel();
-  if (job.plan().has_tensor_parallel() && !mesh->AxisIndex(job.plan().tensor_parallel().axis()).ok()) {
-    return Invalid(absl::StrCat("plan.tensor_parallel.axis \"", job.plan().tensor_parallel().axis(),
-                                "\" is not an axis of the mesh (", FormatMeshSpec(mesh->axes()), ")"));
+  for (const auto& [field, set, axis] :
+       {std::make_tuple("tensor_parallel", job.plan().has_tensor_parallel(), job.plan().tensor_parallel().axis()),
+        std::make_tuple("pipeline_parallel", job.plan().has_pipeline_parallel(),
+                        job.plan().pipeline_parallel().axis())}) {
+    if (set && !mesh->AxisIndex(axis).ok()) {
+      return Invalid(absl::StrCat("plan.", field, ".axis \"", axis, "\" is not an axis of the mesh (",
+                                  FormatMeshSpec(mesh->axes()), ")"));
+    }
   }
-  // The data-parallel mode runs on the axes tensor parallelism leaves.
+  // The data-parallel mode runs on the axes tensor and pipeline parallelism
+  // leave.
   const int data_axes = static_cast<int>(DataParallelAxes(job).size());
   if (mode == baton::v1::HSDP && data_axes != 2) {
     return Invalid(absl::StrCat("plan.mode HSDP needs two data-parallel mesh axes (replicate, shard), got ",

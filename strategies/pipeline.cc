@@ -59,6 +59,9 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const baton::v1::JobSpec& job, const M
                                     ? ": INTERLEAVED_1F1B needs at least 2 chunks per rank"
                                     : ": only INTERLEAVED_1F1B puts more than one chunk on a rank"));
   }
+  if (interleaved && plan.size < 2) {
+    return Invalid(absl::StrCat("INTERLEAVED_1F1B needs at least 2 ranks along \"", plan.axis, "\", got ", plan.size));
+  }
   const int m = job.data().microbatches();
   if (m < 1) return Invalid(absl::StrCat("data.microbatches ", m, " < 1"));
   if (interleaved && m % plan.size != 0) {

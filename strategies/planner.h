@@ -20,8 +20,8 @@
 // microbatch's forward, then its backward):
 //   RECV_ACTIVATION before a chunk's forward and SEND_ACTIVATION after it
 //   (RECV_GRAD / SEND_GRAD around its backward), to and from the ranks of the
-//   neighbouring chunks; sends are then reordered so that every (sender,
-//   receiver) channel matches in order;
+//   neighbouring chunks; every (sender, receiver) channel is then checked to
+//   carry its sends in the order of its receives, shapes equal;
 //   gather a unit before its stage runs, prefetching the next unit's; free it
 //   after its last forward stage (reshard_after_forward; the embedding, the
 //   head and the last block keep theirs by default) and after its backward;
