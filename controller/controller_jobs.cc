@@ -82,6 +82,19 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
   // Everything that can be checked without a worker is checked first.
   baton::v1::JobSpec job = WithDefaults(req->job());
   if (auto s = ValidateJobSpec(job); !s.ok()) return ToGrpcStatus(s);
+  // NCCL's send blocks its stream until the peer receives: one rank's
+  // "send activation k, receive gradient j" against its neighbour's "send
+  // gradient j, receive activation k" (1F1B's steady state) waits in a
+  // circle. It needs the pair posted as one group, which the NCCL backend
+  // does not do yet; GPipe's sends never meet in a circle.
+  if (req->backend() == baton::v1::NCCL && job.plan().has_pipeline_parallel() &&
+      job.plan().pipeline_parallel().schedule() != baton::v1::PipelineParallel::GPIPE) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("pipeline schedule ",
+                                     baton::v1::PipelineParallel::Schedule_Name(job.plan().pipeline_parallel().schedule()),
+                                     " is not supported on NCCL yet (its send and receive would have to be posted as "
+                                     "one group); use GPIPE or the gloo backend"));
+  }
   const int need = MeshSize(job);
   const int64_t fleet = static_cast<int64_t>(registry_->List().size());
   const int64_t alive = LiveWorkers();
@@ -219,6 +232,7 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
         std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) +
             options_.rpc_slack,
         [&] { return DeadWorkerIn(mesh); }, &abort_reason, &drain);
+    if (why.empty()) why = AbortOnFailure(mesh, results, abort_reason);  // (on_failure always runs first)
     if (!why.empty()) {
       std::string ranks;
       for (size_t r = 0; r < results.size(); ++r) {

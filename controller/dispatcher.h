@@ -152,6 +152,15 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
       for (auto& ctx : contexts) ctx->TryCancel();
       cancelled = true;
     }
+    if (failed && !stopping && drain != nullptr) {
+      // Everything returned before the loop saw the failure (the last call
+      // failed, or all failed at once): the workers are still told.
+      std::vector<grpc::Status> all;
+      for (const auto& r : results) all.push_back(r.status);
+      done_mu.Unlock();
+      drain->on_failure(all, "");
+      done_mu.Lock();
+    }
   }
   for (auto& t : threads) t.join();
   return results;

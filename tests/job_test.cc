@@ -168,6 +168,13 @@ TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
     EXPECT_EQ(plan.exit_code, 2) << plan.output;
     EXPECT_TRUE(absl::StrContains(plan.output, c.expect)) << plan.output;
   }
+  // 1F1B on NCCL: its sends would block the stream in a circle; refused.
+  auto nccl = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), "--backend=nccl",
+                          pipeline("pp_nccl_1f1b", 2, "schedule: ONE_F_ONE_B", 2)},
+                         absl::Seconds(30));
+  std::printf("1F1B on NCCL -> exit %d: %s", nccl.exit_code, nccl.output.c_str());
+  EXPECT_NE(nccl.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(nccl.output, "ONE_F_ONE_B is not supported on NCCL yet")) << nccl.output;
   // No worker was touched: no mesh formed, no job created, all still REGISTERED.
   auto client = Client::Connect(cluster->controller_address());
   ASSERT_TRUE(client.ok());

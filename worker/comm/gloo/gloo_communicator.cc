@@ -90,6 +90,11 @@ absl::Status FromException(const std::string& op, const std::exception& e) {
 // send and receive wait on a buffer that only abort() (or their timeout,
 // which breaks the whole gloo context) ends. Collectives need no entry: their
 // handles wait in short slices and look at the abort signal in between.
+//
+// An aborted (or failed) send or receive stays queued inside gloo's pair,
+// which keeps only a weak pointer to its buffer: freed, a late message for it
+// would end the worker. Such operations are kept here until the process
+// group is gone (~GlooCommunicator).
 class InFlight {
  public:
   void Add(const void* handle, c10::intrusive_ptr<c10d::Work> work, const AbortSignal& signal) {
@@ -105,6 +110,17 @@ class InFlight {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [handle, work] : works_) AbortQuietly(*work);
   }
+  void Bury(c10::intrusive_ptr<c10d::Work> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    buried_.push_back(std::move(work));
+  }
+  void ClearBuried() {
+    std::vector<c10::intrusive_ptr<c10d::Work>> buried;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      buried.swap(buried_);
+    }
+  }
 
  private:
   static void AbortQuietly(c10d::Work& work) {
@@ -116,6 +132,7 @@ class InFlight {
   }
   std::mutex mu_;
   std::map<const void*, c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> buried_;
 };
 
 class GlooHandle : public CommHandle {
@@ -137,16 +154,27 @@ class GlooHandle : public CommHandle {
     if (in_flight_) in_flight_->Add(this, work_, *abort_);
   }
   ~GlooHandle() override {
-    if (in_flight_) in_flight_->Remove(this);
+    if (!in_flight_) return;
+    in_flight_->Remove(this);
+    if (work_) in_flight_->Bury(std::move(work_));  // never waited: may still be queued
   }
 
   absl::Status Wait() override {
     if (done_) return status_;
     done_ = true;
     status_ = in_flight_ ? WaitPointToPoint() : WaitCollective();
-    if (status_.ok() && finish_) finish_();
+    if (status_.ok() && finish_) {
+      try {
+        finish_();
+      } catch (const std::exception& e) {
+        status_ = FromException(op_, e);
+      }
+    }
     if (!status_.ok()) broken_->store(true);
-    if (in_flight_) in_flight_->Remove(this);
+    if (in_flight_) {
+      in_flight_->Remove(this);
+      if (!status_.ok()) in_flight_->Bury(std::move(work_));
+    }
     work_.reset();
     finish_ = nullptr;
     return status_;
@@ -218,6 +246,12 @@ class GlooCommunicator : public Communicator {
   GlooCommunicator(c10::intrusive_ptr<RendezvousStore> store,
                    c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size)
       : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size) {}
+  // The process group first (its collectives end, its connections close
+  // once nothing else holds its context), then the buried sends and receives.
+  ~GlooCommunicator() override {
+    pg_.reset();
+    in_flight_->ClearBuried();
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }

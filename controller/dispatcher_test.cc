@@ -1,0 +1,117 @@
+// The dispatcher's fan-out against in-process fake workers: a failure is
+// always handed to the drain (also when every call had already returned),
+// the others get the drain's time to return by themselves, and calls to
+// workers the drain names hopeless are cancelled at once.
+#include "controller/dispatcher.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+namespace baton {
+namespace {
+
+// RunStep fails at once, or blocks until `release` (or its deadline).
+class FakeWorker final : public baton::v1::Worker::Service {
+ public:
+  enum Mode { kFail, kBlockUntilReleased };
+  explicit FakeWorker(Mode mode) : mode_(mode) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~FakeWorker() override {
+    if (!release.HasBeenNotified()) release.Notify();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  grpc::Status RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest*,
+                       baton::v1::RunStepResponse*) override {
+    if (mode_ == kFail) return grpc::Status(grpc::StatusCode::INTERNAL, "this rank failed");
+    while (!release.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    }
+    return grpc::Status(grpc::StatusCode::ABORTED, "released by the abort");
+  }
+
+  absl::Notification release;
+
+ private:
+  Mode mode_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+using Results = std::vector<CallResult<baton::v1::RunStepResponse>>;
+
+Results RunSteps(Dispatcher& d, const std::vector<std::string>& addresses, const Drain* drain) {
+  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const baton::v1::RunStepRequest&,
+                             baton::v1::RunStepResponse*)>
+      run = [](auto* stub, auto* ctx, const auto& r, auto* out) { return stub->RunStep(ctx, r, out); };
+  std::string reason;
+  return d.Call<baton::v1::RunStepRequest, baton::v1::RunStepResponse>(
+      addresses, run, [](size_t) { return baton::v1::RunStepRequest(); }, absl::Seconds(30), nullptr, &reason,
+      drain);
+}
+
+TEST(DispatcherTest, EveryCallFailingAtOnceStillReachesTheDrain) {
+  FakeWorker a(FakeWorker::kFail), b(FakeWorker::kFail);
+  Dispatcher d;
+  int drained = 0;
+  const Drain drain{[&](const std::vector<grpc::Status>&, const std::string&) {
+                      ++drained;
+                      return std::vector<size_t>();
+                    },
+                    absl::Seconds(5)};
+  for (const auto& addresses : {std::vector<std::string>{a.address()}, {a.address(), b.address()}}) {
+    drained = 0;
+    auto results = RunSteps(d, addresses, &drain);
+    std::printf("%zu calls, all failed at once: the drain ran %d time(s)\n", addresses.size(), drained);
+    EXPECT_EQ(drained, 1);
+    for (const auto& r : results) EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL);
+  }
+}
+
+TEST(DispatcherTest, TheOthersReturnByThemselvesOnceTold) {
+  FakeWorker failing(FakeWorker::kFail), waiting(FakeWorker::kBlockUntilReleased);
+  Dispatcher d;
+  const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string&) {
+                      EXPECT_EQ(so_far[0].error_code(), grpc::StatusCode::INTERNAL);
+                      waiting.release.Notify();  // as the mesh's abort wakes a rank
+                      return std::vector<size_t>();
+                    },
+                    absl::Seconds(10)};
+  const absl::Time start = absl::Now();
+  auto results = RunSteps(d, {failing.address(), waiting.address()}, &drain);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("the waiting rank returned by itself after %.3f s: %s\n", absl::ToDoubleSeconds(results[1].elapsed),
+              results[1].status.error_message().c_str());
+  EXPECT_EQ(results[1].status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_LT(seconds, 5.0);
+}
+
+TEST(DispatcherTest, HopelessCallsAreCancelledAtOnceTheRestAfterTheDrain) {
+  FakeWorker failing(FakeWorker::kFail), dead(FakeWorker::kBlockUntilReleased),
+      stuck(FakeWorker::kBlockUntilReleased);
+  Dispatcher d;
+  const Drain drain{[&](const std::vector<grpc::Status>&, const std::string&) { return std::vector<size_t>{1}; },
+                    absl::Seconds(1)};
+  auto results = RunSteps(d, {failing.address(), dead.address(), stuck.address()}, &drain);
+  std::printf("hopeless call cancelled after %.3f s, the stuck one after %.3f s (drain 1 s)\n",
+              absl::ToDoubleSeconds(results[1].elapsed), absl::ToDoubleSeconds(results[2].elapsed));
+  EXPECT_EQ(results[1].status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_LT(results[1].elapsed, absl::Milliseconds(900));
+  EXPECT_EQ(results[2].status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_GE(results[2].elapsed, absl::Seconds(1));
+  EXPECT_LT(results[2].elapsed, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace baton
