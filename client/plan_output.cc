@@ -6,6 +6,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/program_check.h"
+#include "common/wire.h"
+#include "mesh/device_mesh.h"
 
 namespace baton {
 namespace {
@@ -24,10 +26,8 @@ std::string PipelineLine(const baton::v1::JobSpec& job, const DryRun& plan) {
 
 std::string FormatPlan(const baton::v1::JobSpec& job, const DryRun& plan, bool explain) {
   std::string out;
-  std::vector<std::string> axes;
-  for (const auto& a : job.mesh()) axes.push_back(absl::StrCat(a.name(), "=", a.size()));
   absl::StrAppendFormat(&out, "plan \"%s\": %d ranks on mesh %s, %s, %d parameters\n%s\n", job.name(),
-                        plan.programs.size(), absl::StrJoin(axes, ","),
+                        plan.programs.size(), FormatMeshSpec(ToMeshAxes(job.mesh())),
                         baton::v1::ParallelMode_Name(job.plan().mode()), plan.theory.parameters,
                         PipelineLine(job, plan));
   const PipelinePlan& pp = plan.pipeline;
@@ -44,12 +44,10 @@ std::string FormatPlan(const baton::v1::JobSpec& job, const DryRun& plan, bool e
     for (size_t r = 0; r < t.grid.size(); ++r) {
       absl::StrAppendFormat(&out, "  %s %-2d | %s\n", pp.axis, r, t.grid[r]);
     }
-    const double formula = BubbleFraction(pp.size, pp.virtual_stages, job.data().microbatches());
-    const double worst = *std::max_element(t.idle_fraction.begin(), t.idle_fraction.end());
     absl::StrAppendFormat(&out,
                           "predicted bubble: %.4f of the step (largest over ranks; %d slots); formula (p-1)/(v m+p-1) "
                           "= %.4f\n",
-                          worst, t.slots, formula);
+                          plan.max_idle_fraction, t.slots, plan.bubble_formula);
   }
   absl::StrAppendFormat(&out, "%-5s %-16s %12s %13s %16s %8s %14s %6s\n", "rank", "coordinates", "state B",
                         "comm B/step", "peak unsharded B", "live mb", "live act B", "idle");
@@ -94,7 +92,7 @@ std::string FormatPlanJson(const baton::v1::JobSpec& job, const DryRun& plan) {
         "{\"axis\":\"%s\",\"schedule\":\"%s\",\"stages\":%d,\"virtual_stages\":%d,\"microbatches\":%d,"
         "\"slots\":%d,\"formula\":%.6f,\"grid\":[%s]}",
         pp.axis, PipelineParallel::Schedule_Name(pp.schedule), pp.size, pp.virtual_stages, job.data().microbatches(),
-        plan.timeline->slots, BubbleFraction(pp.size, pp.virtual_stages, job.data().microbatches()),
+        plan.timeline->slots, plan.bubble_formula,
         absl::StrJoin(grid, ","));
   }
   const PlanTheory& t = plan.theory;
@@ -103,7 +101,7 @@ std::string FormatPlanJson(const baton::v1::JobSpec& job, const DryRun& plan) {
       "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"idle_fraction\":%.6f,\"pipeline\":%s,"
       "\"ranks\":[%s]}",
       job.name(), t.parameters, t.state_bytes, t.comm_bytes, t.peak_unsharded_param_bytes, t.peak_live_microbatches,
-      t.peak_live_activation_bytes, *std::max_element(plan.idle_fraction.begin(), plan.idle_fraction.end()), pipeline,
+      t.peak_live_activation_bytes, plan.max_idle_fraction, pipeline,
       absl::StrJoin(ranks, ","));
 }
 

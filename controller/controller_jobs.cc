@@ -81,7 +81,10 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
                                           baton::v1::CreateJobResponse* resp) {
   // Everything that can be checked without a worker is checked first.
   baton::v1::JobSpec job = WithDefaults(req->job());
-  if (auto s = ValidateJobSpec(job); !s.ok()) return ToGrpcStatus(s);
+  // The Programs and what they predict, as `baton plan` shows them (the job
+  // is validated first).
+  auto plan = PlanDryRun(job);
+  if (!plan.ok()) return ToGrpcStatus(plan.status());
   // NCCL's send blocks its stream until the peer receives: one rank's
   // "send activation k, receive gradient j" against its neighbour's "send
   // gradient j, receive activation k" (1F1B's steady state) waits in a
@@ -118,9 +121,6 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
     }
     job_id = absl::StrCat("job-", next_job_++);
   }
-  // The Programs and what they predict, as `baton plan` shows them.
-  auto plan = PlanDryRun(job);
-  if (!plan.ok()) return ToGrpcStatus(plan.status());
   std::vector<baton::v1::Program>* programs = &plan->programs;
   for (auto& p : *programs) p.set_job_id(job_id);
   const PlanTheory* theory = &plan->theory;
@@ -167,7 +167,7 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
   resp->set_expected_peak_unsharded_param_bytes(theory->peak_unsharded_param_bytes);
   resp->set_expected_peak_live_microbatches(theory->peak_live_microbatches);
   resp->set_expected_peak_live_activation_bytes(theory->peak_live_activation_bytes);
-  resp->set_expected_idle_fraction(*std::max_element(plan->idle_fraction.begin(), plan->idle_fraction.end()));
+  resp->set_expected_idle_fraction(plan->max_idle_fraction);
   return grpc::Status::OK;
 }
 
@@ -221,8 +221,7 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
     // rank blocked on a dead stage's neighbour returns instead of waiting for
     // its timeout), and every rank's own outcome is collected.
     const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string& reason) {
-                        why = reason.empty() ? ExplainFailure(mesh, so_far) : reason;
-                        AbortMesh(mesh, why);  // also fails the job
+                        why = AbortWith(mesh, so_far, reason);  // also fails the job
                         dead = DeadRanksIn(mesh);  // a stopped worker never answers
                         return dead;
                       },
@@ -232,7 +231,6 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
         std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) +
             options_.rpc_slack,
         [&] { return DeadWorkerIn(mesh); }, &abort_reason, &drain);
-    if (why.empty()) why = AbortOnFailure(mesh, results, abort_reason);  // (on_failure always runs first)
     if (!why.empty()) {
       std::string ranks;
       for (size_t r = 0; r < results.size(); ++r) {

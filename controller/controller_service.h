@@ -100,6 +100,12 @@ class ControllerService final : public baton::v1::Controller::Service {
       ok = ok && r.status.ok() && (!valid || valid(r.response));
     }
     if (ok) return "";
+    return AbortWith(mesh, statuses, abort_reason);
+  }
+  // Aborts `mesh` for `abort_reason`, or else for what `statuses` (by rank)
+  // explain; returns the sentence.
+  std::string AbortWith(const baton::v1::Mesh& mesh, const std::vector<grpc::Status>& statuses,
+                        const std::string& abort_reason) {
     const std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
     AbortMesh(mesh, why);
     return why;

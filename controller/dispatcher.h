@@ -119,6 +119,15 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
     bool stopping = false;  // a failure was seen
     absl::Time cancel_at = absl::InfiniteFuture();
     auto all_done_or_failed = [&] { return done == n || (failed && !stopping); };
+    // Hands the statuses so far to the drain, without holding done_mu.
+    auto run_drain = [&](const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) {
+      std::vector<grpc::Status> so_far;
+      for (const auto& r : results) so_far.push_back(r.status);
+      done_mu.Unlock();
+      std::vector<size_t> hopeless = drain->on_failure(so_far, reason);
+      done_mu.Lock();
+      return hopeless;
+    };
     while (done < n) {
       done_mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), kAbortPollInterval);
       if (cancelled || done == n) continue;
@@ -138,11 +147,7 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
       if (abort_reason != nullptr) *abort_reason = reason;
       stopping = true;
       if (drain != nullptr) {
-        std::vector<grpc::Status> so_far;
-        for (const auto& r : results) so_far.push_back(r.status);
-        done_mu.Unlock();
-        const std::vector<size_t> hopeless = drain->on_failure(so_far, reason);
-        done_mu.Lock();
+        const std::vector<size_t> hopeless = run_drain(reason);
         for (size_t i : hopeless) {
           if (i < n) contexts[i]->TryCancel();
         }
@@ -155,11 +160,7 @@ std::vector<CallResult<Resp>> Dispatcher::Call(
     if (failed && !stopping && drain != nullptr) {
       // Everything returned before the loop saw the failure (the last call
       // failed, or all failed at once): the workers are still told.
-      std::vector<grpc::Status> all;
-      for (const auto& r : results) all.push_back(r.status);
-      done_mu.Unlock();
-      drain->on_failure(all, "");
-      done_mu.Lock();
+      run_drain("");
     }
   }
   for (auto& t : threads) t.join();

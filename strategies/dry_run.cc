@@ -1,5 +1,7 @@
 #include "strategies/dry_run.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/program_check.h"
@@ -12,11 +14,10 @@ namespace baton {
 
 absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
   const baton::v1::JobSpec job = WithDefaults(spec);
-  if (auto s = ValidateJobSpec(job); !s.ok()) return s;
+  auto compiled = CompileJob(job, "plan");  // validates the job first
+  if (!compiled.ok()) return compiled.status();
   DryRun plan;
-  auto programs = CompilePrograms(job, "plan");
-  if (!programs.ok()) return programs.status();
-  plan.programs = std::move(*programs);
+  plan.programs = std::move(compiled->programs);
   // What every worker will check before it runs its Program: a plan that
   // fails here is the planner's bug, refused before any worker is touched.
   for (const auto& p : plan.programs) {
@@ -30,10 +31,8 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
   plan.theory = std::move(*theory);
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();
-  const ModelLayout model = BuildModelLayout(job.model());
-  auto pipeline = PlanPipeline(job, model);
-  if (!pipeline.ok()) return pipeline.status();
-  plan.pipeline = std::move(*pipeline);
+  const ModelLayout& model = compiled->model;
+  plan.pipeline = std::move(compiled->pipeline);
   for (int c = 0; c < plan.pipeline.chunks(); ++c) {
     std::vector<std::string> units;
     for (int s : plan.pipeline.StagesOf(c)) {
@@ -43,9 +42,8 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
     plan.chunks.push_back(absl::StrJoin(units, ", "));
   }
   if (plan.pipeline.enabled) {
-    auto timeline = SimulatePipeline(plan.pipeline, job.data().microbatches());
-    if (!timeline.ok()) return timeline.status();
-    plan.timeline = std::move(*timeline);
+    plan.timeline = std::move(compiled->timeline);
+    plan.bubble_formula = BubbleFraction(plan.pipeline.size, plan.pipeline.virtual_stages, job.data().microbatches());
   }
   for (int rank = 0; rank < mesh->size(); ++rank) {
     const std::vector<int> coords = *mesh->Coordinates(rank);
@@ -54,6 +52,7 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
     plan.coordinates.push_back(absl::StrJoin(parts, ","));
     plan.idle_fraction.push_back(
         plan.timeline ? plan.timeline->idle_fraction[*mesh->LocalRank(plan.pipeline.axis, rank)] : 0.0);
+    plan.max_idle_fraction = std::max(plan.max_idle_fraction, plan.idle_fraction.back());
   }
   return plan;
 }

@@ -26,6 +26,8 @@ struct DryRun {
   // By rank: the fraction of the step the rank idles waiting for another
   // stage, as the timeline predicts it (0 without a pipeline).
   std::vector<double> idle_fraction;
+  double max_idle_fraction = 0;  // the largest of them
+  double bubble_formula = 0;     // (p-1)/(v m+p-1) with a pipeline
 };
 
 // Applies the defaults and validates `spec` as the controller does, then

@@ -102,7 +102,7 @@ int DataParallelSize(const JobSpec& job) {
 absl::Status ValidateJobSpec(const JobSpec& job) {
   if (auto s = ValidateModel(job.model()); !s.ok()) return OfJob(s);
   if (job.mesh_size() == 0) return Invalid("mesh is missing, e.g. mesh { name: \"dp\" size: 2 }");
-  auto mesh = DeviceMesh::Create(ToMeshAxes(job.mesh()));
+  auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
   const auto mode = job.plan().mode();
   // proto3 enums are open: a number no name stands for must not slip through.
@@ -157,13 +157,10 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return Invalid(absl::StrCat("data.microbatches ", data.microbatches(), " must divide the per-rank batch ",
                                 data.batch_size() / dp));
   }
-  if (job.plan().has_tensor_parallel()) {
-    auto plan = PlanTensorParallel(job, BuildModelLayout(job.model()));
-    if (!plan.ok()) return plan.status();
-  }
-  if (job.plan().has_pipeline_parallel()) {
-    auto plan = PlanPipeline(job, BuildModelLayout(job.model()));
-    if (!plan.ok()) return plan.status();
+  if (job.plan().has_tensor_parallel() || job.plan().has_pipeline_parallel()) {
+    const ModelLayout model = BuildModelLayout(job.model());
+    if (auto plan = PlanTensorParallel(job, model); !plan.ok()) return plan.status();
+    if (auto plan = PlanPipeline(job, model); !plan.ok()) return plan.status();
   }
   if (job.steps() < 1) return Invalid(absl::StrCat("steps must be >= 1, got ", job.steps()));
   if (job.threads_per_rank() < 1 || job.threads_per_rank() > 256) {

@@ -10,6 +10,7 @@
 #include "common/wire.h"
 #include "mesh/collective_cost.h"
 #include "mesh/layout.h"
+#include "mesh/shard_geometry.h"
 #include "strategies/planner.h"
 
 namespace baton {
@@ -27,8 +28,9 @@ struct ParamPieces {
 
 // Bytes one rank sends for the Megatron collectives inside a stage's forward
 // or backward (worker/model/stages.cc), for a microbatch of `rows`:
-// reductions in fp32, gathers in the compute dtype, even splits.
-int64_t TensorParallelBytes(const Program& p, int index, bool backward, int64_t rows,
+// reductions in fp32, gathers in the compute dtype, even splits. `unit`
+// names the stage's unit.
+int64_t TensorParallelBytes(const Program& p, int index, const std::string& unit, bool backward, int64_t rows,
                             const std::function<bool(const std::string&)>& split, int n, int64_t elem) {
   const baton::v1::Stage& stage = p.stages(index);
   const auto& tp = stage.tensor_parallel();
@@ -41,10 +43,6 @@ int64_t TensorParallelBytes(const Program& p, int index, bool backward, int64_t 
   if (p.model().has_mlp()) {
     const int64_t d = p.model().mlp().d_model();
     if (stage.kind() != baton::v1::Stage::MLP_BLOCK) return 0;
-    std::string unit;
-    for (const auto& u : p.units()) {
-      if (u.index() == stage.unit()) unit = u.name();
-    }
     if (!split(unit + ".w1.weight")) return 0;
     // g forward; f backward, unless the block's input is the batch itself
     // (no gradient flows into it).
@@ -64,10 +62,7 @@ int64_t TensorParallelBytes(const Program& p, int index, bool backward, int64_t 
     case baton::v1::Stage::EMBEDDING:
       return split("tok_embeddings.weight") ? region(false, true) : 0;
     case baton::v1::Stage::DECODER_BLOCK: {
-      std::string prefix;
-      for (const auto& u : p.units()) {
-        if (u.index() == stage.unit()) prefix = u.name() + ".";
-      }
+      const std::string prefix = unit + ".";
       return (split(prefix + "attention.wq.weight") ? region(true, true) : 0) +
              (split(prefix + "feed_forward.w1.weight") ? region(true, true) : 0);
     }
@@ -164,7 +159,9 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     return rows * seq * m.dim() * elem;
   };
   std::map<std::string, const ParamPieces*> by_name;
+  std::map<int, std::string> unit_names;
   for (const auto& u : p.units()) {
+    unit_names[u.index()] = u.name();
     for (int i = 0; i < u.params_size(); ++i) by_name[u.params(i).name()] = &units[u.index()][i];
   }
   for (const Instruction& ins : p.instructions()) {
@@ -198,8 +195,9 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
           auto it = by_name.find(name);
           return it != by_name.end() && it->second->compute_layout.placements[axis].is_shard();
         };
-        const int64_t bytes = TensorParallelBytes(p, ins.stage(), ins.op() == Instruction::BACKWARD, rows[ins.microbatch()],
-                                                  split, mesh->axes()[axis].size, elem);
+        const int64_t bytes =
+            TensorParallelBytes(p, ins.stage(), unit_names[stage.unit()], ins.op() == Instruction::BACKWARD,
+                                rows[ins.microbatch()], split, mesh->axes()[axis].size, elem);
         t.comm += bytes;
         t.ideal += bytes;
         break;
@@ -247,8 +245,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       }
       case Instruction::SEND_ACTIVATION:
       case Instruction::SEND_GRAD: {
-        int64_t numel = 1;
-        for (int64_t d : ins.shape()) numel *= d;
+        const int64_t numel = NumElements({ins.shape().begin(), ins.shape().end()});
         t.comm += numel * elem;
         t.ideal += numel * elem;
         break;
@@ -305,11 +302,7 @@ absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<Program>& programs)
     theory.peak_live_activation_bytes = std::max(theory.peak_live_activation_bytes, t->peak_live_bytes);
     theory.ranks.push_back(*t);
     for (const auto& u : p.units()) {
-      for (const auto& param : u.params()) {
-        int64_t numel = 1;
-        for (int64_t d : param.shape()) numel *= d;
-        params[param.name()] = numel;
-      }
+      for (const auto& param : u.params()) params[param.name()] = NumElements({param.shape().begin(), param.shape().end()});
     }
   }
   for (const auto& [name, numel] : params) theory.parameters += numel;

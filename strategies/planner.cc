@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/program_check.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
 #include "strategies/job_spec.h"
@@ -58,6 +59,13 @@ DataParallelLayout LayoutFor(const JobSpec& job) {
   return l;
 }
 
+// Whether `unit` frees its gathered parameters after its last forward stage.
+bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, const UnitInfo& unit, bool last_block) {
+  if (unit.root) return plan.root_reshard_after_forward();
+  if (last_block) return plan.reshard_after_forward() && plan.reshard_last_block();
+  return plan.reshard_after_forward();
+}
+
 // Writes one rank's step: walks the schedule's passes and inserts around
 // them the loads, gathers, frees and reductions the layouts call for,
 // keeping track of which units are gathered or in flight so every unit is
@@ -82,21 +90,30 @@ class StepWriter {
     }
     pp_rank_ = pp.enabled ? *mesh.LocalRank(pp.axis, rank) : 0;
     for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) {
-      const int u = model.stages[s].unit();
-      if (u >= 0 && pp.RankOf(pp.stage_chunk[s]) == pp_rank_) owned_.insert(u);
+      if (pp.RankOf(pp.stage_chunk[s]) != pp_rank_) continue;
+      owned_stages_.push_back(s);
+      if (model.stages[s].unit() >= 0) owned_.insert(model.stages[s].unit());
     }
     if (layout.resident) ready_ = owned_;
     // This rank's place among the data-parallel ranks (row-major over the
     // data axes): which rows of the batch it loads.
-    const std::vector<int> coords = *mesh.Coordinates(rank);
-    for (int a = 0; a < mesh.ndim(); ++a) {
-      const std::string& name = mesh.axes()[a].name;
-      if ((tp.enabled && name == tp.axis) || (pp.enabled && name == pp.axis)) continue;
-      dp_rank_ = dp_rank_ * mesh.axes()[a].size + coords[a];
+    for (const std::string& axis : DataParallelAxes(job)) {
+      dp_rank_ = dp_rank_ * *mesh.AxisSize(axis) + *mesh.LocalRank(axis, rank);
     }
+    rows_per_rank_ = job.data().batch_size() / DataParallelSize(job);
+    rows_ = rows_per_rank_ / job.data().microbatches();
   }
 
   const std::set<int>& owned() const { return owned_; }
+  int pp_rank() const { return pp_rank_; }
+  // Whether a stage this rank runs is of a kind `is` picks (the worker's
+  // own rules: ReadsBatch, IsLossStage).
+  bool RunsStage(bool (*is)(baton::v1::Stage::Kind)) const {
+    for (int s : owned_stages_) {
+      if (is(model_.stages[s].kind())) return true;
+    }
+    return false;
+  }
 
   // `chunks`: the order this rank runs its chunks' passes in; each expands
   // to its stages' passes (backward in reverse), with the activations or
@@ -113,7 +130,7 @@ class StepWriter {
       }
     }
     const int last_chunk = pp_.chunks() - 1;
-    const bool needs_batch = !pp_.enabled || pp_.RankOf(0) == pp_rank_ || pp_.RankOf(last_chunk) == pp_rank_;
+    const bool needs_batch = RunsStage(ReadsBatch);
     Add(Instruction::ZERO_GRAD);
     std::set<int> loaded;
     std::vector<int> backwards_done(model_.units.size(), 0);
@@ -199,12 +216,10 @@ class StepWriter {
   // the data-parallel ranks (the tp ranks of one replica load the same
   // rows), then into microbatches.
   void LoadBatch(int mb) {
-    const int64_t per_rank = job_.data().batch_size() / DataParallelSize(job_);
-    const int64_t rows = per_rank / job_.data().microbatches();
     Instruction* i = Add(Instruction::LOAD_BATCH);
     i->set_microbatch(mb);
-    i->set_row_offset(dp_rank_ * per_rank + mb * rows);
-    i->set_rows(rows);
+    i->set_row_offset(dp_rank_ * rows_per_rank_ + mb * rows_);
+    i->set_rows(rows_);
   }
 
   // An activation (or its gradient) to or from the rank of `chunk`, along
@@ -218,8 +233,7 @@ class StepWriter {
     i->set_microbatch(mb);
     i->add_axes(pp_.axis);
     i->set_peer(*mesh_.RankAt(coords));
-    const int64_t rows = job_.data().batch_size() / DataParallelSize(job_) / job_.data().microbatches();
-    i->add_shape(rows);
+    i->add_shape(rows_);
     if (job_.model().has_decoder()) {
       const auto& m = job_.model().decoder();
       i->add_shape(m.seq_len() / (tp_.enabled && tp_.sequence_parallel ? tp_.size : 1));
@@ -282,8 +296,10 @@ class StepWriter {
   const int rank_;
   Program* const program_;
   int dp_rank_ = 0;
+  int64_t rows_per_rank_ = 0, rows_ = 0;  // of the global batch; of a microbatch
   int pp_rank_ = 0;
-  std::set<int> owned_;  // units of this rank's chunks
+  std::vector<int> owned_stages_;  // the stages of this rank's chunks
+  std::set<int> owned_;  // their units
   std::vector<int> first_stage_, last_stage_;
   int last_block_ = -1;
   std::set<int> ready_, in_flight_;
@@ -339,17 +355,21 @@ absl::Status CheckChannels(const std::vector<Program>& programs) {
   auto describe = [](const Posted& m) {
     return absl::StrCat(Describe(m.first), " [", absl::StrJoin(m.second, ", "), "]");
   };
+  std::set<std::pair<int, int>> channels;
   for (const auto* side : {&sends, &receives}) {
-    for (const auto& [channel, unused] : *side) {
-      const auto& out = sends[channel];
-      const auto& in = receives[channel];
-      for (size_t k = 0; k < std::max(out.size(), in.size()); ++k) {
-        if (k < out.size() && k < in.size() && out[k] == in[k]) continue;
-        return absl::InternalError(absl::StrCat(
-            "planner: message ", k + 1, " from rank ", channel.first, " to rank ", channel.second, " is ",
-            k < out.size() ? describe(out[k]) : "never sent", " but rank ", channel.second, " receives ",
-            k < in.size() ? describe(in[k]) : "nothing", " there"));
-      }
+    for (const auto& [channel, unused] : *side) channels.insert(channel);
+  }
+  static const std::vector<Posted> kNone;
+  for (const auto& channel : channels) {
+    const auto out_it = sends.find(channel), in_it = receives.find(channel);
+    const auto& out = out_it == sends.end() ? kNone : out_it->second;
+    const auto& in = in_it == receives.end() ? kNone : in_it->second;
+    for (size_t k = 0; k < std::max(out.size(), in.size()); ++k) {
+      if (k < out.size() && k < in.size() && out[k] == in[k]) continue;
+      return absl::InternalError(absl::StrCat(
+          "planner: message ", k + 1, " from rank ", channel.first, " to rank ", channel.second, " is ",
+          k < out.size() ? describe(out[k]) : "never sent", " but rank ", channel.second, " receives ",
+          k < in.size() ? describe(in[k]) : "nothing", " there"));
     }
   }
   return absl::OkStatus();
@@ -357,22 +377,25 @@ absl::Status CheckChannels(const std::vector<Program>& programs) {
 
 }  // namespace
 
-bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, const UnitInfo& unit, bool last_block) {
-  if (unit.root) return plan.root_reshard_after_forward();
-  if (last_block) return plan.reshard_after_forward() && plan.reshard_last_block();
-  return plan.reshard_after_forward();
+absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const std::string& job_id) {
+  auto compiled = CompileJob(job, job_id);
+  if (!compiled.ok()) return compiled.status();
+  return std::move(compiled->programs);
 }
 
-absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const std::string& job_id) {
+absl::StatusOr<CompiledJob> CompileJob(const JobSpec& job, const std::string& job_id) {
   if (auto s = ValidateJobSpec(job); !s.ok()) return s;
-  const ModelLayout model = BuildModelLayout(job.model());
+  CompiledJob compiled;
+  compiled.model = BuildModelLayout(job.model());
+  const ModelLayout& model = compiled.model;
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();
   auto tp = PlanTensorParallel(job, model);
   if (!tp.ok()) return tp.status();
   auto pp = PlanPipeline(job, model);
   if (!pp.ok()) return pp.status();
-  if (auto timeline = SimulatePipeline(*pp, job.data().microbatches()); !timeline.ok()) return timeline.status();
+  auto timeline = SimulatePipeline(*pp, job.data().microbatches());  // refuses a schedule that deadlocks
+  if (!timeline.ok()) return timeline.status();
   const DataParallelLayout layout = LayoutFor(job);
   // With tensor parallelism every shard applies to the tp piece first.
   std::vector<std::string> shard_order;
@@ -397,13 +420,12 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
                                                                                        : baton::v1::FP32);
     p.set_threads(job.threads_per_rank());
     p.set_microbatches(job.data().microbatches());
-    const int pp_rank = pp->enabled ? *mesh->LocalRank(pp->axis, rank) : 0;
-    // The loss comes from the last stage; tokens count once per
-    // data-parallel replica: on the first stage's first tp rank.
-    p.set_reports_loss(pp->RankOf(pp->chunks() - 1) == pp_rank);
-    p.set_counts_tokens(pp_rank == 0 && (!tp->enabled || *mesh->LocalRank(tp->axis, rank) == 0));
-    if (pp->enabled) p.add_stage_axes(pp->axis);
     StepWriter writer(job, model, layout, *tp, *pp, *mesh, rank, &p);
+    // The loss comes from the loss stage; tokens count once per
+    // data-parallel replica: on the first stage's first tp rank.
+    p.set_reports_loss(writer.RunsStage(IsLossStage));
+    p.set_counts_tokens(writer.pp_rank() == 0 && (!tp->enabled || *mesh->LocalRank(tp->axis, rank) == 0));
+    if (pp->enabled) p.add_stage_axes(pp->axis);
     for (size_t u = 0; u < model.units.size(); ++u) {
       if (!writer.owned().count(static_cast<int>(u))) continue;
       auto* unit = p.add_units();
@@ -438,11 +460,14 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
       }
       *p.add_stages() = s;
     }
-    writer.Write(PipelineOrder(*pp, pp_rank, job.data().microbatches()));
+    writer.Write(PipelineOrder(*pp, writer.pp_rank(), job.data().microbatches()));
     programs.push_back(std::move(p));
   }
   if (auto s = CheckChannels(programs); !s.ok()) return s;
-  return programs;
+  compiled.programs = std::move(programs);
+  compiled.pipeline = std::move(*pp);
+  compiled.timeline = std::move(*timeline);
+  return compiled;
 }
 
 }  // namespace baton

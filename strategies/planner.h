@@ -46,12 +46,20 @@
 
 namespace baton {
 
-// `job` must be valid with defaults applied (strategies/job_spec.h).
+// A compiled job: one Program per rank and what they were planned from.
+struct CompiledJob {
+  std::vector<baton::v1::Program> programs;  // by rank
+  ModelLayout model;
+  PipelinePlan pipeline;      // .enabled = false without one
+  PipelineTimeline timeline;  // by pp rank (one rank without a pipeline)
+};
+
+// `job` must have its defaults applied (strategies/job_spec.h); it is
+// validated here.
+absl::StatusOr<CompiledJob> CompileJob(const baton::v1::JobSpec& job, const std::string& job_id);
+// The Programs alone.
 absl::StatusOr<std::vector<baton::v1::Program>> CompilePrograms(const baton::v1::JobSpec& job,
                                                                 const std::string& job_id);
-
-// Whether `unit` frees its gathered parameters after its last forward stage.
-bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, const UnitInfo& unit, bool last_block);
 
 }  // namespace baton
 

@@ -16,14 +16,6 @@ absl::Status Invalid(const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat("invalid job: plan.tensor_parallel: ", msg));
 }
 
-const char* StyleName(ParallelStyle s) {
-  switch (s) {
-    case baton::v1::COLWISE: return "COLWISE";
-    case baton::v1::ROWWISE: return "ROWWISE";
-    default: return "REPLICATE_STYLE";
-  }
-}
-
 // The module a parameter belongs to: its name without ".weight" / ".bias".
 std::string ModuleOf(const std::string& param) {
   for (const char* suffix : {".weight", ".bias"}) {
@@ -147,8 +139,7 @@ absl::Status CheckDataflow(const baton::v1::ModelSpec& model, const TensorParall
   return absl::OkStatus();
 }
 
-}  // namespace
-
+// Whether `text` matches `pattern`, where "*" matches any run of characters.
 bool GlobMatch(const std::string& pattern, const std::string& text) {
   // Iterative wildcard match with backtracking to the last '*'.
   size_t p = 0, t = 0, star = std::string::npos, mark = 0;
@@ -169,6 +160,8 @@ bool GlobMatch(const std::string& pattern, const std::string& text) {
   while (p < pattern.size() && pattern[p] == '*') ++p;
   return p == pattern.size();
 }
+
+}  // namespace
 
 absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& job, const ModelLayout& model) {
   TensorParallelPlan plan;
@@ -236,7 +229,7 @@ absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& 
       if (s == baton::v1::REPLICATE_STYLE) continue;
       const std::vector<int64_t>& weight = weight_shape[module];
       if (weight.size() != 2) {
-        return Invalid(absl::StrCat(StyleName(s), " needs a 2-D weight: ", module, ".weight is (",
+        return Invalid(absl::StrCat(baton::v1::ParallelStyle_Name(s), " needs a 2-D weight: ", module, ".weight is (",
                                     absl::StrJoin(weight, ", "), ")"));
       }
       const bool embedding = module == "tok_embeddings";
@@ -250,7 +243,7 @@ absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& 
       }
       if (dim < 0) continue;  // a rowwise bias is added once, after the reduction
       if (param.shape[dim] % plan.size != 0) {
-        return Invalid(absl::StrCat(StyleName(s), " splits dim ", dim, " of ", param.name, " (",
+        return Invalid(absl::StrCat(baton::v1::ParallelStyle_Name(s), " splits dim ", dim, " of ", param.name, " (",
                                     absl::StrJoin(param.shape, ", "), ") over ", plan.size, " tp ranks: ",
                                     param.shape[dim], " is not divisible by ", plan.size));
       }

@@ -45,9 +45,6 @@ struct TensorParallelPlan {
 // `job` with defaults applied and a valid model and mesh.
 absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& job, const ModelLayout& model);
 
-// Whether `text` matches `pattern`, where "*" matches any run of characters.
-bool GlobMatch(const std::string& pattern, const std::string& text);
-
 }  // namespace baton
 
 #endif  // BATON_STRATEGIES_TENSOR_PARALLEL_H_
