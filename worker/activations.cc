@@ -27,6 +27,7 @@ void Activations::BeginStep(int64_t step, Milliseconds timeout) {
   timeout_ = timeout;
   batches_.clear();
   entries_.clear();
+  entries_per_microbatch_.clear();
   loss_sum_ = 0;
   tokens_ = 0;
   peak_logits_ = 0;
@@ -62,7 +63,7 @@ absl::Status Activations::Forward(int stage, int microbatch) {
   if (batch == batches_.end() && ReadsBatch(spec.kind())) {
     return absl::FailedPreconditionError(absl::StrCat("microbatch ", microbatch, " was not loaded"));
   }
-  Entry& entry = entries_[{stage, microbatch}];
+  Entry& entry = EntryOf({stage, microbatch});
   if (!entry.input.defined() && stage > 0) {
     auto previous = entries_.find({stage - 1, microbatch});
     if (previous == entries_.end() || !previous->second.output.defined()) {
@@ -107,9 +108,7 @@ absl::Status Activations::Forward(int stage, int microbatch) {
                               batch == batches_.end() ? kNoBatch : batch->second,
                               store_->compute_dtype(), spec.has_tensor_parallel() ? &tp : nullptr, &logits);
   peak_logits_ = std::max(peak_logits_, logits);
-  std::set<int> live;
-  for (const auto& [key, e] : entries_) live.insert(key.second);
-  peak_live_ = std::max(peak_live_, static_cast<int>(live.size()));
+  peak_live_ = std::max(peak_live_, static_cast<int>(entries_per_microbatch_.size()));
   live_bytes_ += entry.output.nbytes();
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   if (IsLossStage(program_.stages(stage).kind())) loss_sum_ += entry.output.item<double>();
@@ -138,15 +137,17 @@ absl::Status Activations::Backward(int stage, int microbatch) {
   }
   entry.output = at::Tensor();
   entry.output_grad = at::Tensor();
-  entries_.erase({stage + 1, microbatch});  // its input's gradient is consumed
+  if (auto next = entries_.find({stage + 1, microbatch}); next != entries_.end()) {
+    Drop(next);  // its input's gradient is consumed
+  }
   // Nothing reads this stage's input gradient (the batch, the embedding's
   // tokens): the microbatch is done here.
-  if (!entry.input.defined() || !entry.input.requires_grad()) entries_.erase(it);
+  if (!entry.input.defined() || !entry.input.requires_grad()) Drop(it);
   if (*unit != nullptr) store_->AccumulateGrads(**unit);
   return absl::OkStatus();
 }
 
-absl::Status Activations::Send(const Instruction& ins, Milliseconds timeout) {
+absl::Status Activations::Send(const Instruction& ins) {
   const Key key{ins.stage(), ins.microbatch()};
   auto it = entries_.find(key);
   at::Tensor tensor;
@@ -168,29 +169,41 @@ absl::Status Activations::Send(const Instruction& ins, Milliseconds timeout) {
   if (!peer.ok()) return peer.status();
   Sending sending;
   sending.tensor = tensor.detach().to(store_->compute_dtype()).contiguous();
-  sending.handle = (*comm)->SendAsync(sending.tensor, *peer, timeout);
+  sending.handle = (*comm)->SendAsync(sending.tensor, *peer, timeout_);
   sends_.push_back(std::move(sending));
-  if (ins.op() == Instruction::SEND_GRAD) entries_.erase(it);  // nothing else reads it
+  if (ins.op() == Instruction::SEND_GRAD) Drop(it);  // nothing else reads it
   return absl::OkStatus();
 }
 
-absl::Status Activations::Recv(const Instruction& ins, Milliseconds timeout) {
+absl::Status Activations::Recv(const Instruction& ins) {
   auto comm = groups_->Axis(ins.axes(0));
   if (!comm.ok()) return comm.status();
   auto peer = groups_->PeerInGroup(ins.axes(0), ins.peer());
   if (!peer.ok()) return peer.status();
   at::Tensor t = at::empty(std::vector<int64_t>(ins.shape().begin(), ins.shape().end()), store_->compute_dtype());
   const auto start = std::chrono::steady_clock::now();
-  absl::Status received = (*comm)->Recv(t, *peer, timeout);
+  absl::Status received = (*comm)->Recv(t, *peer, timeout_);
   idle_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!received.ok()) return received;
-  Entry& entry = entries_[{ins.stage(), ins.microbatch()}];
+  Entry& entry = EntryOf({ins.stage(), ins.microbatch()});
   if (ins.op() == Instruction::RECV_ACTIVATION) {
     entry.input = t.set_requires_grad(true);  // its gradient goes back with SEND_GRAD
   } else {
     entry.output_grad = t;
   }
   return absl::OkStatus();
+}
+
+Activations::Entry& Activations::EntryOf(const Key& key) {
+  auto [it, made] = entries_.try_emplace(key);
+  if (made) ++entries_per_microbatch_[key.second];
+  return it->second;
+}
+
+void Activations::Drop(Entries::iterator it) {
+  const int microbatch = it->first.second;
+  entries_.erase(it);
+  if (--entries_per_microbatch_[microbatch] == 0) entries_per_microbatch_.erase(microbatch);
 }
 
 absl::Status Activations::WaitSends() {

@@ -45,8 +45,8 @@ class Activations {
   absl::Status LoadBatch(const baton::v1::Instruction& ins);
   absl::Status Forward(int stage, int microbatch);
   absl::Status Backward(int stage, int microbatch);
-  absl::Status Send(const baton::v1::Instruction& ins, Milliseconds timeout);
-  absl::Status Recv(const baton::v1::Instruction& ins, Milliseconds timeout);
+  absl::Status Send(const baton::v1::Instruction& ins);
+  absl::Status Recv(const baton::v1::Instruction& ins);
   // Completes the step's sends; the first failure, if any.
   absl::Status WaitSends();
 
@@ -68,6 +68,12 @@ class Activations {
     at::Tensor input, output, output_grad;
   };
   using Key = std::pair<int, int>;  // (stage, microbatch)
+  using Entries = std::map<Key, Entry>;
+
+  // The entry of `key`, made if missing, and dropping one: both keep
+  // entries_per_microbatch_ (the live microbatches) in step with entries_.
+  Entry& EntryOf(const Key& key);
+  void Drop(Entries::iterator it);
 
   // The unit of `stage` with its parameters ready, or nullptr for a stage
   // without parameters.
@@ -81,7 +87,8 @@ class Activations {
   int64_t step_ = 0;
   Milliseconds timeout_{kDefaultCollectiveTimeout};
   std::map<int, Batch> batches_;  // by microbatch
-  std::map<Key, Entry> entries_;
+  Entries entries_;
+  std::map<int, int> entries_per_microbatch_;
   struct Sending {
     std::unique_ptr<CommHandle> handle;
     at::Tensor tensor;  // kept alive until sent

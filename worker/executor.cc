@@ -166,7 +166,7 @@ absl::Status Executor::Execute(const Instruction& ins) {
       if (auto s = collectives_->WaitReductions(); !s.ok()) return s;
       auto group = groups_.Of(ins.axes());
       if (!group.ok()) return group.status();
-      auto norm = ClipGradNorm(*store_, *group, AxisIndices(ins), ins.value(), timeout_);
+      auto norm = ClipGradNorm(*store_, *group, groups_.AxisIndices(ins.axes()), ins.value(), timeout_);
       return norm.status();
     }
     case Instruction::OPTIMIZER_STEP:
@@ -175,10 +175,10 @@ absl::Status Executor::Execute(const Instruction& ins) {
       return absl::OkStatus();
     case Instruction::SEND_ACTIVATION:
     case Instruction::SEND_GRAD:
-      return activations_->Send(ins, timeout_);
+      return activations_->Send(ins);
     case Instruction::RECV_ACTIVATION:
     case Instruction::RECV_GRAD:
-      return activations_->Recv(ins, timeout_);
+      return activations_->Recv(ins);
     default:
       return absl::InvalidArgumentError("unknown instruction");
   }
@@ -192,7 +192,7 @@ absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   if (!group.ok()) return group.status();
   at::Tensor t = at::empty({2}, at::kDouble);
   t[0] = program_.reports_loss() ? activations_->loss_sum() / program_.microbatches() : 0.0;
-  t[1] = SquaredGradNorm(*store_, AxisIndices(ins));
+  t[1] = SquaredGradNorm(*store_, groups_.AxisIndices(ins.axes()));
   if (*group != nullptr) {
     if (auto s = (*group)->AllReduce(t, ReduceOp::kSum, timeout_); !s.ok()) return s;
   }
@@ -200,12 +200,6 @@ absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   loss_ = t[0].item<double>();
   grad_norm_ = std::sqrt(t[1].item<double>());
   return absl::OkStatus();
-}
-
-std::vector<int> Executor::AxisIndices(const Instruction& ins) const {
-  std::vector<int> axes;
-  for (const std::string& a : ins.axes()) axes.push_back(*groups_.mesh().AxisIndex(a));
-  return axes;
 }
 
 absl::Status Executor::Drain() {

@@ -57,7 +57,6 @@ class Executor {
   absl::StatusOr<ShardStore::Unit*> Unit(int index);
   absl::Status ReduceMetrics(const baton::v1::Instruction& ins);
   // The mesh axes an instruction's group spans, as indices.
-  std::vector<int> AxisIndices(const baton::v1::Instruction& ins) const;
   // Completes everything in flight (after a failure too: nothing may still
   // write into tensors the next step reuses).
   absl::Status Drain();

@@ -8,6 +8,12 @@ namespace baton {
 Groups::Groups(DeviceMesh mesh, int rank, CommunicatorMap comms)
     : mesh_(std::move(mesh)), rank_(rank), comms_(std::move(comms)) {}
 
+std::vector<int> Groups::AxisIndices(const AxisNames& axes) const {
+  std::vector<int> indices;
+  for (const std::string& a : axes) indices.push_back(*mesh_.AxisIndex(a));
+  return indices;
+}
+
 absl::StatusOr<Communicator*> Groups::Axis(const std::string& axis) const {
   auto it = comms_.find(axis);
   if (it == comms_.end() || it->second == nullptr) {

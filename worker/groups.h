@@ -34,6 +34,8 @@ class Groups {
   // communicator.
   absl::StatusOr<Communicator*> Of(const AxisNames& axes) const;
   absl::StatusOr<Communicator*> Axis(const std::string& axis) const;
+  // The mesh indices of `axes` (names a checked Program uses).
+  std::vector<int> AxisIndices(const AxisNames& axes) const;
   // A global peer's rank within this rank's group along `axis`.
   absl::StatusOr<int> PeerInGroup(const std::string& axis, int peer) const;
 

@@ -29,11 +29,6 @@ at::Tensor Chunk(const at::Tensor& full, int dim, int r, int n) {
   return full.narrow(dim, g.offset(r), g.length(r));
 }
 
-std::vector<int64_t> ShardShape(std::vector<int64_t> shape, int dim, int r, int n) {
-  shape[dim] = ChunkGeometry(shape[dim], n).length(r);
-  return shape;
-}
-
 }  // namespace
 
 absl::StatusOr<at::Tensor> Redistribute(const at::Tensor& local, const std::vector<int64_t>& shape,
@@ -42,7 +37,7 @@ absl::StatusOr<at::Tensor> Redistribute(const at::Tensor& local, const std::vect
   auto plan = PlanRedistribute(shape, from, to, comm.size(), local.element_size());
   if (!plan.ok()) return plan.status();
   const int n = comm.size(), me = comm.rank();
-  const std::vector<int64_t> want = from.is_shard() ? ShardShape(shape, from.dim(), me, n) : shape;
+  const std::vector<int64_t> want = from.is_shard() ? ComputeShard(shape, from.dim(), n, me)->local_shape : shape;
   if (local.sizes().vec() != want) {
     return absl::InvalidArgumentError(absl::StrCat("the local piece is [", absl::StrJoin(local.sizes(), ", "),
                                                    "]; under ", from.ToString(), " rank ", me, " of ", n,
@@ -69,15 +64,12 @@ absl::StatusOr<at::Tensor> Redistribute(const at::Tensor& local, const std::vect
     }
     case Transition::kAllGather: {
       const int d = from.dim();
-      const int64_t chunk = ChunkGeometry(shape[d], n).chunk();
-      at::Tensor send = PadDim(local.movedim(d, 0), 0, chunk).contiguous();
-      std::vector<int64_t> gathered_shape = send.sizes().vec();
-      gathered_shape.insert(gathered_shape.begin(), n);
-      at::Tensor gathered = at::empty(gathered_shape, local.options());
-      if (auto s = comm.AllGather(send, gathered, timeout); !s.ok()) return s;
-      std::vector<at::Tensor> pieces;
-      for (int r = 0; r < n; ++r) pieces.push_back(gathered[r].narrow(0, 0, ChunkGeometry(shape[d], n).length(r)));
-      return at::cat(pieces, 0).movedim(0, d).contiguous();
+      at::Tensor moved = local.movedim(d, 0).contiguous();
+      std::vector<int64_t> full_shape = moved.sizes().vec();
+      full_shape[0] = shape[d];
+      at::Tensor full = at::empty(full_shape, local.options());
+      if (auto s = AllGatherShards(comm, moved, ChunkGeometry(shape[d], n), full, timeout); !s.ok()) return s;
+      return full.movedim(0, d).contiguous();
     }
     case Transition::kReduceScatter: {
       const int d = to.dim();

@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
       }
       p.exp_avg = at::zeros_like(p.master);
       p.exp_avg_sq = at::zeros_like(p.master);
-      if (!p.GradIsFullGrad()) p.grad = at::zeros_like(p.master);
+      if (!p.same_layouts) p.grad = at::zeros_like(p.master);
       unit->params.push_back(std::move(p));
     }
     store->units_.push_back(std::move(unit));
@@ -158,7 +158,7 @@ void ShardStore::AccumulateGrads(Unit& unit) {
 
 void ShardStore::DropFullGrads(Unit& unit) {
   for (Param& p : unit.params) {
-    if (!p.GradIsFullGrad()) p.full_grad = at::Tensor();
+    if (!p.same_layouts) p.full_grad = at::Tensor();
   }
 }
 

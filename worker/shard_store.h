@@ -54,9 +54,8 @@ class ShardStore {
     bool same_layouts = false;
     // The gradient of the master piece: `grad`, or the compute gradient when
     // the layouts agree (undefined if no gradient reached it).
-    bool GradIsFullGrad() const { return same_layouts; }
-    at::Tensor& PieceGrad() { return GradIsFullGrad() ? full_grad : grad; }
-    const at::Tensor& PieceGrad() const { return GradIsFullGrad() ? full_grad : grad; }
+    at::Tensor& PieceGrad() { return same_layouts ? full_grad : grad; }
+    const at::Tensor& PieceGrad() const { return same_layouts ? full_grad : grad; }
   };
 
   struct Unit {
@@ -100,7 +99,6 @@ class ShardStore {
   void ZeroGrad();
 
   // Bytes of compute parameters allocated now, and at most since ResetPeak.
-  int64_t unsharded_bytes() const { return unsharded_bytes_; }
   int64_t peak_unsharded_bytes() const { return peak_unsharded_bytes_; }
   void ResetPeak() { peak_unsharded_bytes_ = unsharded_bytes_; }
   // What this rank holds: masters (not views), moments, gradient pieces,

@@ -203,8 +203,7 @@ absl::Status UnitCollectives::IssueAllReduce(ShardStore::Unit& unit, const AllRe
   auto comm = groups_->Of(all_reduce.axes);
   if (!comm.ok()) return comm.status();
   if (*comm == nullptr) return absl::OkStatus();
-  std::vector<int> axes;
-  for (const std::string& a : all_reduce.axes) axes.push_back(*groups_->mesh().AxisIndex(a));
+  const std::vector<int> axes = groups_->AxisIndices(all_reduce.axes);
   // Which parameters take part.
   std::vector<ShardStore::Param*> params;
   for (ShardStore::Param& p : unit.params) {
