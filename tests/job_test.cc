@@ -85,7 +85,8 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
                 worst, (long long)theory.comm, (long long)theory.state, (long long)theory.peak);
     EXPECT_LE(worst, 1e-5);
     // `baton plan` against what the run measured (largest rank): state and
-    // live microbatches exact, comm within 2 %.
+    // live microbatches exact, comm within 2 % (the bound; the plan
+    // prices the same Programs the workers ran, so it is exact here).
     const std::string& last = run_lines.back();
     const double plan_comm = Field(plan_lines[0], "comm_bytes");
     std::printf("%s: baton plan predicted state %.0f B, comm %.0f B/step, %.0f live microbatches (%.0f B); the run "

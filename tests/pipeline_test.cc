@@ -54,7 +54,7 @@ TEST_P(PipelineScheduleTest, FourStagesMatchOneProcess) {
   EXPECT_LE(grads.second, 1e-6);
   EXPECT_LE(params, 1e-6);
   EXPECT_FALSE(d->metrics[0][0].has_loss());
-  testing::ExpectAccountingEqualsTheory(name.c_str(), job, *d, 2);
+  testing::ExpectAccountingEqualsTheory(name.c_str(), *d, 2);
 
   // The bubble and the live activations: the timeline the planner predicts,
   // the textbook formula, and what each rank saw (idle = waiting to receive).
@@ -148,7 +148,7 @@ TEST_P(PipelineShapesTest, MatchOneProcess) {
   EXPECT_LE(worst, c.tolerance);
   EXPECT_LE(grads.second, c.tolerance);
   EXPECT_LE(params, c.param_tolerance);
-  testing::ExpectAccountingEqualsTheory(c.name, job, *d, 1);
+  testing::ExpectAccountingEqualsTheory(c.name, *d, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -228,7 +228,7 @@ TEST_P(PipelineCompositionTest, TenStepsFollowTheReference) {
   std::printf("%s: loss %.6f -> %.6f, worst relative loss difference over 10 steps %.3g\n", c.name, ref_loss.front(),
               ref_loss.back(), worst);
   EXPECT_LE(worst, 1e-5);
-  testing::ExpectAccountingEqualsTheory(c.name, job, *d, 9);
+  testing::ExpectAccountingEqualsTheory(c.name, *d, 9);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -38,16 +38,7 @@ using testing::With;
 
 // GradRatio of the first step's gradients.
 std::pair<double, double> FirstStepGradRatio(const baton::v1::JobSpec& job, const std::set<std::string>& buggy_axes) {
-  auto ref = Reference(job);
-  std::pair<double, double> ratio;
-  RunDistributed(
-      job, 1,
-      [&](Distributed& dist, int) {
-        ASSERT_TRUE(ref->Step().ok());
-        ratio = GradRatio(dist, *ref);
-      },
-      buggy_axes);
-  return ratio;
+  return TrainInLockstep(job, 1, nullptr, buggy_axes).grads;
 }
 
 const char kSeedLab[] = R"pb(
@@ -63,12 +54,7 @@ const char kSeedLab[] = R"pb(
 
 TEST(ExecutorTest, SeedLabTwoWorkersMatchesTheReference) {
   auto job = Job(kSeedLab);
-  auto ref = Reference(job);
-  std::pair<double, double> ratio;
-  auto d = RunDistributed(job, 3, [&](Distributed& dist, int step) {
-    ASSERT_TRUE(ref->Step().ok());
-    if (step == 1) ratio = GradRatio(dist, *ref);
-  });
+  auto [d, ref, ref_loss, ratio] = TrainInLockstep(job, 3);
   std::printf("seed lab: gradient ratio before the first step %.9f (max abs diff %.3g)\n",
               ratio.first, ratio.second);
   EXPECT_NEAR(ratio.first, 1.0, 1e-6);
@@ -119,15 +105,8 @@ TEST(ExecutorTest, TensorParallelMlpMatchesTheUnshardedOne) {
   const std::string text = With(With(kSeedLab, "mesh { name: \"dp\" size: 2 }", "mesh { name: \"tp\" size: 2 }"),
                                 "mode: FSDP", "mode: FSDP tensor_parallel { axis: \"tp\" }");
   auto job = Job(text);
-  auto ref = Reference(job);
-  std::pair<double, double> grads;
-  double loss_diff = 0;
-  auto d = RunDistributed(job, 1, [&](Distributed& dist, int) {
-    auto m = ref->Step();
-    ASSERT_TRUE(m.ok());
-    grads = GradRatio(dist, *ref);
-    loss_diff = std::abs(dist.metrics[0][0].loss() - m->loss());
-  });
+  auto [d, ref, ref_loss, grads] = TrainInLockstep(job, 1);
+  const double loss_diff = std::abs(d->metrics[0][0].loss() - ref_loss[0]);
   const at::Tensor w1 = *d->executors[1]->MasterShard("blocks.0.w1.weight");
   const at::Tensor w2 = *d->executors[1]->MasterShard("blocks.0.w2.weight");
   std::printf("tp MLP: local w1 (%lld, %lld), w2 (%lld, %lld); loss diff %.3g; every weight gradient max abs diff "
@@ -247,7 +226,7 @@ TEST_P(DecoderModesTest, LossFollowsTheReferenceForTwentySteps) {
 
   // Accounting: exactly what the plan's Programs predict, every step.
   for (size_t step = 0; step < d->metrics[0].size(); ++step) {
-    testing::ExpectAccountingEqualsTheory(step == 0 ? c.name : "", job, *d, step);
+    testing::ExpectAccountingEqualsTheory(step == 0 ? c.name : "", *d, step);
   }
   if (!job.plan().has_tensor_parallel()) return;
   // What tensor parallelism saves: a block's parameters per rank (its
@@ -344,7 +323,7 @@ TEST_P(OddShapesTest, MatchesTheReference) {
               "|g| %.3g; worst relative loss difference over %d steps %.3g\n",
               GetParam().name, first_loss, grads.first, grads.second, grad_scale, steps, worst);
   // Accounting on these shapes too: exactly the plan's theory.
-  testing::ExpectAccountingEqualsTheory(GetParam().name, job, *d, d->metrics[0].size() - 1);
+  testing::ExpectAccountingEqualsTheory(GetParam().name, *d, d->metrics[0].size() - 1);
   EXPECT_LE(first_loss, bf16 ? 2e-2 : 1e-6);
   EXPECT_NEAR(grads.first, 1.0, bf16 ? 2e-2 : 1e-6);
   EXPECT_LE(grads.second, (bf16 ? 5e-2 : 1e-6) * grad_scale);
