@@ -1,0 +1,94 @@
+#include "common/file_root.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace baton {
+namespace {
+
+absl::StatusOr<std::string> RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot resolve ", path, ": ", std::strerror(errno)));
+  }
+  return std::string(buf);
+}
+
+bool Under(const std::string& path, const std::string& root) {
+  return path == root || root == "/" || absl::StartsWith(path, root + "/");
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("empty path");
+  if (path.find('\0') != std::string::npos) return absl::InvalidArgumentError("path holds a NUL byte");
+  std::vector<std::string> parts = absl::StrSplit(path, '/', absl::SkipEmpty());
+  for (const std::string& p : parts) {
+    if (p == "..") {
+      return absl::PermissionDeniedError(absl::StrCat("path \"", path, "\" has a \"..\" component: refused"));
+    }
+  }
+  auto real_root = RealPath(root);
+  if (!real_root.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("the file root ", root, " does not exist"));
+  }
+  const std::string joined = path[0] == '/' ? path : absl::StrCat(*real_root, "/", path);
+  // The longest prefix that exists resolves through its symlinks; the rest
+  // does not exist yet (and has no "..").
+  std::vector<std::string> all = absl::StrSplit(joined, '/', absl::SkipEmpty());
+  size_t existing = all.size();
+  std::string prefix;
+  while (true) {
+    prefix = "/" + absl::StrJoin(all.begin(), all.begin() + existing, "/");
+    struct stat st;
+    if (lstat(prefix.c_str(), &st) == 0 || existing == 0) break;
+    --existing;
+  }
+  auto real_prefix = RealPath(prefix);
+  if (!real_prefix.ok()) return real_prefix.status();
+  std::string resolved = *real_prefix;
+  for (size_t i = existing; i < all.size(); ++i) {
+    if (all[i] == ".") continue;
+    absl::StrAppend(&resolved, resolved == "/" ? "" : "/", all[i]);
+  }
+  if (!Under(resolved, *real_root)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("path \"", path, "\" resolves to ", resolved, ", outside the file root ", *real_root));
+  }
+  return resolved;
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string at;
+  for (const auto& part : absl::StrSplit(path, '/', absl::SkipEmpty())) {
+    absl::StrAppend(&at, "/", part);
+    if (mkdir(at.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot create directory ", at, ": ", std::strerror(errno)));
+    }
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+std::string RootOrWorkingDirectory(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  char buf[PATH_MAX];
+  return getcwd(buf, sizeof(buf)) != nullptr ? std::string(buf) : std::string("/nonexistent");
+}
+
+}  // namespace baton

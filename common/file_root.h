@@ -1,0 +1,30 @@
+// Confining file access to a root the operator configures: checkpoint and
+// data paths that arrive in requests resolve under it, and nothing else.
+//
+// A relative path is taken relative to the root; an absolute one must lie
+// under it. Refused before anything is opened: an empty path, any ".."
+// component, and a path whose existing part resolves (through symlinks)
+// outside the root.
+#ifndef BATON_COMMON_FILE_ROOT_H_
+#define BATON_COMMON_FILE_ROOT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace baton {
+
+// The canonical path `path` names under `root` (which must exist);
+// PERMISSION_DENIED naming the path when it leaves the root.
+absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std::string& path);
+
+// mkdir -p (mode 0755).
+absl::Status MakeDirs(const std::string& path);
+
+// The directory a daemon's `--checkpoint_root` flag means: the flag's value,
+// or the working directory when it is empty.
+std::string RootOrWorkingDirectory(const std::string& flag_value);
+
+}  // namespace baton
+
+#endif  // BATON_COMMON_FILE_ROOT_H_
