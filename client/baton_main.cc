@@ -8,6 +8,9 @@
 //   baton reference JOBFILE [--output=json]          the same job in one process (baton-reference)
 //   baton stop --controller ADDR JOB_ID              stop a job
 //   baton watch --controller ADDR [--seconds S]      stream the fleet's events
+//   baton run ... --resume DIR                       resume a job from a checkpoint (resharded)
+//   baton checkpoint list|inspect DIR                checkpoints on this machine
+//   baton checkpoint export DIR OUT.safetensors      one consolidated safetensors file
 //
 // Exit status: 0 success, 1 failure, 2 bad usage.
 #include <signal.h>
@@ -26,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "client/checkpoint_commands.h"
 #include "client/client.h"
 #include "client/local_cluster.h"
 #include "client/plan_output.h"
@@ -54,6 +58,10 @@ ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
 ABSL_FLAG(std::string, backend, "gloo", "check, run: gloo or nccl.");
 ABSL_FLAG(int64_t, step_timeout_ms, 30000, "run: timeout of one collective within a step.");
 ABSL_FLAG(bool, explain, false, "plan: also print every rank's Program, instruction by instruction.");
+ABSL_FLAG(std::string, resume, "", "run: resume from this checkpoint (or directory of step-N checkpoints).");
+ABSL_FLAG(bool, optimizer, false, "checkpoint export: also export the AdamW moments.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "up: the daemons' checkpoint root (default: the working directory).");
 ABSL_FLAG(int64_t, seconds, 0, "watch: stop after this many seconds (0 = until interrupted).");
 
 namespace baton {
@@ -70,7 +78,9 @@ std::string Usage() {
          "  baton run --controller HOST:PORT JOBFILE [--output=json]\n"
          "  baton reference JOBFILE [--output=json]\n"
          "  baton stop --controller HOST:PORT JOB_ID\n"
-         "  baton watch --controller HOST:PORT [--seconds S]\n";
+         "  baton watch --controller HOST:PORT [--seconds S]\n"
+         "  baton run --controller HOST:PORT JOBFILE --resume CHECKPOINT_DIR\n"
+         "  baton checkpoint list DIR | inspect DIR | export DIR OUT.safetensors [--optimizer]\n";
 }
 
 std::string ToJson(const google::protobuf::Message& m) {
@@ -97,6 +107,10 @@ int Up() {
   options.worker_bin = absl::GetFlag(FLAGS_worker_bin);
   options.controller_args.push_back(
       absl::StrCat("--heartbeat_timeout_ms=", absl::GetFlag(FLAGS_heartbeat_timeout_ms)));
+  if (!absl::GetFlag(FLAGS_checkpoint_root).empty()) {
+    options.controller_args.push_back(absl::StrCat("--checkpoint_root=", absl::GetFlag(FLAGS_checkpoint_root)));
+    options.worker_args.push_back(absl::StrCat("--checkpoint_root=", absl::GetFlag(FLAGS_checkpoint_root)));
+  }
   auto cluster = LocalCluster::Start(options);
   if (!cluster.ok()) {
     std::fprintf(stderr, "baton up: %s\n", cluster.status().ToString().c_str());
@@ -257,6 +271,7 @@ int Run(const std::string& path) {
     std::fprintf(stderr, "baton run: %s\n", client.status().ToString().c_str());
     return 1;
   }
+  if (!absl::GetFlag(FLAGS_resume).empty()) job->set_resume_from(absl::GetFlag(FLAGS_resume));
   baton::v1::CreateJobRequest create;
   *create.mutable_job() = *job;
   create.set_backend(absl::GetFlag(FLAGS_backend) == "nccl" ? baton::v1::NCCL : baton::v1::GLOO);
@@ -273,9 +288,18 @@ int Run(const std::string& path) {
                static_cast<long long>(created->expected_comm_bytes()),
                static_cast<long long>(created->expected_state_bytes()),
                static_cast<long long>(created->expected_peak_unsharded_param_bytes()));
+  if (created->has_restored()) {
+    const auto& r = created->restored();
+    if (json) {
+      std::printf("{\"restored\":%s}\n", ToJson(r).c_str());
+    } else {
+      std::printf("restored %s: step %d, %lld bytes read in %.3f s\n", r.path().c_str(), r.step(),
+                  static_cast<long long>(r.bytes()), r.seconds());
+    }
+  }
   ProgressBar progress(job->steps());
   baton::v1::StepMetrics last;
-  for (int step = 1; step <= job->steps(); ++step) {
+  for (int step = created->job().step() + 1; step <= job->steps(); ++step) {
     timespec no_wait{0, 0};
     if (int sig = sigtimedwait(&signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
       progress.Finish();
@@ -301,10 +325,38 @@ int Run(const std::string& path) {
       std::fflush(stdout);
       last = m;
     }
+    for (const auto& c : resp->checkpoints()) {
+      if (json) {
+        std::printf("{\"checkpoint\":%s}\n", ToJson(c).c_str());
+      } else {
+        std::printf("checkpoint step %d saved to %s: %lld bytes in %.3f s\n", c.step(), c.path().c_str(),
+                    static_cast<long long>(c.bytes()), c.seconds());
+      }
+    }
+    if (!resp->job().checkpoint_error().empty()) {
+      std::fprintf(stderr, "baton run: %s\n", resp->job().checkpoint_error().c_str());
+    }
     progress.Update(step);
   }
   progress.Finish();
-  std::printf("%s%s", FormatMeasuredVsPredicted(*created, last, json).c_str(), json ? "\n" : "");
+  if (job->checkpoint().async()) {
+    // The last async save is published before the run ends.
+    auto waited = (*client)->WaitCheckpoint(job_id);
+    if (!waited.ok()) {
+      std::fprintf(stderr, "baton run: %s\n", waited.status().ToString().c_str());
+    } else if (waited->checkpoint().step() > 0) {
+      const auto& c = waited->checkpoint();
+      if (json) {
+        std::printf("{\"checkpoint\":%s}\n", ToJson(c).c_str());
+      } else {
+        std::printf("checkpoint step %d saved to %s (async): %lld bytes in %.3f s\n", c.step(), c.path().c_str(),
+                    static_cast<long long>(c.bytes()), c.seconds());
+      }
+    }
+  }
+  if (last.step() > 0) {
+    std::printf("%s%s", FormatMeasuredVsPredicted(*created, last, json).c_str(), json ? "\n" : "");
+  }
   return 0;
 }
 
@@ -374,6 +426,10 @@ int Reference(const std::string& path) {
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(Usage());
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() >= 2 && std::string(positional[1]) == "checkpoint") {
+    return CheckpointCommand(std::vector<std::string>(positional.begin() + 2, positional.end()),
+                             absl::GetFlag(FLAGS_output) == "json", absl::GetFlag(FLAGS_optimizer));
+  }
   if (positional.size() == 3) {
     const std::string command = positional[1];
     if (absl::GetFlag(FLAGS_output) != "text" && absl::GetFlag(FLAGS_output) != "json") {

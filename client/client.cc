@@ -101,6 +101,32 @@ absl::StatusOr<baton::v1::StopJobResponse> Client::StopJob(const std::string& jo
   return resp;
 }
 
+absl::StatusOr<baton::v1::SaveCheckpointResponse> Client::SaveCheckpoint(const std::string& job_id,
+                                                                         const std::string& dir, bool async,
+                                                                         absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  baton::v1::SaveCheckpointRequest req;
+  req.set_job_id(job_id);
+  req.set_dir(dir);
+  req.set_async(async);
+  baton::v1::SaveCheckpointResponse resp;
+  if (auto s = FromGrpcStatus(stub_->SaveCheckpoint(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<baton::v1::SaveCheckpointResponse> Client::WaitCheckpoint(const std::string& job_id,
+                                                                         absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline + absl::Seconds(5));
+  baton::v1::WaitCheckpointRequest req;
+  req.set_job_id(job_id);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(deadline));
+  baton::v1::SaveCheckpointResponse resp;
+  if (auto s = FromGrpcStatus(stub_->WaitCheckpoint(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::Status Client::Watch(int64_t after_sequence,
                            const std::function<bool(const baton::v1::Event&)>& on_event,
                            absl::Duration duration) {

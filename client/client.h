@@ -43,6 +43,14 @@ class Client {
   absl::StatusOr<baton::v1::StepResponse> Step(const baton::v1::StepRequest& request,
                                                absl::Duration deadline = absl::Minutes(30));
   absl::StatusOr<baton::v1::StopJobResponse> StopJob(const std::string& job_id);
+  // Saves the job at its current step under DIR/step-N ("" = the job's
+  // checkpoint.dir); async returns once the workers copied their pieces.
+  absl::StatusOr<baton::v1::SaveCheckpointResponse> SaveCheckpoint(const std::string& job_id, const std::string& dir,
+                                                                   bool async,
+                                                                   absl::Duration deadline = absl::Minutes(15));
+  // Waits until the job's async save (if any) is published.
+  absl::StatusOr<baton::v1::SaveCheckpointResponse> WaitCheckpoint(const std::string& job_id,
+                                                                   absl::Duration deadline = absl::Minutes(15));
   // Streams events to `on_event` until it returns false or `duration` passed.
   absl::Status Watch(int64_t after_sequence, const std::function<bool(const baton::v1::Event&)>& on_event,
                      absl::Duration duration);

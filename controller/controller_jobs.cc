@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "controller/controller_service.h"
+#include "strategies/checkpoint_plan.h"
 #include "strategies/dry_run.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"
@@ -81,10 +82,22 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
                                           baton::v1::CreateJobResponse* resp) {
   // Everything that can be checked without a worker is checked first.
   baton::v1::JobSpec job = WithDefaults(req->job());
+  // A checkpoint to resume from is read (and its seed taken) first.
+  auto restore = ReadRestore(job);
+  if (!restore.ok()) return ToGrpcStatus(restore.status());
+  const bool restoring = !restore->info.path().empty();
   // The Programs and what they predict, as `baton plan` shows them (the job
   // is validated first).
   auto plan = PlanDryRun(job);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
+  // Whether the checkpoint fits the plan, before any worker is touched.
+  if (restoring) {
+    if (auto reads = PlanLoad(restore->metadata, restore->dir, plan->programs, restore->optimizer); !reads.ok()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("cannot load ", restore->info.path(), " into this job's plan: ",
+                                       reads.status().message()));
+    }
+  }
   // NCCL's send blocks its stream until the peer receives: one rank's
   // "send activation k, receive gradient j" against its neighbour's "send
   // gradient j, receive activation k" (1F1B's steady state) waits in a
@@ -121,6 +134,7 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
     }
     job_id = absl::StrCat("job-", next_job_++);
   }
+  FinishInFlightSave();  // the previous job's async save, if any, ends first
   std::vector<baton::v1::Program>* programs = &plan->programs;
   for (auto& p : *programs) p.set_job_id(job_id);
   const PlanTheory* theory = &plan->theory;
@@ -148,15 +162,30 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("loading job ", job_id, " failed: ", why));
   }
   baton::v1::JobStatus status;
+  if (restoring) {
+    // A rank that fails to read drops the job; it never runs half-loaded.
+    auto loaded = LoadRestore(*restore, mesh, *programs, job_id);
+    if (!loaded.ok()) {
+      return ToGrpcStatus(absl::Status(loaded.status().code(),
+                                       absl::StrCat("job ", job_id, " not created: ", loaded.status().message())));
+    }
+    *resp->mutable_restored() = *loaded;
+    status.set_step(restore->metadata.step());
+    status.set_start_step(restore->metadata.step());
+    events_->Append("job_restored", "", -1,
+                    absl::StrFormat("%s from %s (step %d, %d bytes in %.3f s)", job_id, loaded->path(),
+                                    loaded->step(), loaded->bytes(), loaded->seconds()));
+  }
   status.set_job_id(job_id);
   status.set_name(job.name());
-  status.set_state(baton::v1::JOB_CREATED);
+  status.set_state(status.step() >= job.steps() ? baton::v1::JOB_FINISHED : baton::v1::JOB_CREATED);
   status.set_steps(job.steps());
   {
     absl::MutexLock lock(&mu_);
     job_.status = status;
     job_.spec = job;
     job_.mesh = mesh;
+    job_.programs = std::make_shared<const std::vector<baton::v1::Program>>(std::move(*programs));
   }
   events_->Append("job_created", "", -1, absl::StrCat(job_id, " \"", job.name(), "\" on ", mesh.mesh_id()));
   *resp->mutable_job() = status;
@@ -253,11 +282,31 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
     }
     const baton::v1::StepMetrics m = AggregateStep(results, absl::ToDoubleMilliseconds(absl::Now() - started));
     *resp->add_metrics() = m;
-    absl::MutexLock lock(&mu_);
-    if (job_.status.job_id() == job.status.job_id() && !Finished(job_.status.state())) {
-      job_.status.set_step(step);
-      job_.status.set_state(step >= job_.status.steps() ? baton::v1::JOB_FINISHED : baton::v1::JOB_RUNNING);
-      *job_.status.mutable_last() = m;
+    JobRecord now;
+    {
+      absl::MutexLock lock(&mu_);
+      if (job_.status.job_id() == job.status.job_id() && !Finished(job_.status.state())) {
+        job_.status.set_step(step);
+        job_.status.set_state(step >= job_.status.steps() ? baton::v1::JOB_FINISHED : baton::v1::JOB_RUNNING);
+        *job_.status.mutable_last() = m;
+      }
+      now = job_;
+    }
+    // Periodic checkpoints. A failed save is reported, and training goes on.
+    const baton::v1::CheckpointSpec& ck = job.spec.checkpoint();
+    if (ck.every_n_steps() > 0 && step % ck.every_n_steps() == 0 && now.status.job_id() == job.status.job_id() &&
+        now.status.step() == step) {
+      auto saved = SaveJob(now, ck.dir(), ck.async());
+      if (saved.ok() && !saved->async()) {
+        *resp->add_checkpoints() = *saved;
+      } else if (!saved.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (job_.status.job_id() == job.status.job_id()) {
+          job_.status.set_checkpoint_error(std::string(saved.status().message()));
+        }
+        events_->Append("checkpoint_failed", "", -1,
+                        absl::StrCat(job.status.job_id(), " step ", step, ": ", saved.status().message()));
+      }
     }
   }
   registry_->SetState(names, baton::v1::CONFIGURED);

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/kv_store.h"
 #include "common/process.h"
+#include "common/file_root.h"
 #include "controller/controller_service.h"
 #include "controller/event_log.h"
 #include "controller/registry_service.h"
@@ -26,6 +27,10 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000,
           "heartbeat_timeout_ms + 200 ms (the sweep period).");
 ABSL_FLAG(int64_t, rendezvous_timeout_ms, 10000,
           "How long workers may take to connect the communicators of a new mesh.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Checkpoint directories and init_from files resolve only under this directory (default: the working "
+          "directory).");
+ABSL_FLAG(int64_t, checkpoint_block_bytes, 1 << 20, "Checksum block of saved chunks (a resharding load reads whole blocks).");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
           "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
 
@@ -43,6 +48,8 @@ int Main(int argc, char** argv) {
                                    absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
   ControllerOptions options;
   options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
+  options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
+  options.checkpoint_block_bytes = absl::GetFlag(FLAGS_checkpoint_block_bytes);
   ControllerService controller_service(&registry, &kv, &events, options);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -39,6 +39,7 @@ void ControllerService::Start() { monitor_ = std::thread([this] { MonitorLoop();
 void ControllerService::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (monitor_.joinable()) monitor_.join();
+  FinishInFlightSave();
 }
 
 void ControllerService::MonitorLoop() {

@@ -10,6 +10,7 @@
 #ifndef BATON_CONTROLLER_CONTROLLER_SERVICE_H_
 #define BATON_CONTROLLER_CONTROLLER_SERVICE_H_
 
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "controller/event_log.h"
 #include "controller/worker_registry.h"
 #include "mesh/device_mesh.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/controller.grpc.pb.h"
 
 namespace baton {
@@ -34,6 +36,10 @@ struct ControllerOptions {
   absl::Duration sweep_interval = absl::Milliseconds(200);
   // Extra time every worker RPC gets beyond the work it was asked to do.
   absl::Duration rpc_slack = absl::Seconds(5);
+  // Checkpoint directories resolve under it (common/file_root.h).
+  std::string file_root = "/nonexistent";
+  // Checksum granularity of saved chunks: a resharding load reads whole blocks.
+  int64_t checkpoint_block_bytes = 1 << 20;
 };
 
 // "worker NAME (rank R, ADDRESS)": how errors name a rank of `mesh`.
@@ -65,6 +71,11 @@ class ControllerService final : public baton::v1::Controller::Service {
                     baton::v1::StepResponse* resp) override;
   grpc::Status StopJob(grpc::ServerContext*, const baton::v1::StopJobRequest* req,
                        baton::v1::StopJobResponse* resp) override;
+  // Checkpoints (controller_checkpoints.cc).
+  grpc::Status SaveCheckpoint(grpc::ServerContext*, const baton::v1::SaveCheckpointRequest* req,
+                              baton::v1::SaveCheckpointResponse* resp) override;
+  grpc::Status WaitCheckpoint(grpc::ServerContext*, const baton::v1::WaitCheckpointRequest* req,
+                              baton::v1::SaveCheckpointResponse* resp) override;
 
  private:
   // Returns the current mesh if it matches and is intact, else forms a new
@@ -134,7 +145,46 @@ class ControllerService final : public baton::v1::Controller::Service {
     baton::v1::JobStatus status;
     baton::v1::JobSpec spec;
     baton::v1::Mesh mesh;
+    std::shared_ptr<const std::vector<baton::v1::Program>> programs;  // by rank
   };
+
+  // What a resume_from / init_from of a job to be created loads: planned
+  // before any worker is touched.
+  struct Restore {
+    baton::v1::CheckpointInfo info;  // path and step
+    baton::v1::CheckpointMetadata metadata;
+    std::string dir;  // where its files are
+    bool optimizer = false;
+  };
+  // Reads the checkpoint (or safetensors file) `job` names, checks it was
+  // saved from the job's model and takes its seed (the data position) into
+  // `job`. nullopt-like: an empty path when the job restores nothing.
+  absl::StatusOr<Restore> ReadRestore(baton::v1::JobSpec& job);
+  // Loads `restore` into the Programs just loaded on `mesh`.
+  absl::StatusOr<baton::v1::CheckpointInfo> LoadRestore(const Restore& restore, const baton::v1::Mesh& mesh,
+                                                        const std::vector<baton::v1::Program>& programs,
+                                                        const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // Saves `job`'s state at its completed step under DIR/step-N. Sync:
+  // returns once the metadata is published. Async: once every worker copied
+  // its pieces; a thread publishes it later (save_in_flight_).
+  absl::StatusOr<baton::v1::CheckpointInfo> SaveJob(const JobRecord& job, const std::string& dir, bool async)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // Builds and publishes the metadata of a save whose data files are
+  // written; applies keep_last; records it in the job's status.
+  absl::StatusOr<baton::v1::CheckpointInfo> PublishSave(
+      const JobRecord& job, const std::string& step_dir, const std::string& root_dir,
+      const std::vector<CallResult<baton::v1::SaveShardsResponse>>& written, absl::Time started, bool async,
+      double copy_seconds);
+  // Waits for the async save in flight, if any, to be published or fail.
+  void FinishInFlightSave();
+  struct SaveInFlight {
+    std::string job_id;
+    int step = 0;
+    absl::Notification done;
+    std::thread thread;
+  };
+  std::shared_ptr<SaveInFlight> save_in_flight_ ABSL_GUARDED_BY(mu_);
   JobRecord job_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_ ABSL_GUARDED_BY(mu_) = 1;
 

@@ -102,6 +102,13 @@ int DataParallelSize(const JobSpec& job) {
 absl::Status ValidateJobSpec(const JobSpec& job) {
   if (auto s = ValidateModel(job.model()); !s.ok()) return OfJob(s);
   if (job.mesh_size() == 0) return Invalid("mesh is missing, e.g. mesh { name: \"dp\" size: 2 }");
+  const auto& ck = job.checkpoint();
+  if (ck.every_n_steps() < 0 || ck.keep_last() < 0) {
+    return Invalid("checkpoint.every_n_steps and checkpoint.keep_last must not be negative");
+  }
+  if ((ck.every_n_steps() > 0 || ck.keep_last() > 0 || ck.async()) && ck.dir().empty()) {
+    return Invalid("checkpoint.dir is missing (where the checkpoints go)");
+  }
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
   const auto mode = job.plan().mode();

@@ -49,6 +49,12 @@ class Executor {
   absl::StatusOr<at::Tensor> MasterShard(const std::string& name) const;
   absl::StatusOr<at::Tensor> LastGradShard(const std::string& name) const;
   const baton::v1::Program& program() const { return program_; }
+  // The state a checkpoint saves and loads (worker/checkpoint_io.h).
+  ShardStore& store() { return *store_; }
+  const ShardStore& store() const { return *store_; }
+  // Steps completed; a restored job continues from the checkpoint's.
+  int64_t step() const { return step_; }
+  void ResumeAt(int64_t step) { step_ = step; }
   int64_t state_bytes() const { return store_->state_bytes(); }
 
  private:

@@ -22,6 +22,7 @@
 #include "proto/registry.grpc.pb.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/grpc_rendezvous.h"
+#include "common/file_root.h"
 #include "worker/worker_service.h"
 
 ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT (required).");
@@ -34,6 +35,9 @@ ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "Heartbeat period.");
 ABSL_FLAG(int64_t, register_timeout_ms, 30000,
           "Give up (exit 1) if the controller cannot be reached for this long.");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Checkpoint files are read and written only under this directory (default: the working directory).");
+ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
 namespace {
@@ -134,7 +138,10 @@ int Main(int argc, char** argv) {
   builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
                            grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
-  WorkerService service(info, &rendezvous, host);
+  WorkerOptions options;
+  options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
+  options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
+  WorkerService service(info, &rendezvous, host, options);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -1,14 +1,18 @@
 #include "worker/worker_service.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/files.h"
 #include "common/collective_ops.h"
+#include "common/file_root.h"
 #include "common/grpc_status.h"
 #include "mesh/device_mesh.h"
 #include "common/wire.h"
+#include "worker/checkpoint_io.h"
 #include "worker/collective_check.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"
@@ -20,6 +24,10 @@ namespace {
 constexpr int kMaxCheckIters = 1000;
 constexpr int64_t kMaxTimeoutMs = kMaxCheckTimeoutMs;
 constexpr int64_t kDefaultRendezvousTimeoutMs = 30000;
+constexpr int64_t kMinBlockBytes = 4096;
+constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
+// How long a new save waits for the previous async one to finish writing.
+constexpr absl::Duration kPendingSaveWait = absl::Minutes(10);
 
 grpc::Status Invalid(const std::string& msg) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, msg);
@@ -45,8 +53,11 @@ int64_t RendezvousTimeoutMs(const baton::v1::ConfigureRequest& req) {
 }  // namespace
 
 WorkerService::WorkerService(baton::v1::WorkerInfo identity, Rendezvous* rendezvous,
-                             std::string bind_host)
-    : rendezvous_(rendezvous), bind_host_(std::move(bind_host)), identity_(std::move(identity)) {}
+                             std::string bind_host, WorkerOptions options)
+    : rendezvous_(rendezvous),
+      bind_host_(std::move(bind_host)),
+      options_(std::move(options)),
+      identity_(std::move(identity)) {}
 
 void WorkerService::set_identity(const baton::v1::WorkerInfo& identity) {
   absl::MutexLock lock(&mu_);
@@ -306,6 +317,135 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const baton::v1::GetIn
     resp->set_rank(current_->rank);
   }
   return grpc::Status::OK;
+}
+
+absl::StatusOr<baton::v1::SaveShardsResponse> WorkerService::AwaitPendingSave(
+    MeshState& state, std::shared_ptr<PendingSave> pending, absl::Duration timeout) {
+  // Steps go on while the writer writes: the run lock is not held here.
+  if (!pending->done.WaitForNotificationWithTimeout(timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("the async save of step ", pending->step, " is still writing after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  absl::MutexLock lock(&state.run_mu);
+  if (state.pending_save == pending) state.pending_save = nullptr;
+  return pending->result;
+}
+
+grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const baton::v1::SaveShardsRequest* req,
+                                       baton::v1::SaveShardsResponse* resp) {
+  return Guarded("SaveShards", [&]() -> grpc::Status {
+    if (req->block_bytes() < kMinBlockBytes || req->block_bytes() > kMaxBlockBytes) {
+      return Invalid(absl::StrCat("block_bytes ", req->block_bytes(), " outside [", kMinBlockBytes, ", ",
+                                  kMaxBlockBytes, "]"));
+    }
+    auto path = ResolveUnderRoot(options_.file_root, req->path());
+    if (!path.ok()) return ToGrpcStatus(path.status());
+    if (req->file().empty() || req->file().find('/') != std::string::npos) {
+      return Invalid(absl::StrCat("file name \"", req->file(), "\" must be a plain name"));
+    }
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    std::shared_ptr<MeshState> mesh = std::move(*state);
+    absl::MutexLock lock(&mesh->run_mu);
+    if (mesh->executor == nullptr || mesh->job_id != req->job_id()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
+    }
+    if (mesh->executor->step() != req->step()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("worker ", name(), " is at step ", mesh->executor->step(),
+                                       ", the save is of step ", req->step()));
+    }
+    // At most one async save in flight: the previous one finishes first.
+    if (std::shared_ptr<PendingSave> previous = mesh->pending_save; previous != nullptr) {
+      mesh->run_mu.Unlock();
+      auto waited = AwaitPendingSave(*mesh, previous, kPendingSaveWait);
+      mesh->run_mu.Lock();
+      if (!waited.ok() && absl::IsDeadlineExceeded(waited.status())) return ToGrpcStatus(waited.status());
+      if (mesh->executor == nullptr || mesh->job_id != req->job_id() || mesh->executor->step() != req->step()) {
+        return grpc::Status(grpc::StatusCode::ABORTED, "the job changed while waiting for the previous save");
+      }
+    }
+    const std::string dir = path->substr(0, path->rfind('/'));
+    if (auto s = MakeDirs(dir); !s.ok()) return ToGrpcStatus(s);
+    const auto start = std::chrono::steady_clock::now();
+    auto pieces = CollectPieces(mesh->executor->store(), req->writes(), req->async());
+    if (!pieces.ok()) return ToGrpcStatus(pieces.status());
+    if (!req->async()) {
+      auto written = WritePieces(*path, req->file(), *pieces, req->block_bytes(), options_.testing_write_delay_ms);
+      if (!written.ok()) return ToGrpcStatus(written.status());
+      *resp = *written;
+      return grpc::Status::OK;
+    }
+    auto pending = std::make_shared<PendingSave>();
+    pending->job_id = req->job_id();
+    pending->step = req->step();
+    resp->set_copy_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    pending->writer = std::thread([pending = pending.get(), pieces = std::move(*pieces), path = *path,
+                                   file = req->file(), block_bytes = req->block_bytes(),
+                                   delay = options_.testing_write_delay_ms]() mutable {
+      pending->result = WritePieces(path, file, pieces, block_bytes, delay);
+      pieces.clear();  // the host copy goes as soon as it is written
+      pending->done.Notify();
+    });
+    mesh->pending_save = std::move(pending);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status WorkerService::FinishSave(grpc::ServerContext*, const baton::v1::FinishSaveRequest* req,
+                                       baton::v1::SaveShardsResponse* resp) {
+  return Guarded("FinishSave", [&]() -> grpc::Status {
+    if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
+      return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
+    }
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    std::shared_ptr<MeshState> mesh = std::move(*state);
+    std::shared_ptr<PendingSave> pending;
+    {
+      absl::MutexLock lock(&mesh->run_mu);
+      pending = mesh->pending_save;
+    }
+    if (pending == nullptr || pending->job_id != req->job_id() || pending->step != req->step()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("worker ", name(), " has no save of job ",
+                                                                    req->job_id(), " step ", req->step(), " in flight"));
+    }
+    auto result = AwaitPendingSave(*mesh, pending, absl::Milliseconds(req->timeout_ms()));
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *resp = *result;
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const baton::v1::LoadShardsRequest* req,
+                                       baton::v1::LoadShardsResponse* resp) {
+  return Guarded("LoadShards", [&]() -> grpc::Status {
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    std::shared_ptr<MeshState> mesh = std::move(*state);
+    absl::MutexLock lock(&mesh->run_mu);
+    if (mesh->executor == nullptr || mesh->job_id != req->job_id()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
+    }
+    if (mesh->executor->step() != 0 || req->step() < 0) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", req->job_id(), " already ran ", mesh->executor->step(),
+                                       " steps; a checkpoint loads into a job before its first step"));
+    }
+    auto bytes = baton::LoadShards(mesh->executor->store(), req->reads(), options_.file_root);
+    if (!bytes.ok()) {
+      // Partly overwritten: the job must not run on it.
+      mesh->executor = nullptr;
+      mesh->job_id.clear();
+      return ToGrpcStatus(absl::Status(bytes.status().code(), absl::StrCat("worker ", name(), " (rank ", mesh->rank,
+                                                                           "): ", bytes.status().message())));
+    }
+    mesh->executor->ResumeAt(req->step());
+    resp->set_bytes_read(*bytes);
+    return grpc::Status::OK;
+  });
 }
 
 }  // namespace baton

@@ -16,9 +16,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/kv_store.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/comm/communicator.h"
@@ -26,11 +28,20 @@
 
 namespace baton {
 
+struct WorkerOptions {
+  // Checkpoint paths in requests resolve under it (common/file_root.h).
+  std::string file_root = "/nonexistent";
+  // For tests that kill a worker mid-save: sleep this long before each
+  // piece a save writes.
+  int64_t testing_write_delay_ms = 0;
+};
+
 class WorkerService final : public baton::v1::Worker::Service {
  public:
   // `rendezvous` must outlive the service. `bind_host` is the address the
   // collectives' transport binds and advertises.
-  WorkerService(baton::v1::WorkerInfo identity, Rendezvous* rendezvous, std::string bind_host);
+  WorkerService(baton::v1::WorkerInfo identity, Rendezvous* rendezvous, std::string bind_host,
+                WorkerOptions options = {});
 
   // Replaces the identity GetInfo reports (the address is known only once
   // the server is bound).
@@ -49,8 +60,27 @@ class WorkerService final : public baton::v1::Worker::Service {
                            baton::v1::LoadProgramResponse* resp) override;
   grpc::Status RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest* req,
                        baton::v1::RunStepResponse* resp) override;
+  // Checkpoints (the bytes: worker/checkpoint_io.h).
+  grpc::Status SaveShards(grpc::ServerContext* ctx, const baton::v1::SaveShardsRequest* req,
+                          baton::v1::SaveShardsResponse* resp) override;
+  grpc::Status FinishSave(grpc::ServerContext* ctx, const baton::v1::FinishSaveRequest* req,
+                          baton::v1::SaveShardsResponse* resp) override;
+  grpc::Status LoadShards(grpc::ServerContext* ctx, const baton::v1::LoadShardsRequest* req,
+                          baton::v1::LoadShardsResponse* resp) override;
 
  private:
+  // An async save: pieces copied to host memory, written by its own thread.
+  struct PendingSave {
+    std::string job_id;
+    int step = 0;
+    absl::Notification done;
+    absl::StatusOr<baton::v1::SaveShardsResponse> result;  // set before `done`
+    std::thread writer;
+    ~PendingSave() {
+      if (writer.joinable()) writer.join();
+    }
+  };
+
   struct MeshState {
     baton::v1::Mesh mesh;
     int rank = 0;
@@ -61,7 +91,16 @@ class WorkerService final : public baton::v1::Worker::Service {
     absl::Mutex run_mu;
     std::string job_id ABSL_GUARDED_BY(run_mu);
     std::unique_ptr<Executor> executor ABSL_GUARDED_BY(run_mu);
+    // At most one async save in flight; a new save waits for it.
+    std::shared_ptr<PendingSave> pending_save ABSL_GUARDED_BY(run_mu);
   };
+
+  // Waits (bounded) for the async save `pending` of `state` to end, without
+  // holding its run lock, and clears it.
+  static absl::StatusOr<baton::v1::SaveShardsResponse> AwaitPendingSave(MeshState& state,
+                                                                        std::shared_ptr<PendingSave> pending,
+                                                                        absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(state.run_mu);
 
   // Aborts the communicators of `state` with `reason` and drops it.
   static void ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason);
@@ -78,6 +117,7 @@ class WorkerService final : public baton::v1::Worker::Service {
 
   Rendezvous* const rendezvous_;
   const std::string bind_host_;
+  const WorkerOptions options_;
 
   absl::Mutex mu_;
   baton::v1::WorkerInfo identity_ ABSL_GUARDED_BY(mu_);

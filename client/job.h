@@ -1,0 +1,66 @@
+// baton::Job — a training job as a job script drives it: one handle over
+// the controller's job RPCs, so that one C++ program can train with one
+// plan, save, and go on with another plan on another mesh.
+//
+//   auto job = baton::Job::Create(client.get(), fsdp_spec);
+//   auto metrics = (*job)->Step(4);               // steps 1..4
+//   (*job)->Save("ckpt/run");                      // ckpt/run/step-00000004
+//   (*job)->Stop();
+//   auto tp = baton::Job::Restore(client.get(), dp2_tp2_spec, "ckpt/run");
+//   (*tp)->Step(4);                                // steps 5..8, resharded
+//
+// Not thread-safe; the Client must outlive it.
+#ifndef BATON_CLIENT_JOB_H_
+#define BATON_CLIENT_JOB_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "proto/controller.pb.h"
+#include "proto/job.pb.h"
+
+namespace baton {
+
+class Job {
+ public:
+  // Creates the job on the fleet (validated, planned and loaded).
+  static absl::StatusOr<std::unique_ptr<Job>> Create(Client* client, const baton::v1::JobSpec& spec,
+                                                     baton::v1::CommBackend backend = baton::v1::GLOO);
+  // A new job from `spec` (its mesh and plan) resuming the checkpoint in
+  // `dir` (a checkpoint, or a directory of step-N ones: the newest):
+  // parameters, optimizer state, step and data position, resharded.
+  static absl::StatusOr<std::unique_ptr<Job>> Restore(Client* client, baton::v1::JobSpec spec, const std::string& dir,
+                                                      baton::v1::CommBackend backend = baton::v1::GLOO);
+
+  // Runs the next `n` steps (fewer if the job ends); their metrics.
+  absl::StatusOr<std::vector<baton::v1::StepMetrics>> Step(int n = 1);
+  // Saves at the current step under DIR/step-N; returns where. Async: the
+  // save goes on while Step runs; WaitForSave publishes it.
+  absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& dir, bool async = false);
+  absl::StatusOr<baton::v1::CheckpointInfo> WaitForSave();
+  absl::Status Stop();
+
+  const std::string& id() const { return id_; }
+  int step() const { return status_.step(); }
+  const baton::v1::JobStatus& status() const { return status_; }
+  const baton::v1::CreateJobResponse& created() const { return created_; }
+  // Every step this handle ran, in order.
+  const std::vector<baton::v1::StepMetrics>& metrics() const { return metrics_; }
+
+ private:
+  Job(Client* client, baton::v1::CreateJobResponse created)
+      : client_(client), created_(std::move(created)), id_(created_.job().job_id()), status_(created_.job()) {}
+
+  Client* client_;
+  baton::v1::CreateJobResponse created_;
+  std::string id_;
+  baton::v1::JobStatus status_;
+  std::vector<baton::v1::StepMetrics> metrics_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_CLIENT_JOB_H_
