@@ -107,14 +107,17 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::LoadRestore(
       },
       kLoadDeadline + options_.rpc_slack, [&] { return DeadWorkerIn(mesh); }, &abort_reason);
   baton::v1::CheckpointInfo info = restore.info;
-  for (size_t r = 0; r < results.size(); ++r) {
-    if (!results[r].status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(results[r].status.error_code()),
+  // The first failure is the cause; the calls it cancelled say CANCELLED.
+  for (bool cancelled : {false, true}) {
+    for (size_t r = 0; r < results.size(); ++r) {
+      const grpc::Status& s = results[r].status;
+      if (s.ok() || (s.error_code() == grpc::StatusCode::CANCELLED) != cancelled) continue;
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                           absl::StrCat("loading ", restore.info.path(), " on ", WorkerLabel(mesh, static_cast<int>(r)),
-                                       " failed: ", results[r].status.error_message()));
+                                       " failed: ", s.error_message()));
     }
-    info.set_bytes(info.bytes() + results[r].response.bytes_read());
   }
+  for (const auto& r : results) info.set_bytes(info.bytes() + r.response.bytes_read());
   if (!abort_reason.empty()) return absl::UnavailableError(abort_reason);
   info.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
   return info;
@@ -170,11 +173,13 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::SaveJob(const JobRe
         return req;
       },
       kSaveDeadline + options_.rpc_slack, [&] { return DeadWorkerIn(mesh); }, &abort_reason);
-  for (size_t i = 0; i < written.size(); ++i) {
-    if (!written[i].status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(written[i].status.error_code()),
-                          absl::StrCat("saving ", step_dir, ": ", WorkerLabel(mesh, ranks[i]), ": ",
-                                       written[i].status.error_message(), " (the checkpoint was not published)"));
+  for (bool cancelled : {false, true}) {
+    for (size_t i = 0; i < written.size(); ++i) {
+      const grpc::Status& s = written[i].status;
+      if (s.ok() || (s.error_code() == grpc::StatusCode::CANCELLED) != cancelled) continue;
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("saving ", step_dir, ": ", WorkerLabel(mesh, ranks[i]), ": ", s.error_message(),
+                                       " (the checkpoint was not published)"));
     }
   }
   if (!abort_reason.empty()) {

@@ -19,9 +19,14 @@ const auto* const kHardTimeout = ::testing::AddGlobalTestEnvironment(new HardTim
 
 std::string BatonBinary() { return Runfile("client/baton"); }
 
-std::unique_ptr<LocalCluster> StartCluster(int workers) {
+std::unique_ptr<LocalCluster> StartCluster(int workers) { return StartCluster(workers, {}, {}); }
+
+std::unique_ptr<LocalCluster> StartCluster(int workers, const std::vector<std::string>& controller_args,
+                                           const std::vector<std::string>& worker_args) {
   LocalClusterOptions o;
   o.workers = workers;
+  o.controller_args = controller_args;
+  o.worker_args = worker_args;
   o.controller_bin = Runfile("controller/baton-controller");
   o.worker_bin = Runfile("worker/baton-worker");
   auto cluster = LocalCluster::Start(o);

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "client/local_cluster.h"
 
@@ -18,6 +19,9 @@ std::string BatonBinary();
 // A controller and `workers` workers; nullptr (and a test failure) if it
 // could not start.
 std::unique_ptr<LocalCluster> StartCluster(int workers);
+// With extra flags for the controller and for every worker.
+std::unique_ptr<LocalCluster> StartCluster(int workers, const std::vector<std::string>& controller_args,
+                                           const std::vector<std::string>& worker_args);
 pid_t PidOf(const LocalCluster& cluster, const std::string& name);
 // Stops the fleet and expects every process of it to be gone.
 void StopAndExpectAllGone(LocalCluster& cluster);

@@ -13,11 +13,21 @@ correction) shows up as a difference from it.
 prints one JSON object per step and job:
   {"job": JOBFILE, "step": 1, "loss": ..., "grad_norm": ...}
 Job files are textproto, or JSON when the name ends in .json.
+
+Exported weights (a safetensors file, read with the standard library and
+torch.frombuffer only):
+
+  oracle.py --init-diff FILE.safetensors JOBFILE
+      {"tensors": N, "mismatched": K, "max_abs_diff": D} against the job's
+      initial parameters (bit for bit)
+  oracle.py --next-loss FILE.safetensors --step S JOBFILE
+      {"step": S+1, "loss": ...}: the loss step S+1 computes from those weights
 """
 
 import json
 import math
 import re
+import struct
 import sys
 
 import numpy as np
@@ -312,10 +322,70 @@ def train(path, out):
         out.flush()
 
 
+def read_safetensors(path):
+    """name -> float32 tensor, from the format's definition: an 8-byte
+    little-endian header length, a JSON header, then the raw data."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + header_len].decode("utf-8"))
+    data = memoryview(blob)[8 + header_len:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        assert entry["dtype"] == "F32", entry
+        begin, end = entry["data_offsets"]
+        values = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
+        out[name] = values.reshape(entry["shape"])
+    return out
+
+
+def init_diff(weights_path, job_path):
+    weights = read_safetensors(weights_path)
+    params = build_params(load_job(job_path))
+    mismatched, worst = 0, 0.0
+    for name, p in params.items():
+        w = weights.get(name)
+        if w is None or tuple(w.shape) != tuple(p.shape):
+            mismatched += 1
+            worst = float("inf")
+            continue
+        diff = (w - p.detach()).abs().max().item() if w.numel() else 0.0
+        mismatched += int(not torch.equal(w, p.detach()))
+        worst = max(worst, diff)
+    print(json.dumps({"tensors": len(params), "exported": len(weights), "mismatched": mismatched,
+                      "max_abs_diff": worst}))
+
+
+def next_loss(weights_path, step, job_path):
+    job = load_job(job_path)
+    torch.set_num_threads(1)
+    weights = read_safetensors(weights_path)
+    params = {name: weights[name].clone() for name in build_params(job)}
+    tokens = read_tokens(job)
+    data, model = job["data"], job["model"]
+    microbatches = data["microbatches"]
+    rows = data["batch_size"] // microbatches
+    loss_sum = 0.0
+    with torch.no_grad():
+        for mb in range(microbatches):
+            a, b = batch(job, tokens, step + 1, mb * rows, rows)
+            loss = mlp_loss(model["mlp"], params, a, b) if "mlp" in model else decoder_loss(model["decoder"], params, a, b)
+            loss_sum += loss.item()
+    print(json.dumps({"job": job_path, "step": step + 1, "loss": loss_sum / microbatches}))
+
+
 def main(argv):
     if len(argv) < 2:
         sys.stderr.write(__doc__)
         return 2
+    if argv[1] == "--init-diff" and len(argv) == 4:
+        init_diff(argv[2], argv[3])
+        return 0
+    if argv[1] == "--next-loss" and len(argv) == 6 and argv[3] == "--step":
+        next_loss(argv[2], int(argv[4]), argv[5])
+        return 0
     for path in argv[1:]:
         train(path, sys.stdout)
     return 0
