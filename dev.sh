@@ -2,7 +2,9 @@
 # Baton's one entry point on a fresh Debian 12 machine (run as root):
 #   ./dev.sh demo   install what is missing, build, run the main job (a local
 #                   controller and 4 workers training a small decoder with
-#                   FSDP x tensor parallelism on a dp=2, tp=2 mesh)
+#                   FSDP x tensor parallelism on a dp=2, tp=2 mesh), then the
+#                   job script examples/scripts/reshard_job (FSDP -> save ->
+#                   FSDP x TP -> save -> 1F1B pipeline, on the same fleet)
 #   ./dev.sh test   install what is missing, build, run every test;
 #                   ends with a plain "N passed, N failed, N skipped" line
 #   ./dev.sh build  install what is missing, build everything
@@ -79,10 +81,10 @@ run_tests() {
 }
 
 demo() {
-  bazel build //client:baton //controller:baton-controller //worker:baton-worker
+  bazel build //client:baton //controller:baton-controller //worker:baton-worker //examples/scripts:reshard_job
   local dir up_pid address
   dir=$(mktemp -d)
-  ./bazel-bin/client/baton up --workers 4 --address_file "$dir/controller.addr" &
+  ./bazel-bin/client/baton up --workers 4 --address_file "$dir/controller.addr" --checkpoint_root "$dir" &
   up_pid=$!
   trap 'kill -TERM $up_pid 2>/dev/null; wait $up_pid 2>/dev/null; rm -rf "$dir"' EXIT
   for _ in $(seq 600); do
@@ -98,6 +100,12 @@ demo() {
   # mesh (FSDP x tensor parallelism), driven step by step through the
   # controller.
   ./bazel-bin/client/baton run --controller "$address" examples/decoder_demo.textproto
+  # The job script: one C++ program trains with FSDP, saves a sharded
+  # checkpoint, resumes it as FSDP x TP on 4 workers, saves again, resumes as
+  # a 2-stage 1F1B pipeline, and prints every phase's losses against the
+  # uninterrupted run.
+  ./bazel-bin/examples/scripts/reshard_job --controller "$address"
+  ./bazel-bin/client/baton checkpoint list "$dir/reshard_job"
   ./bazel-bin/client/baton status --controller "$address"
   kill -TERM $up_pid
   wait $up_pid
