@@ -10,6 +10,7 @@
 #   ./dev.sh build  install what is missing, build everything
 #   ./dev.sh bench  install what is missing, run bench/vs_pytorch.sh
 #   ./dev.sh bench-tp  install what is missing, run bench/tp.sh (FSDP vs TP)
+#   ./dev.sh bench-checkpoint  install what is missing, run bench/checkpoint.sh
 # Installing is idempotent: apt is not called when every package is present.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -120,5 +121,6 @@ case "${1:-}" in
   build) install_missing; build ;;
   bench) install_missing; shift; bench/vs_pytorch.sh "$@"; bazel shutdown ;;
   bench-tp) install_missing; shift; bench/tp.sh "$@"; bazel shutdown ;;
-  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp" >&2; exit 2 ;;
+  bench-checkpoint) install_missing; shift; bench/checkpoint.sh "$@"; bazel shutdown ;;
+  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint" >&2; exit 2 ;;
 esac
