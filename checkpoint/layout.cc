@@ -4,7 +4,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "mesh/box_copy.h"
 
@@ -21,7 +20,7 @@ std::string CheckpointTensorName(const std::string& param, baton::v1::ShardField
   }
 }
 
-std::string StepDirName(int step) { return absl::StrFormat("step-%08d", step); }
+std::string StepDirName(int step) { return absl::StrCat("step-", absl::Dec(step, absl::kZeroPad8)); }
 
 int StepOfDirName(const std::string& name) {
   int step;
@@ -32,7 +31,7 @@ int StepOfDirName(const std::string& name) {
 }
 
 std::string DataFileName(int rank, const std::string& save_id) {
-  return absl::StrFormat("rank-%05d-%s.distcp", rank, save_id);
+  return absl::StrCat("rank-", absl::Dec(rank, absl::kZeroPad5), "-", save_id, ".distcp");
 }
 
 Piece ChunkBox(const baton::v1::CheckpointChunk& chunk) {

@@ -62,6 +62,7 @@ ABSL_FLAG(std::string, resume, "", "run: resume from this checkpoint (or directo
 ABSL_FLAG(bool, optimizer, false, "checkpoint export: also export the AdamW moments.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "up: the daemons' checkpoint root (default: the working directory).");
+ABSL_FLAG(std::string, data_root, "", "up: the workers' root for token files (default: the working directory).");
 ABSL_FLAG(int64_t, seconds, 0, "watch: stop after this many seconds (0 = until interrupted).");
 
 namespace baton {
@@ -110,6 +111,9 @@ int Up() {
   if (!absl::GetFlag(FLAGS_checkpoint_root).empty()) {
     options.controller_args.push_back(absl::StrCat("--checkpoint_root=", absl::GetFlag(FLAGS_checkpoint_root)));
     options.worker_args.push_back(absl::StrCat("--checkpoint_root=", absl::GetFlag(FLAGS_checkpoint_root)));
+  }
+  if (!absl::GetFlag(FLAGS_data_root).empty()) {
+    options.worker_args.push_back(absl::StrCat("--data_root=", absl::GetFlag(FLAGS_data_root)));
   }
   auto cluster = LocalCluster::Start(options);
   if (!cluster.ok()) {

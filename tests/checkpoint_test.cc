@@ -354,6 +354,9 @@ TEST(CheckpointTest, BadInputIsRefusedAndTheFleetStaysUsable) {
   baton::v1::JobSpec wider = Fsdp(2);
   wider.mutable_model()->mutable_decoder()->set_dim(48);
   wider.set_init_from("bad/w40.safetensors");
+  baton::v1::JobSpec shadow = Fsdp(2);
+  shadow.mutable_data()->mutable_token_file()->set_path("/etc/passwd");
+  shadow.mutable_data()->mutable_token_file()->set_format(baton::v1::TokenFile::UINT16);
   const std::vector<std::pair<std::string, absl::Status>> cases = {
       {"save to an absolute path outside the root", outside.status()},
       {"save to ../escape", dotdot.status()},
@@ -362,6 +365,7 @@ TEST(CheckpointTest, BadInputIsRefusedAndTheFleetStaysUsable) {
       {"resume from /etc", Job::Restore(client.get(), Fsdp(2), "/etc").status()},
       {"resume a model from another's checkpoint", Job::Restore(client.get(), *mlp, "bad/good").status()},
       {"init_from weights whose shapes do not fit", Job::Create(client.get(), wider).status()},
+      {"a token file outside the data root", Job::Create(client.get(), shadow).status()},
   };
   for (const auto& [what, status] : cases) {
     std::printf("%-44s -> %s\n", what.c_str(), status.ToString().substr(0, 150).c_str());
@@ -375,6 +379,7 @@ TEST(CheckpointTest, BadInputIsRefusedAndTheFleetStaysUsable) {
   EXPECT_TRUE(absl::IsPermissionDenied(cases[4].second));
   EXPECT_TRUE(absl::StrContains(cases[5].second.message(), "another model"));
   EXPECT_TRUE(absl::StrContains(cases[6].second.message(), "shape"));
+  EXPECT_TRUE(absl::StrContains(cases[7].second.message(), "outside the file root")) << cases[7].second;
   auto next = Job::Create(client.get(), Fsdp(2));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_TRUE((*next)->Step(2).ok());

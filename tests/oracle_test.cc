@@ -59,7 +59,7 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
   oracle_argv.insert(oracle_argv.end(), files.begin(), files.end());
   auto oracle = testing::StartBackground(oracle_argv, dir + "/oracle.out");
 
-  auto cluster = testing::StartCluster(4);
+  auto cluster = testing::StartCluster(4, {}, {"--data_root=" + dir});  // where the token file is
   ASSERT_NE(cluster, nullptr);
   std::map<std::string, std::vector<std::string>> runs;
   for (const auto& file : files) {

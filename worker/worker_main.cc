@@ -37,6 +37,8 @@ ABSL_FLAG(int64_t, register_timeout_ms, 30000,
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Checkpoint files are read and written only under this directory (default: the working directory).");
+ABSL_FLAG(std::string, data_root, "",
+          "Token files a job names are opened only under this directory (default: the working directory).");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
@@ -140,6 +142,7 @@ int Main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
   WorkerOptions options;
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
+  options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
   WorkerService service(info, &rendezvous, host, options);
   builder.RegisterService(&service);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <thread>
 
@@ -261,11 +262,24 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const baton::v1::L
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());
     const baton::v1::Program& program = req->program();
+    // A job's token file is opened only under the data root.
+    std::optional<baton::v1::Program> confined_copy;
+    const baton::v1::Program* confined = &program;
+    if (program.data().has_token_file()) {
+      auto path = ResolveUnderRoot(options_.data_root, program.data().token_file().path());
+      if (!path.ok()) {
+        return ToGrpcStatus(absl::Status(path.status().code(),
+                                         absl::StrCat("token file: ", path.status().message())));
+      }
+      confined_copy = program;
+      confined_copy->mutable_data()->mutable_token_file()->set_path(*path);
+      confined = &*confined_copy;
+    }
     if (program.rank() != (*state)->rank) {
       return Invalid(absl::StrCat("program is for rank ", program.rank(), " but this worker is rank ",
                                   (*state)->rank));
     }
-    auto executor = Executor::Create(program, (*state)->comms);
+    auto executor = Executor::Create(*confined, (*state)->comms);
     if (!executor.ok()) return ToGrpcStatus(executor.status());
     absl::MutexLock lock(&(*state)->run_mu);
     resp->set_state_bytes((*executor)->state_bytes());

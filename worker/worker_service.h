@@ -31,6 +31,8 @@ namespace baton {
 struct WorkerOptions {
   // Checkpoint paths in requests resolve under it (common/file_root.h).
   std::string file_root = "/nonexistent";
+  // So do the token files a job's data names.
+  std::string data_root = "/nonexistent";
   // For tests that kill a worker mid-save: sleep this long before each
   // piece a save writes.
   int64_t testing_write_delay_ms = 0;
