@@ -59,7 +59,7 @@ absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::stri
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
     return absl::PermissionDeniedError(Errno("cannot open", path));
@@ -199,6 +199,14 @@ absl::StatusOr<int> ChunkReader::Fd(const std::string& path) {
 absl::Status ChunkReader::Read(const std::string& path, const std::string& tensor,
                                const baton::v1::CheckpointChunk& chunk, int64_t block_bytes, const Piece& region,
                                FileRange range, char* dst, const Piece& dst_box) {
+  // Everything a request says about the chunk is checked before it is used:
+  // a reader may be sent anything.
+  if (auto s = CheckChunk(chunk, nullptr, block_bytes); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": ", s.message()));
+  }
+  if (auto n = CheckedNumel(region); !n.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": ", n.status().message()));
+  }
   const Piece box = ChunkBox(chunk);
   if (!box.Contains(region) || !dst_box.Contains(region)) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": region ", region.ToString(),
@@ -213,6 +221,11 @@ absl::Status ChunkReader::Read(const std::string& path, const std::string& tenso
   }
   auto fd = Fd(path);
   if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (fstat(*fd, &st) != 0 || range.end > st.st_size) {
+    return absl::DataLossError(absl::StrCat(path, " is shorter than its checkpoint metadata says (tensor ", tensor,
+                                            " needs bytes up to ", range.end, ")"));
+  }
   const int64_t n = range.end - range.begin;
   buffer_.resize(static_cast<size_t>(n));
   if (auto s = PreadAll(*fd, buffer_.data(), n, range.begin, path); !s.ok()) {
@@ -261,6 +274,10 @@ absl::Status PublishMetadata(const std::string& dir, const baton::v1::Checkpoint
     return s;
   }
   SyncDirectory(dir);
+  // The step directory's own entry, in its parent.
+  if (const size_t slash = dir.rfind('/'); slash != std::string::npos && slash > 0) {
+    SyncDirectory(dir.substr(0, slash));
+  }
   return absl::OkStatus();
 }
 
@@ -291,7 +308,11 @@ std::vector<std::pair<int, std::string>> ListCheckpoints(const std::string& dir)
     if (step < 0) continue;
     const std::string sub = absl::StrCat(dir, "/", name);
     struct stat st;
-    if (::stat(absl::StrCat(sub, "/", kMetadataFile).c_str(), &st) == 0) out.emplace_back(step, sub);
+    // A symlinked step directory could lead out of the root: not ours.
+    if (::lstat(sub.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    if (::lstat(absl::StrCat(sub, "/", kMetadataFile).c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      out.emplace_back(step, sub);
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -322,6 +343,10 @@ void RemoveUnreferencedFiles(const std::string& dir, const baton::v1::Checkpoint
 }
 
 absl::Status RemoveCheckpoint(const std::string& dir) {
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, " is not a checkpoint directory (or is a symlink)"));
+  }
   if (::unlink(absl::StrCat(dir, "/", kMetadataFile).c_str()) != 0 && errno != ENOENT) {
     return absl::InternalError(Errno("cannot remove the metadata of", dir));
   }
@@ -338,7 +363,9 @@ absl::Status RemoveCheckpoint(const std::string& dir) {
 absl::StatusOr<std::vector<float>> ReadTensor(const std::string& dir, const baton::v1::CheckpointMetadata& md,
                                               const baton::v1::CheckpointTensor& tensor) {
   const Piece whole{std::vector<int64_t>(tensor.shape_size(), 0), {tensor.shape().begin(), tensor.shape().end()}};
-  std::vector<float> out(static_cast<size_t>(whole.numel()));
+  auto numel = CheckedNumel(whole);
+  if (!numel.ok()) return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name(), ": ", numel.status().message()));
+  std::vector<float> out(static_cast<size_t>(*numel));
   int64_t covered = 0;
   ChunkReader reader;
   for (const auto& c : tensor.chunks()) {
@@ -417,13 +444,14 @@ absl::StatusOr<baton::v1::CheckpointMetadata> ReadSafetensors(const std::string&
     baton::v1::CheckpointTensor* t = md.add_tensors();
     t->set_name(name);
     t->set_dtype("F32");
-    int64_t numel = 1;
     for (const auto& d : shape->second.list_value().values()) {
       const double v = d.number_value();
       if (v < 0 || v > 1e12 || v != static_cast<double>(static_cast<int64_t>(v))) return bad("bad shape");
       t->add_shape(static_cast<int64_t>(v));
-      numel *= static_cast<int64_t>(v);
     }
+    auto checked = CheckedNumel(Piece{std::vector<int64_t>(t->shape_size(), 0), {t->shape().begin(), t->shape().end()}});
+    if (!checked.ok()) return bad(std::string(checked.status().message()));
+    const int64_t numel = *checked;
     const double b = offsets->second.list_value().values(0).number_value();
     const double e = offsets->second.list_value().values(1).number_value();
     if (b < 0 || e < b || e > static_cast<double>(data_bytes) || static_cast<int64_t>(e - b) != numel * kFloatBytes) {

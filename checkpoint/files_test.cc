@@ -121,5 +121,54 @@ TEST(CheckpointFilesTest, MetadataThatDoesNotAddUpIsRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
 }
 
+// What a reader is sent may be forged: every inconsistency is an error, not
+// a division by zero, an over-read or a huge allocation.
+TEST(CheckpointFilesTest, ForgedReadsAndMetadataAreRefused) {
+  const std::string dir = TmpDir("forged");
+  std::vector<float> full(30, 2.f);
+  const baton::v1::CheckpointMetadata md = SaveColumns(dir, full);
+  const baton::v1::CheckpointChunk& real = md.tensors(0).chunks(0);  // [0:5, 0:4], 80 bytes, 5 blocks
+  const std::string path = absl::StrCat(dir, "/", real.file());
+  std::vector<float> out(20);
+  const Piece box = ChunkBox(real);
+  int refused = 0, cases = 0;
+  auto attempt = [&](const std::string& what, baton::v1::CheckpointChunk c, int64_t block_bytes, Piece region) {
+    ChunkReader reader;
+    const absl::Status s = reader.Read(path, "w", c, block_bytes, region, ReadRangeOf(c, region, block_bytes > 0 ? block_bytes : 1),
+                                       reinterpret_cast<char*>(out.data()), box);
+    std::printf("%-34s -> %s\n", what.c_str(), s.ToString().c_str());
+    ++cases;
+    refused += !s.ok();
+  };
+  attempt("block_bytes 0 with checksums", real, 0, box);
+  attempt("negative block_bytes", real, -16, box);
+  baton::v1::CheckpointChunk short_length = real;
+  short_length.set_length(16);
+  short_length.mutable_block_crc32()->Truncate(1);
+  attempt("length shorter than the box", short_length, 16, box);
+  baton::v1::CheckpointChunk huge = real;
+  huge.set_sizes(1, int64_t{1} << 40);
+  attempt("a box of 2^42 elements", huge, 16, box);
+  baton::v1::CheckpointChunk negative = real;
+  negative.set_sizes(0, -5);
+  attempt("negative extent", negative, 16, Piece{{0, 0}, {-5, 4}});
+  baton::v1::CheckpointChunk beyond = real;
+  beyond.set_byte_offset(1 << 20);
+  attempt("bytes beyond the end of the file", beyond, 16, box);
+  std::printf("refused %d of %d forged reads\n", refused, cases);
+  EXPECT_EQ(refused, cases);
+
+  baton::v1::CheckpointMetadata overlapping = md;
+  *overlapping.mutable_tensors(0)->mutable_chunks(1) = overlapping.tensors(0).chunks(0);
+  auto s = CheckMetadata(overlapping);
+  std::printf("duplicated chunk in metadata -> %s\n", s.ToString().c_str());
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  baton::v1::CheckpointMetadata missing = md;
+  missing.mutable_tensors(0)->mutable_chunks()->RemoveLast();
+  s = CheckMetadata(missing);
+  std::printf("missing chunk in metadata -> %s\n", s.ToString().c_str());
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+}
+
 }  // namespace
 }  // namespace baton

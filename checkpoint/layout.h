@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "mesh/layout.h"
 #include "proto/checkpoint.pb.h"
 #include "proto/worker.pb.h"
@@ -39,9 +41,25 @@ struct FileRange {
 };
 FileRange ReadRangeOf(const baton::v1::CheckpointChunk& chunk, const Piece& region, int64_t block_bytes);
 
-// Checks a metadata file's own consistency: F32 tensors, chunks inside
-// their tensor with matching lengths, one checksum per block, plain file
-// names (no directory, no ".."). INVALID_ARGUMENT naming the tensor.
+// The most elements a saved tensor may have (2^40: 4 TiB of F32).
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
+inline constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
+
+// A box whose every extent and offset is >= 0 and whose element count fits
+// kMaxTensorElements (no overflow); its element count.
+absl::StatusOr<int64_t> CheckedNumel(const Piece& box);
+
+// Checks one chunk on its own: a box of >= 0 extents, the length its
+// elements take, a non-negative place in the file, a plain file name, and
+// (with checksums) block_bytes in [1, kMaxBlockBytes] and one checksum per
+// block. `shape`, when given, must contain the box. A reader runs it on
+// every chunk a request names before it reads anything.
+absl::Status CheckChunk(const baton::v1::CheckpointChunk& chunk, const std::vector<int64_t>* shape,
+                        int64_t block_bytes);
+
+// Checks a metadata file's own consistency: F32 tensors, every chunk
+// (CheckChunk), and the chunks of each tensor disjoint and covering it
+// exactly. INVALID_ARGUMENT naming the tensor.
 absl::Status CheckMetadata(const baton::v1::CheckpointMetadata& metadata);
 
 }  // namespace baton

@@ -275,9 +275,14 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::PublishSave(
   if (auto s = CheckMetadata(md); !s.ok()) return s;
   if (auto s = PublishMetadata(step_dir, md); !s.ok()) return s;
   RemoveUnreferencedFiles(step_dir, md);
-  // keep_last: the newest checkpoints by step stay (never the one just written goes).
+  // keep_last, in the job's own checkpoint.dir only (a save elsewhere, a
+  // milestone, prunes nothing): the newest checkpoints by step stay, never
+  // the one just written goes.
   const int keep = job.spec.checkpoint().keep_last();
-  if (keep > 0) {
+  auto own_dir = job.spec.checkpoint().dir().empty()
+                     ? absl::StatusOr<std::string>(absl::NotFoundError("none"))
+                     : ResolveUnderRoot(options_.file_root, job.spec.checkpoint().dir());
+  if (keep > 0 && own_dir.ok() && *own_dir == root_dir) {
     auto all = ListCheckpoints(root_dir);
     int extra = static_cast<int>(all.size()) - keep;
     for (size_t i = 0; i < all.size() && extra > 0; ++i) {

@@ -82,7 +82,9 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
                                           baton::v1::CreateJobResponse* resp) {
   // Everything that can be checked without a worker is checked first.
   baton::v1::JobSpec job = WithDefaults(req->job());
-  // A checkpoint to resume from is read (and its seed taken) first.
+  // A checkpoint to resume from is read (and its seed taken) first, once an
+  // async save still publishing (perhaps the very one) has finished.
+  FinishInFlightSave();
   auto restore = ReadRestore(job);
   if (!restore.ok()) return ToGrpcStatus(restore.status());
   const bool restoring = !restore->info.path().empty();

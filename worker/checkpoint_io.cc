@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/files.h"
+#include "checkpoint/layout.h"
 #include "common/file_root.h"
 #include "mesh/box_copy.h"
 
@@ -92,6 +93,7 @@ absl::StatusOr<int64_t> LoadShards(ShardStore& store,
     const at::Tensor* field = FieldOf(param, read.field());
     if (field == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown shard field ", read.field()));
     const Piece region{{read.offsets().begin(), read.offsets().end()}, {read.sizes().begin(), read.sizes().end()}};
+    if (auto n = CheckedNumel(region); !n.ok()) return n.status();
     if (read.path() != last_path) {
       auto resolved = ResolveUnderRoot(root, read.path());
       if (!resolved.ok()) return resolved.status();

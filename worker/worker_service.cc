@@ -25,8 +25,7 @@ namespace {
 constexpr int kMaxCheckIters = 1000;
 constexpr int64_t kMaxTimeoutMs = kMaxCheckTimeoutMs;
 constexpr int64_t kDefaultRendezvousTimeoutMs = 30000;
-constexpr int64_t kMinBlockBytes = 4096;
-constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
+constexpr int64_t kMinBlockBytes = 4096;  // and at most checkpoint/layout.h's kMaxBlockBytes
 // How long a new save waits for the previous async one to finish writing.
 constexpr absl::Duration kPendingSaveWait = absl::Minutes(10);
 
@@ -371,7 +370,7 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const baton::v1::Sa
                                        ", the save is of step ", req->step()));
     }
     // At most one async save in flight: the previous one finishes first.
-    if (std::shared_ptr<PendingSave> previous = mesh->pending_save; previous != nullptr) {
+    while (std::shared_ptr<PendingSave> previous = mesh->pending_save) {
       mesh->run_mu.Unlock();
       auto waited = AwaitPendingSave(*mesh, previous, kPendingSaveWait);
       mesh->run_mu.Lock();
@@ -398,7 +397,11 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const baton::v1::Sa
     pending->writer = std::thread([pending = pending.get(), pieces = std::move(*pieces), path = *path,
                                    file = req->file(), block_bytes = req->block_bytes(),
                                    delay = options_.testing_write_delay_ms]() mutable {
-      pending->result = WritePieces(path, file, pieces, block_bytes, delay);
+      try {
+        pending->result = WritePieces(path, file, pieces, block_bytes, delay);
+      } catch (const std::exception& e) {
+        pending->result = absl::InternalError(absl::StrCat("writing ", path, ": ", e.what()));
+      }
       pieces.clear();  // the host copy goes as soon as it is written
       pending->done.Notify();
     });
@@ -448,7 +451,14 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const baton::v1::Lo
                           absl::StrCat("job ", req->job_id(), " already ran ", mesh->executor->step(),
                                        " steps; a checkpoint loads into a job before its first step"));
     }
-    auto bytes = baton::LoadShards(mesh->executor->store(), req->reads(), options_.file_root);
+    absl::StatusOr<int64_t> bytes;
+    try {
+      bytes = baton::LoadShards(mesh->executor->store(), req->reads(), options_.file_root);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+      bytes = absl::InternalError(what);
+    }
     if (!bytes.ok()) {
       // Partly overwritten: the job must not run on it.
       mesh->executor = nullptr;
