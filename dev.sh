@@ -23,7 +23,7 @@ cd "$(dirname "$0")"
 PACKAGES=(
   bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy zlib1g-dev
+  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev
 )
 
 install_missing() {

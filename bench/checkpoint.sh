@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sharded checkpoint throughput against the disk, measured side by side in
 # one run on one local fleet of 4 workers:
-#   save      FSDP on 4 workers writes params + both AdamW moments (sync save),
-#             bytes / the controller's wall time until the metadata is published
+#   save      FSDP on 4 workers writes params + both AdamW moments (sync save
+#             after each of 4 steps), bytes / the controller's wall time until
+#             the metadata is published (median of the 4)
 #   load      the same checkpoint resharded onto dp=2 x tp=2 (resume_from),
 #             bytes read / time until every worker has its pieces
 #   disk      dd of the same number of bytes: write with conv=fsync, and read
@@ -55,9 +56,13 @@ parallel_dd() {  # parallel_dd write|read MB_EACH
 }
 # A field of the first JSON line that has PREFIX.
 field() { grep -m1 "^$1" | $PY -c "import json,sys; d=json.loads(sys.stdin.read()); print(d[\"$2\"][\"$3\"])"; }
+# The median of a field over every JSON line that has PREFIX.
+median_field() {
+  grep "^$1" | $PY -c "import json,sys,statistics; print(statistics.median(json.loads(l)[\"$2\"][\"$3\"] for l in sys.stdin))"
+}
 
-job save 'mesh { name: "dp" size: 4 }' 'mode: FSDP' 1 'checkpoint { dir: "ckpt" every_n_steps: 1 }'
-job load 'mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 }' 'mode: FSDP tensor_parallel { axis: "tp" }' 2 ''
+job save 'mesh { name: "dp" size: 4 }' 'mode: FSDP' 4 'checkpoint { dir: "ckpt" every_n_steps: 1 keep_last: 2 }'
+job load 'mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 }' 'mode: FSDP tensor_parallel { axis: "tp" }' 5 ''
 job plain 'mesh { name: "dp" size: 4 }' 'mode: FSDP' 8 ''
 job async 'mesh { name: "dp" size: 4 }' 'mode: FSDP' 8 'checkpoint { dir: "ckpta" every_n_steps: 2 async: true keep_last: 1 }'
 
@@ -67,7 +72,8 @@ for ((round = 0; round < ROUNDS; round++)); do
   drop_caches >/dev/null
   out=$("$BIN/client/baton" run --controller "$addr" "$dir/save.textproto" --output=json)
   bytes=$(echo "$out" | field '{"checkpoint"' checkpoint bytes)
-  save_s=$(echo "$out" | field '{"checkpoint"' checkpoint seconds)
+  save_s=$(echo "$out" | median_field '{"checkpoint"' checkpoint seconds)  # 4 saves, one per step
+  echo "round $round: saves took $(echo "$out" | grep '^{"checkpoint"' | $PY -c "import json,sys; print(' '.join('%.3f' % json.loads(l)['checkpoint']['seconds'] for l in sys.stdin))") s" >&2
   cache=$(drop_caches)
   out=$("$BIN/client/baton" run --controller "$addr" "$dir/load.textproto" --resume ckpt --output=json)
   load_bytes=$(echo "$out" | field '{"restored"' restored bytes)

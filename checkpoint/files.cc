@@ -4,8 +4,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <libdeflate.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -115,14 +115,7 @@ std::string JsonEscape(const std::string& s) {
 }  // namespace
 
 uint32_t Crc32(const char* data, int64_t bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (bytes > 0) {
-    const uInt n = static_cast<uInt>(std::min<int64_t>(bytes, int64_t{1} << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), n);
-    data += n;
-    bytes -= n;
-  }
-  return static_cast<uint32_t>(crc);
+  return libdeflate_crc32(0, data, static_cast<size_t>(bytes));
 }
 
 // --- ChunkWriter ---
@@ -153,10 +146,13 @@ absl::Status ChunkWriter::Append(const std::string& name, const std::vector<int6
   c->set_file(file_name_);
   c->set_byte_offset(offset_);
   c->set_length(length);
+  // Block by block: each block is written while its checksum pass left it
+  // in cache (one trip through memory, not two).
   for (int64_t b = 0; b < length; b += block_bytes_) {
-    c->add_block_crc32(Crc32(data + b, std::min(block_bytes_, length - b)));
+    const int64_t n = std::min(block_bytes_, length - b);
+    c->add_block_crc32(Crc32(data + b, n));
+    if (auto s = WriteAll(fd_, data + b, n, path_); !s.ok()) return s;
   }
-  if (auto s = WriteAll(fd_, data, length, path_); !s.ok()) return s;
   offset_ += length;
   written_.push_back(std::move(t));
   return absl::OkStatus();

@@ -274,6 +274,8 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::PublishSave(
   }
   if (auto s = CheckMetadata(md); !s.ok()) return s;
   if (auto s = PublishMetadata(step_dir, md); !s.ok()) return s;
+  // Published: the save's time ends here; what follows is clean-up.
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
   RemoveUnreferencedFiles(step_dir, md);
   // keep_last, in the job's own checkpoint.dir only (a save elsewhere, a
   // milestone, prunes nothing): the newest checkpoints by step stay, never
@@ -297,7 +299,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::PublishSave(
   info.set_path(step_dir);
   info.set_step(md.step());
   info.set_bytes(md.total_bytes());
-  info.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
+  info.set_seconds(seconds);
   info.set_async(async);
   info.set_copy_seconds(copy_seconds);
   {
