@@ -23,7 +23,7 @@ cd "$(dirname "$0")"
 PACKAGES=(
   bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev
+  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev openssl
 )
 
 install_missing() {
@@ -85,6 +85,9 @@ demo() {
   bazel build //client:baton //controller:baton-controller //worker:baton-worker //examples/scripts:reshard_job
   local dir up_pid address
   dir=$(mktemp -d)
+  # `baton up` closes its fleet with a fresh client token in this file; every
+  # baton command below reads it from the environment.
+  export BATON_TOKEN_FILE="$dir/client.token"
   ./bazel-bin/client/baton up --workers 4 --address_file "$dir/controller.addr" --checkpoint_root "$dir" &
   up_pid=$!
   trap 'kill -TERM $up_pid 2>/dev/null; wait $up_pid 2>/dev/null; rm -rf "$dir"' EXIT

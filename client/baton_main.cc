@@ -58,6 +58,9 @@ ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
 ABSL_FLAG(std::string, backend, "gloo", "check, run: gloo or nccl.");
 ABSL_FLAG(int64_t, step_timeout_ms, 30000, "run: timeout of one collective within a step.");
 ABSL_FLAG(bool, explain, false, "plan: also print every rank's Program, instruction by instruction.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the controller's client token (else $BATON_TOKEN_FILE or $BATON_TOKEN); `up` writes its "
+          "fleet's token there.");
 ABSL_FLAG(std::string, resume, "", "run: resume from this checkpoint (or directory of step-N checkpoints).");
 ABSL_FLAG(bool, optimizer, false, "checkpoint export: also export the AdamW moments.");
 ABSL_FLAG(std::string, checkpoint_root, "",
@@ -121,6 +124,8 @@ int Up() {
     return 1;
   }
   std::printf("controller: %s\n", (*cluster)->controller_address().c_str());
+  std::printf("client token: %s (baton commands read it from --token_file or $BATON_TOKEN_FILE)\n",
+              (*cluster)->client_token_file().c_str());
   for (const auto& p : (*cluster)->processes()) std::printf("%s: pid %d\n", p.name.c_str(), p.pid);
   std::printf("ready: %d workers registered; Ctrl-C stops the cluster\n", options.workers);
   std::fflush(stdout);
@@ -430,6 +435,8 @@ int Reference(const std::string& path) {
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(Usage());
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  // The token travels by file or environment, never as a flag value.
+  if (!absl::GetFlag(FLAGS_token_file).empty()) setenv("BATON_TOKEN_FILE", absl::GetFlag(FLAGS_token_file).c_str(), 1);
   if (positional.size() >= 2 && std::string(positional[1]) == "checkpoint") {
     return CheckpointCommand(std::vector<std::string>(positional.begin() + 2, positional.end()),
                              absl::GetFlag(FLAGS_output) == "json", absl::GetFlag(FLAGS_optimizer));

@@ -30,9 +30,16 @@ absl::StatusOr<baton::v1::MeshSpec> ParseMeshSpecProto(const std::string& text) 
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
                                                         absl::Duration timeout) {
+  auto credentials = ClientCredentialsFromEnvironment();
+  if (!credentials.ok()) return credentials.status();
+  return Connect(address, timeout, *credentials);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address, absl::Duration timeout,
+                                                        const Credentials& credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = MakeChannel(address, credentials, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::UnavailableError(
         absl::StrCat("cannot reach the controller at ", address, " within ",

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "proto/controller.grpc.pb.h"
 
 namespace baton {
@@ -27,9 +28,13 @@ class Client {
   // Deadline of quick calls (Status, CreateMesh uses the rendezvous time too).
   static constexpr absl::Duration kCallDeadline = absl::Seconds(10);
 
-  // Connects and waits up to `timeout` for the controller to answer.
+  // Connects and waits up to `timeout` for the controller to answer. Calls
+  // carry the client token and TLS settings of the environment
+  // (BATON_TOKEN_FILE or BATON_TOKEN; BATON_TLS_CA/CERT/KEY), or `credentials`.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
                                                          absl::Duration timeout = absl::Seconds(5));
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address, absl::Duration timeout,
+                                                         const Credentials& credentials);
 
   absl::StatusOr<baton::v1::StatusResponse> Status();
   absl::StatusOr<baton::v1::Mesh> CreateMesh(const std::string& spec,

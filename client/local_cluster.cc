@@ -1,5 +1,8 @@
 #include "client/local_cluster.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -14,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/security.h"
 
 namespace baton {
 namespace {
@@ -101,6 +105,32 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& name, const std::st
   return pid;
 }
 
+absl::Status LocalCluster::WriteNewToken(const std::string& path, bool replace) {
+  struct stat st;
+  if (!replace && ::stat(path.c_str(), &st) == 0) return absl::OkStatus();  // the user's own token
+  unsigned char bytes[24];
+  const int random = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (random < 0 || ::read(random, bytes, sizeof(bytes)) != static_cast<ssize_t>(sizeof(bytes))) {
+    if (random >= 0) ::close(random);
+    return absl::InternalError("cannot read /dev/urandom for a token");
+  }
+  ::close(random);
+  std::string token;
+  for (unsigned char b : bytes) absl::StrAppend(&token, absl::Hex(b, absl::kZeroPad2));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 || ::write(fd, token.data(), token.size()) != static_cast<ssize_t>(token.size())) {
+    if (fd >= 0) ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("cannot write the token file ", path, ": ", strerror(errno)));
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+std::string LocalCluster::client_token() const {
+  auto token = LoadToken(client_token_file_, "BATON_TOKEN_UNUSED");
+  return token.ok() ? *token : "";
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
   if (options.workers < 1 || options.workers > 256) {
     return absl::InvalidArgumentError(
@@ -121,9 +151,18 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   cluster->dir_ = pattern;
   const absl::Time deadline = absl::Now() + options.start_timeout;
 
+  // A fleet of its own is closed: a fresh worker token, and the client token
+  // of $BATON_TOKEN_FILE (created when missing) or a fresh one.
+  cluster->worker_token_file_ = cluster->dir_ + "/worker.token";
+  const char* wanted = std::getenv("BATON_TOKEN_FILE");
+  cluster->client_token_file_ = wanted != nullptr && *wanted ? wanted : cluster->dir_ + "/client.token";
+  if (auto s = WriteNewToken(cluster->worker_token_file_, true); !s.ok()) return s;
+  if (auto s = WriteNewToken(cluster->client_token_file_, false); !s.ok()) return s;
   const std::string controller_file = cluster->dir_ + "/controller.addr";
   std::vector<std::string> args{absl::StrCat("--host=", options.host), "--port=0",
-                                absl::StrCat("--port_file=", controller_file)};
+                                absl::StrCat("--port_file=", controller_file),
+                                absl::StrCat("--client_token_file=", cluster->client_token_file_),
+                                absl::StrCat("--worker_token_file=", cluster->worker_token_file_)};
   args.insert(args.end(), options.controller_args.begin(), options.controller_args.end());
   auto pid = cluster->Spawn("controller", *controller_bin, args);
   if (!pid.ok()) return pid.status();
@@ -135,12 +174,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     const std::string name = absl::StrCat("worker-", i);
     std::vector<std::string> wargs{absl::StrCat("--controller=", *address),
                                    absl::StrCat("--name=", name),
-                                   absl::StrCat("--host=", options.host), "--port=0"};
+                                   absl::StrCat("--host=", options.host), "--port=0",
+                                   absl::StrCat("--worker_token_file=", cluster->worker_token_file_)};
     wargs.insert(wargs.end(), options.worker_args.begin(), options.worker_args.end());
     auto wpid = cluster->Spawn(name, *worker_bin, wargs);
     if (!wpid.ok()) return wpid.status();
   }
-  auto client = Client::Connect(*address, deadline - absl::Now());
+  auto credentials = ClientCredentialsFromEnvironment();
+  if (!credentials.ok()) return credentials.status();
+  credentials->token = cluster->client_token();
+  auto client = Client::Connect(*address, deadline - absl::Now(), *credentials);
   if (!client.ok()) return client.status();
   if (auto s = (*client)->WaitForWorkers(options.workers, deadline - absl::Now()); !s.ok()) {
     std::string exited;
@@ -188,6 +231,8 @@ int LocalCluster::Stop(absl::Duration grace) {
   }
   if (!dir_.empty()) {
     std::remove((dir_ + "/controller.addr").c_str());
+    std::remove(worker_token_file_.c_str());
+    if (client_token_file_ == dir_ + "/client.token") std::remove(client_token_file_.c_str());
     rmdir(dir_.c_str());
     dir_.clear();
   }

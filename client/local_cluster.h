@@ -42,6 +42,12 @@ class LocalCluster {
   ~LocalCluster();
 
   const std::string& controller_address() const { return controller_address_; }
+  // The fleet's client token (what `baton` and the SDK must send) and the
+  // file that holds it: $BATON_TOKEN_FILE when set at Start, else a file of
+  // the fleet's own.
+  const std::string& client_token_file() const { return client_token_file_; }
+  std::string client_token() const;
+  const std::string& worker_token_file() const { return worker_token_file_; }
   const std::vector<Process>& processes() const { return processes_; }
 
   // Reaps children that have exited; returns a line for each newly exited.
@@ -55,7 +61,12 @@ class LocalCluster {
   absl::StatusOr<pid_t> Spawn(const std::string& name, const std::string& binary,
                               const std::vector<std::string>& args);
 
-  std::string dir_;  // temporary directory for port files
+  // A random token (hex) written to `path` (mode 0600); an existing file is
+  // kept unless `replace`.
+  static absl::Status WriteNewToken(const std::string& path, bool replace);
+
+  std::string dir_;  // temporary directory for port files and tokens
+  std::string client_token_file_, worker_token_file_;
   std::string controller_address_;
   std::vector<Process> processes_;
 };

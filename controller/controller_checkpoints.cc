@@ -334,8 +334,9 @@ void ControllerService::FinishInFlightSave() {
   if (mine && flight->thread.joinable()) flight->thread.join();
 }
 
-grpc::Status ControllerService::SaveCheckpoint(grpc::ServerContext*, const baton::v1::SaveCheckpointRequest* req,
+grpc::Status ControllerService::SaveCheckpoint(grpc::ServerContext* ctx, const baton::v1::SaveCheckpointRequest* req,
                                                baton::v1::SaveCheckpointResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   absl::MutexLock op(&op_mu_);
   JobRecord job;
   {
@@ -358,8 +359,9 @@ grpc::Status ControllerService::SaveCheckpoint(grpc::ServerContext*, const baton
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerService::WaitCheckpoint(grpc::ServerContext*, const baton::v1::WaitCheckpointRequest* req,
+grpc::Status ControllerService::WaitCheckpoint(grpc::ServerContext* ctx, const baton::v1::WaitCheckpointRequest* req,
                                                baton::v1::SaveCheckpointResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   {
     absl::MutexLock lock(&mu_);
     if (job_.status.job_id().empty() || job_.status.job_id() != req->job_id()) {

@@ -78,8 +78,9 @@ void ControllerService::FailJob(const baton::v1::Mesh& mesh, const std::string& 
   events_->Append("job_failed", "", -1, absl::StrCat(job_.status.job_id(), ": ", reason));
 }
 
-grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1::CreateJobRequest* req,
+grpc::Status ControllerService::CreateJob(grpc::ServerContext* ctx, const baton::v1::CreateJobRequest* req,
                                           baton::v1::CreateJobResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   // Everything that can be checked without a worker is checked first.
   baton::v1::JobSpec job = WithDefaults(req->job());
   // A checkpoint to resume from is read (and its seed taken) first, once an
@@ -202,8 +203,9 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext*, const baton::v1:
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::StepRequest* req,
+grpc::Status ControllerService::Step(grpc::ServerContext* ctx, const baton::v1::StepRequest* req,
                                      baton::v1::StepResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   const int64_t timeout_ms = req->timeout_ms() == 0 ? kDefaultStepTimeoutMs : req->timeout_ms();
   if (timeout_ms < 1 || timeout_ms > kMaxStepTimeoutMs) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -320,8 +322,9 @@ grpc::Status ControllerService::Step(grpc::ServerContext*, const baton::v1::Step
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerService::StopJob(grpc::ServerContext*, const baton::v1::StopJobRequest* req,
+grpc::Status ControllerService::StopJob(grpc::ServerContext* ctx, const baton::v1::StopJobRequest* req,
                                         baton::v1::StopJobResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   absl::MutexLock lock(&mu_);
   if (job_.status.job_id() != req->job_id()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("unknown job \"", req->job_id(), "\""));

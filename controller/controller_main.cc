@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/kv_store.h"
 #include "common/process.h"
+#include "common/security.h"
 #include "common/file_root.h"
 #include "controller/controller_service.h"
 #include "controller/event_log.h"
@@ -31,6 +32,15 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Checkpoint directories and init_from files resolve only under this directory (default: the working "
           "directory).");
 ABSL_FLAG(int64_t, checkpoint_block_bytes, 1 << 20, "Checksum block of saved chunks (a resharding load reads whole blocks).");
+ABSL_FLAG(std::string, client_token_file, "",
+          "File holding the token clients must send (else $BATON_CLIENT_TOKEN_FILE or $BATON_CLIENT_TOKEN).");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "File holding the fleet's worker token (else $BATON_WORKER_TOKEN_FILE or $BATON_WORKER_TOKEN).");
+ABSL_FLAG(std::string, tls_ca, "", "mTLS: CA certificate (PEM) that signs every peer's certificate.");
+ABSL_FLAG(std::string, tls_cert, "", "mTLS: this daemon's certificate (PEM).");
+ABSL_FLAG(std::string, tls_key, "", "mTLS: this daemon's private key (PEM).");
+ABSL_FLAG(bool, allow_unauthenticated, false,
+          "Serve a non-loopback address without tokens (anyone who reaches the port may drive the fleet).");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
           "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
 
@@ -41,12 +51,41 @@ int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   sigset_t signals = BlockTerminationSignals();
 
+  auto client_token = LoadToken(absl::GetFlag(FLAGS_client_token_file), "BATON_CLIENT_TOKEN");
+  auto worker_token = LoadToken(absl::GetFlag(FLAGS_worker_token_file), "BATON_WORKER_TOKEN");
+  for (const auto* t : {&client_token, &worker_token}) {
+    if (!t->ok()) {
+      std::fprintf(stderr, "baton-controller: %s\n", t->status().ToString().c_str());
+      return 2;
+    }
+  }
+  Credentials credentials;  // TLS material; the worker token for calls to workers
+  credentials.token = *worker_token;
+  if (auto s = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                       &credentials);
+      !s.ok()) {
+    std::fprintf(stderr, "baton-controller: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  const Authenticator auth(*client_token, *worker_token);
+  const std::string host = absl::GetFlag(FLAGS_host);
+  if (!auth.enabled() && !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
+    std::fprintf(stderr,
+                 "baton-controller: refusing to serve %s without tokens: give --client_token_file and "
+                 "--worker_token_file (or pass --allow_unauthenticated)\n",
+                 host.c_str());
+    return 2;
+  }
+  if (!auth.enabled()) std::fprintf(stderr, "baton-controller: no tokens configured: calls are not authenticated\n");
+
   EventLog events;
   KeyValueStore kv;
   WorkerRegistry registry(absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)), &events);
-  RegistryService registry_service(&registry, &kv,
-                                   absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)));
+  RegistryService registry_service(&registry, &kv, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
+                                   auth);
   ControllerOptions options;
+  options.auth = auth;
+  options.worker_credentials = credentials;
   options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.checkpoint_block_bytes = absl::GetFlag(FLAGS_checkpoint_block_bytes);
@@ -54,10 +93,9 @@ int Main(int argc, char** argv) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  const std::string host = absl::GetFlag(FLAGS_host);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), MakeServerCredentials(credentials),
+                           &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
   builder.RegisterService(&registry_service);
   builder.RegisterService(&controller_service);

@@ -30,7 +30,7 @@ std::string WorkerLabel(const baton::v1::Mesh& mesh, int rank) {
 
 ControllerService::ControllerService(WorkerRegistry* registry, KeyValueStore* kv, EventLog* events,
                                      ControllerOptions options)
-    : registry_(registry), kv_(kv), events_(events), options_(options) {}
+    : registry_(registry), kv_(kv), events_(events), options_(options), dispatcher_(options.worker_credentials) {}
 
 ControllerService::~ControllerService() { Stop(); }
 
@@ -245,8 +245,9 @@ absl::StatusOr<baton::v1::Mesh> ControllerService::EnsureMesh(const baton::v1::M
   return mesh;
 }
 
-grpc::Status ControllerService::Status(grpc::ServerContext*, const baton::v1::StatusRequest*,
+grpc::Status ControllerService::Status(grpc::ServerContext* ctx, const baton::v1::StatusRequest*,
                                        baton::v1::StatusResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   for (auto& w : registry_->List()) *resp->add_workers() = std::move(w);
   absl::MutexLock lock(&mu_);
   if (current_.epoch() != 0) *resp->mutable_mesh() = current_;
@@ -264,9 +265,10 @@ std::string ControllerService::ActiveJob() const {
   return job_.status.job_id();
 }
 
-grpc::Status ControllerService::CreateMesh(grpc::ServerContext*,
+grpc::Status ControllerService::CreateMesh(grpc::ServerContext* ctx,
                                            const baton::v1::CreateMeshRequest* req,
                                            baton::v1::CreateMeshResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   absl::MutexLock op(&op_mu_);
   if (const std::string job = ActiveJob(); !job.empty()) {
     return Error(grpc::StatusCode::FAILED_PRECONDITION,
@@ -278,9 +280,10 @@ grpc::Status ControllerService::CreateMesh(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerService::CheckCollectives(grpc::ServerContext*,
+grpc::Status ControllerService::CheckCollectives(grpc::ServerContext* ctx,
                                                  const baton::v1::CheckCollectivesRequest* req,
                                                  baton::v1::CheckCollectivesResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   // Validate everything before touching a worker.
   auto device_mesh = DeviceMesh::Create(ToMeshAxes(req->spec().axes()));
   if (!device_mesh.ok()) return ToGrpcStatus(device_mesh.status());
@@ -392,6 +395,7 @@ grpc::Status ControllerService::CheckCollectives(grpc::ServerContext*,
 
 grpc::Status ControllerService::Watch(grpc::ServerContext* ctx, const baton::v1::WatchRequest* req,
                                       grpc::ServerWriter<baton::v1::Event>* writer) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
   int64_t after = req->after_sequence();
   while (!ctx->IsCancelled() && !stop_.HasBeenNotified()) {
     for (const auto& e : events_->After(after, absl::Milliseconds(250))) {

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/kv_store.h"
+#include "common/security.h"
 #include "controller/dispatcher.h"
 #include "controller/event_log.h"
 #include "controller/worker_registry.h"
@@ -40,6 +41,10 @@ struct ControllerOptions {
   std::string file_root = "/nonexistent";
   // Checksum granularity of saved chunks: a resharding load reads whole blocks.
   int64_t checkpoint_block_bytes = 1 << 20;
+  // Who may call the Controller service (the client token).
+  Authenticator auth;
+  // What the controller presents to workers (the worker token, TLS).
+  Credentials worker_credentials;
 };
 
 // "worker NAME (rank R, ADDRESS)": how errors name a rank of `mesh`.

@@ -21,7 +21,7 @@ std::shared_ptr<baton::v1::Worker::Stub> Dispatcher::StubFor(const std::string& 
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stub = baton::v1::Worker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+        MakeChannel(address, credentials_, args));
   }
   return stub;
 }

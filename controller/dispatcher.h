@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/security.h"
 #include "proto/worker.grpc.pb.h"
 
 namespace baton {
@@ -43,6 +44,9 @@ struct Drain {
 
 class Dispatcher {
  public:
+  // Calls carry `credentials` (the fleet's worker token, TLS).
+  explicit Dispatcher(Credentials credentials = {}) : credentials_(std::move(credentials)) {}
+
   // How often an in-progress fan-out re-evaluates `should_abort`.
   static constexpr absl::Duration kAbortPollInterval = absl::Milliseconds(100);
   // A call whose connection could not be made is tried once more after this
@@ -65,6 +69,7 @@ class Dispatcher {
       const Drain* drain = nullptr);
 
  private:
+  const Credentials credentials_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<baton::v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
 };

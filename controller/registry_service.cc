@@ -16,8 +16,9 @@ absl::StatusOr<absl::Duration> WaitTimeout(int64_t ms) {
 
 }  // namespace
 
-grpc::Status RegistryService::Register(grpc::ServerContext*, const baton::v1::RegisterRequest* req,
+grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const baton::v1::RegisterRequest* req,
                                        baton::v1::RegisterResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto rank = registry_->Register(req->worker());
   if (!rank.ok()) return ToGrpcStatus(rank.status());
   resp->set_worker_id(req->worker().name());
@@ -26,20 +27,23 @@ grpc::Status RegistryService::Register(grpc::ServerContext*, const baton::v1::Re
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx,
                                         const baton::v1::HeartbeatRequest* req,
                                         baton::v1::HeartbeatResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   resp->set_known(registry_->Heartbeat(req->worker_name(), req->incarnation()));
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Set(grpc::ServerContext*, const baton::v1::KvSetRequest* req,
+grpc::Status RegistryService::Set(grpc::ServerContext* ctx, const baton::v1::KvSetRequest* req,
                                   baton::v1::KvSetResponse*) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return ToGrpcStatus(kv_->Set(req->key(), req->value()));
 }
 
-grpc::Status RegistryService::Get(grpc::ServerContext*, const baton::v1::KvGetRequest* req,
+grpc::Status RegistryService::Get(grpc::ServerContext* ctx, const baton::v1::KvGetRequest* req,
                                   baton::v1::KvGetResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto timeout = WaitTimeout(req->timeout_ms());
   if (!timeout.ok()) return ToGrpcStatus(timeout.status());
   auto value = kv_->Get(req->key(), *timeout);
@@ -48,23 +52,26 @@ grpc::Status RegistryService::Get(grpc::ServerContext*, const baton::v1::KvGetRe
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Add(grpc::ServerContext*, const baton::v1::KvAddRequest* req,
+grpc::Status RegistryService::Add(grpc::ServerContext* ctx, const baton::v1::KvAddRequest* req,
                                   baton::v1::KvAddResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto value = kv_->Add(req->key(), req->delta());
   if (!value.ok()) return ToGrpcStatus(value.status());
   resp->set_value(*value);
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Wait(grpc::ServerContext*, const baton::v1::KvWaitRequest* req,
+grpc::Status RegistryService::Wait(grpc::ServerContext* ctx, const baton::v1::KvWaitRequest* req,
                                    baton::v1::KvWaitResponse*) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto timeout = WaitTimeout(req->timeout_ms());
   if (!timeout.ok()) return ToGrpcStatus(timeout.status());
   return ToGrpcStatus(kv_->Wait({req->keys().begin(), req->keys().end()}, *timeout));
 }
 
-grpc::Status RegistryService::Check(grpc::ServerContext*, const baton::v1::KvCheckRequest* req,
+grpc::Status RegistryService::Check(grpc::ServerContext* ctx, const baton::v1::KvCheckRequest* req,
                                     baton::v1::KvCheckResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   int64_t num_keys = 0;
   auto present = kv_->Check({req->keys().begin(), req->keys().end()}, &num_keys);
   if (!present.ok()) return ToGrpcStatus(present.status());
@@ -73,8 +80,9 @@ grpc::Status RegistryService::Check(grpc::ServerContext*, const baton::v1::KvChe
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Delete(grpc::ServerContext*, const baton::v1::KvDeleteRequest* req,
+grpc::Status RegistryService::Delete(grpc::ServerContext* ctx, const baton::v1::KvDeleteRequest* req,
                                      baton::v1::KvDeleteResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto n = kv_->Delete(req->key(), req->prefix());
   if (!n.ok()) return ToGrpcStatus(n.status());
   resp->set_deleted(*n);

@@ -5,6 +5,7 @@
 #define BATON_CONTROLLER_REGISTRY_SERVICE_H_
 
 #include "common/kv_store.h"
+#include "common/security.h"
 #include "controller/worker_registry.h"
 #include "proto/registry.grpc.pb.h"
 
@@ -15,8 +16,10 @@ class RegistryService final : public baton::v1::Registry::Service {
   // Longest a KV Get/Wait may block one server thread.
   static constexpr int64_t kMaxWaitMs = 600000;
 
-  RegistryService(WorkerRegistry* registry, KeyValueStore* kv, absl::Duration heartbeat_interval)
-      : registry_(registry), kv_(kv), heartbeat_interval_(heartbeat_interval) {}
+  // `auth` says who may call: the fleet's worker token.
+  RegistryService(WorkerRegistry* registry, KeyValueStore* kv, absl::Duration heartbeat_interval,
+                  Authenticator auth = {})
+      : registry_(registry), kv_(kv), heartbeat_interval_(heartbeat_interval), auth_(std::move(auth)) {}
 
   grpc::Status Register(grpc::ServerContext*, const baton::v1::RegisterRequest* req,
                         baton::v1::RegisterResponse* resp) override;
@@ -36,6 +39,7 @@ class RegistryService final : public baton::v1::Registry::Service {
                       baton::v1::KvDeleteResponse* resp) override;
 
  private:
+  const Authenticator auth_;
   WorkerRegistry* const registry_;
   KeyValueStore* const kv_;
   const absl::Duration heartbeat_interval_;

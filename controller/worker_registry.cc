@@ -74,7 +74,11 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
     if (it->second.info.state() == baton::v1::DEAD) {
       kind = "worker_rejoined";
     } else if (it->second.info.incarnation() != info.incarnation()) {
-      kind = "worker_restarted";
+      // A live worker's slot is not anyone's for the asking: another
+      // instance may take the name once this one is declared dead.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", info.name(), " is alive (another instance, at ", it->second.info.address(),
+          "); a new instance may take the name once that one stops heartbeating"));
     }
   }
   Record& r = workers_[info.name()];

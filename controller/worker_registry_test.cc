@@ -23,6 +23,15 @@ class WorkerRegistryTest : public ::testing::Test {
 TEST_F(WorkerRegistryTest, RanksFollowRegistrationOrderAndSurviveRestarts) {
   EXPECT_EQ(*registry_.Register(Worker("w-a")), 0);
   EXPECT_EQ(*registry_.Register(Worker("w-b")), 1);
+  // Another instance under a live name is refused; once the first is dead
+  // (no heartbeat for longer than the timeout) it takes the same slot.
+  auto hijack = registry_.Register(Worker("w-a", "i2"));
+  std::printf("live name re-registered: %s\n", hijack.status().ToString().c_str());
+  EXPECT_TRUE(absl::IsFailedPrecondition(hijack.status()));
+  EXPECT_EQ(*registry_.Register(Worker("w-a", "i1")), 0);  // the same instance again: fine
+  now_ += absl::Seconds(4);
+  registry_.Heartbeat("w-b", "i1");
+  registry_.SweepDead();
   EXPECT_EQ(*registry_.Register(Worker("w-a", "i2")), 0);  // restarted: same slot
   auto list = registry_.List();
   ASSERT_EQ(list.size(), 2u);

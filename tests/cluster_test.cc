@@ -41,6 +41,9 @@ void ExpectAllGone(LocalCluster& cluster) { testing::StopAndExpectAllGone(cluste
 TEST(ClusterTest, UpCheckStatusAndCleanShutdown) {
   const std::string dir = testing::TempDir("up");
   const std::string addr_file = dir + "/controller.addr";
+  // `baton up` closes the fleet with the token it writes here; the commands
+  // below read it from the same variable.
+  setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
   auto up = testing::StartBackground(
       {Baton(), "up", "--workers=4", "--address_file=" + addr_file,
        "--controller_bin=" + Runfile("controller/baton-controller"),
@@ -148,7 +151,8 @@ TEST(ClusterTest, KilledWorkerIsDeadWithinFiveSecondsAndNamedByCheck) {
   // the full mesh works again.
   const std::string dir = testing::TempDir("replacement");
   auto replacement = testing::StartBackground(
-      {Runfile("worker/baton-worker"), "--controller=" + address, "--name=worker-2", "--port=0"},
+      {Runfile("worker/baton-worker"), "--controller=" + address, "--name=worker-2", "--port=0",
+       "--worker_token_file=" + cluster->worker_token_file()},
       dir + "/worker.log");
   bool rejoined = false;
   for (int i = 0; i < 100 && !rejoined; ++i) {
@@ -246,8 +250,7 @@ TEST(ClusterTest, BadInputGetsClearErrorsAndDaemonsKeepServing) {
   auto status = (*client)->Status();
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->workers_size(), 2);
-  auto worker = baton::v1::Worker::NewStub(
-      grpc::CreateChannel(status->workers(0).address(), grpc::InsecureChannelCredentials()));
+  auto worker = baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, status->workers(0).address()));
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -279,8 +282,8 @@ TEST(ClusterTest, BadInputGetsClearErrorsAndDaemonsKeepServing) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   }
   // Oversized and malformed registry requests.
-  auto registry = baton::v1::Registry::NewStub(grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), [] {
+  auto registry = baton::v1::Registry::NewStub(testing::FleetChannel(
+      *cluster, address, [] {
         grpc::ChannelArguments args;
         args.SetMaxSendMessageSize(64 << 20);
         return args;

@@ -1,7 +1,9 @@
 #include "tests/cluster_util.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
+#include "common/security.h"
 #include "tests/process_util.h"
 
 namespace baton::testing {
@@ -29,8 +31,12 @@ std::unique_ptr<LocalCluster> StartCluster(int workers, const std::vector<std::s
   o.worker_args = worker_args;
   o.controller_bin = Runfile("controller/baton-controller");
   o.worker_bin = Runfile("worker/baton-worker");
+  // A fleet of its own token; `baton` commands the test runs (and the SDK
+  // in this process) find it through the environment.
+  unsetenv("BATON_TOKEN_FILE");
   auto cluster = LocalCluster::Start(o);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (cluster.ok()) setenv("BATON_TOKEN_FILE", (*cluster)->client_token_file().c_str(), 1);
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
@@ -39,6 +45,15 @@ pid_t PidOf(const LocalCluster& cluster, const std::string& name) {
     if (p.name == name) return p.pid;
   }
   return 0;
+}
+
+std::shared_ptr<grpc::Channel> FleetChannel(const LocalCluster& cluster, const std::string& address,
+                                            const grpc::ChannelArguments& args) {
+  Credentials credentials;
+  auto token = LoadToken(cluster.worker_token_file(), "BATON_UNUSED");
+  EXPECT_TRUE(token.ok()) << token.status();
+  credentials.token = token.ok() ? *token : "";
+  return MakeChannel(address, credentials, args);
 }
 
 void StopAndExpectAllGone(LocalCluster& cluster) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "client/local_cluster.h"
+#include "grpcpp/grpcpp.h"
 
 namespace baton::testing {
 
@@ -23,6 +24,10 @@ std::unique_ptr<LocalCluster> StartCluster(int workers);
 std::unique_ptr<LocalCluster> StartCluster(int workers, const std::vector<std::string>& controller_args,
                                            const std::vector<std::string>& worker_args);
 pid_t PidOf(const LocalCluster& cluster, const std::string& name);
+// A channel to a daemon of `cluster` that presents the fleet's worker token
+// (as the controller does to workers, and workers to the registry).
+std::shared_ptr<grpc::Channel> FleetChannel(const LocalCluster& cluster, const std::string& address,
+                                            const grpc::ChannelArguments& args = {});
 // Stops the fleet and expects every process of it to be gone.
 void StopAndExpectAllGone(LocalCluster& cluster);
 

@@ -205,8 +205,7 @@ TEST(JobTest, HostileProgramsAreRefusedAndTheWorkerKeepsServing) {
   auto programs = CompilePrograms(*job, "hostile");
   ASSERT_TRUE(programs.ok());
   const baton::v1::Program good = (*programs)[0];
-  auto worker = baton::v1::Worker::NewStub(
-      grpc::CreateChannel(status->mesh().worker_addresses(0), grpc::InsecureChannelCredentials()));
+  auto worker = baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, status->mesh().worker_addresses(0)));
   struct Case {
     std::string what, expect;
     std::function<void(baton::v1::Program*)> mutate;

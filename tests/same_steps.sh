@@ -32,6 +32,7 @@ bazel build "${targets[@]}" >/dev/null 2>&1 || bazel build "${targets[@]}"
 run_all() {
   local bin=$1 out=$2
   mkdir -p "$out"
+  export BATON_TOKEN_FILE="$out/client.token"  # the fleet's client token (older builds ignore it)
   "$bin/client/baton" up --workers 4 --address_file "$out/addr" >"$out/up.log" 2>&1 &
   local up=$!
   pids+=("$up")

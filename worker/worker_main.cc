@@ -23,6 +23,7 @@
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/grpc_rendezvous.h"
 #include "common/file_root.h"
+#include "common/security.h"
 #include "worker/worker_service.h"
 
 ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT (required).");
@@ -37,6 +38,13 @@ ABSL_FLAG(int64_t, register_timeout_ms, 30000,
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Checkpoint files are read and written only under this directory (default: the working directory).");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "File holding the fleet's worker token (else $BATON_WORKER_TOKEN_FILE or $BATON_WORKER_TOKEN).");
+ABSL_FLAG(std::string, tls_ca, "", "mTLS: CA certificate (PEM) that signs every peer's certificate.");
+ABSL_FLAG(std::string, tls_cert, "", "mTLS: this daemon's certificate (PEM).");
+ABSL_FLAG(std::string, tls_key, "", "mTLS: this daemon's private key (PEM).");
+ABSL_FLAG(bool, allow_unauthenticated, false,
+          "Serve a non-loopback address without a token (anyone who reaches the port may drive this worker).");
 ABSL_FLAG(std::string, data_root, "",
           "Token files a job names are opened only under this directory (default: the working directory).");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
@@ -74,7 +82,9 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
           interval = absl::Milliseconds(resp.heartbeat_interval_ms());
         }
       } else if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-                 s.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+                 s.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+                 s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                 s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
         std::fprintf(stderr, "worker %s: registration refused: %s\n", info.name().c_str(),
                      s.error_message().c_str());
         return false;
@@ -114,9 +124,29 @@ int Main(int argc, char** argv) {
   UseCachingAllocation();
 
   const std::string host = absl::GetFlag(FLAGS_host);
+  auto token = LoadToken(absl::GetFlag(FLAGS_worker_token_file), "BATON_WORKER_TOKEN");
+  if (!token.ok()) {
+    std::fprintf(stderr, "baton-worker: %s\n", token.status().ToString().c_str());
+    return 2;
+  }
+  Credentials credentials;
+  credentials.token = *token;
+  if (auto s = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                       &credentials);
+      !s.ok()) {
+    std::fprintf(stderr, "baton-worker: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (token->empty() && !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
+    std::fprintf(stderr,
+                 "baton-worker: refusing to serve %s without a token: give --worker_token_file (or pass "
+                 "--allow_unauthenticated)\n",
+                 host.c_str());
+    return 2;
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
-  auto channel = grpc::CreateCustomChannel(controller, grpc::InsecureChannelCredentials(), args);
+  auto channel = MakeChannel(controller, credentials, args);
   std::shared_ptr<baton::v1::Registry::Stub> registry = baton::v1::Registry::NewStub(channel);
   GrpcRendezvous rendezvous(registry);
 
@@ -137,13 +167,14 @@ int Main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), MakeServerCredentials(credentials),
+                           &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
   WorkerOptions options;
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
+  options.auth = Authenticator("", *token);
   WorkerService service(info, &rendezvous, host, options);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

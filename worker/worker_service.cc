@@ -124,8 +124,9 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
   return state;
 }
 
-grpc::Status WorkerService::Configure(grpc::ServerContext*, const baton::v1::ConfigureRequest* req,
+grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const baton::v1::ConfigureRequest* req,
                                       baton::v1::ConfigureResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return Guarded("Configure", [&]() -> grpc::Status {
     if (auto s = ValidateConfigure(*req); !s.ok()) {
       return ToGrpcStatus(absl::Status(
@@ -167,6 +168,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext*, const baton::v1::Con
 grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
                                                const baton::v1::CollectiveCheckRequest* req,
                                                baton::v1::CollectiveCheckResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return Guarded("RunCollectiveCheck", [&]() -> grpc::Status {
     if (req->numel() < 0 || req->numel() > kMaxCheckNumel) {
       return Invalid(absl::StrCat("numel ", req->numel(), " outside [0, ", kMaxCheckNumel, "]"));
@@ -210,8 +212,9 @@ grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
   });
 }
 
-grpc::Status WorkerService::Abort(grpc::ServerContext*, const baton::v1::AbortRequest* req,
+grpc::Status WorkerService::Abort(grpc::ServerContext* ctx, const baton::v1::AbortRequest* req,
                                   baton::v1::AbortResponse*) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   std::shared_ptr<MeshState> dropped;
   {
     absl::MutexLock lock(&mu_);
@@ -255,8 +258,9 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::MeshOfE
   return current_;
 }
 
-grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const baton::v1::LoadProgramRequest* req,
+grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v1::LoadProgramRequest* req,
                                         baton::v1::LoadProgramResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return Guarded("LoadProgram", [&]() -> grpc::Status {
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());
@@ -288,8 +292,9 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const baton::v1::L
   });
 }
 
-grpc::Status WorkerService::RunStep(grpc::ServerContext*, const baton::v1::RunStepRequest* req,
+grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest* req,
                                     baton::v1::RunStepResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return Guarded("RunStep", [&]() -> grpc::Status {
     if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
       return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
@@ -321,8 +326,9 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext*, const baton::v1::RunSt
   });
 }
 
-grpc::Status WorkerService::GetInfo(grpc::ServerContext*, const baton::v1::GetInfoRequest*,
+grpc::Status WorkerService::GetInfo(grpc::ServerContext* ctx, const baton::v1::GetInfoRequest*,
                                     baton::v1::GetInfoResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   absl::MutexLock lock(&mu_);
   *resp->mutable_worker() = identity_;
   if (current_ != nullptr) {
@@ -344,8 +350,9 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WorkerService::AwaitPendingSave(
   return pending->result;
 }
 
-grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const baton::v1::SaveShardsRequest* req,
+grpc::Status WorkerService::SaveShards(grpc::ServerContext* ctx, const baton::v1::SaveShardsRequest* req,
                                        baton::v1::SaveShardsResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return Guarded("SaveShards", [&]() -> grpc::Status {
     if (req->block_bytes() < kMinBlockBytes || req->block_bytes() > kMaxBlockBytes) {
       return Invalid(absl::StrCat("block_bytes ", req->block_bytes(), " outside [", kMinBlockBytes, ", ",
@@ -410,8 +417,9 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const baton::v1::Sa
   });
 }
 
-grpc::Status WorkerService::FinishSave(grpc::ServerContext*, const baton::v1::FinishSaveRequest* req,
+grpc::Status WorkerService::FinishSave(grpc::ServerContext* ctx, const baton::v1::FinishSaveRequest* req,
                                        baton::v1::SaveShardsResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return Guarded("FinishSave", [&]() -> grpc::Status {
     if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
       return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
@@ -435,8 +443,9 @@ grpc::Status WorkerService::FinishSave(grpc::ServerContext*, const baton::v1::Fi
   });
 }
 
-grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const baton::v1::LoadShardsRequest* req,
+grpc::Status WorkerService::LoadShards(grpc::ServerContext* ctx, const baton::v1::LoadShardsRequest* req,
                                        baton::v1::LoadShardsResponse* resp) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   return Guarded("LoadShards", [&]() -> grpc::Status {
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());

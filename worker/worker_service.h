@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/kv_store.h"
+#include "common/security.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/executor.h"
@@ -33,6 +34,8 @@ struct WorkerOptions {
   std::string file_root = "/nonexistent";
   // So do the token files a job's data names.
   std::string data_root = "/nonexistent";
+  // Who may call the Worker service (the fleet's worker token).
+  Authenticator auth;
   // For tests that kill a worker mid-save: sleep this long before each
   // piece a save writes.
   int64_t testing_write_delay_ms = 0;
