@@ -29,9 +29,20 @@ absl::Status KeyValueStore::Set(const std::string& key, const std::string& value
         absl::StrCat("rendezvous value of ", value.size(), " bytes exceeds ", kMaxValueBytes));
   }
   absl::MutexLock lock(&mu_);
-  if (data_.size() >= kMaxKeys && data_.find(key) == data_.end()) {
-    return absl::ResourceExhaustedError("rendezvous store is full");
+  if (const std::string* reason = AbortedReason(key); reason != nullptr) {
+    return absl::AbortedError(absl::StrCat("rendezvous key \"", key, "\" belongs to an aborted mesh: ", *reason));
   }
+  auto it = data_.find(key);
+  const size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
+  if (it == data_.end() && data_.size() >= kMaxKeys) {
+    return absl::ResourceExhaustedError(absl::StrCat("rendezvous store holds ", kMaxKeys, " keys (its limit)"));
+  }
+  if (bytes_ - old_bytes + key.size() + value.size() > kMaxTotalBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("rendezvous store holds ", bytes_, " bytes; another ",
+                                                     key.size() + value.size(), " would pass its limit of ",
+                                                     kMaxTotalBytes));
+  }
+  bytes_ = bytes_ - old_bytes + key.size() + value.size();
   data_[key] = value;
   return absl::OkStatus();
 }
@@ -53,8 +64,17 @@ absl::StatusOr<int64_t> KeyValueStore::Add(const std::string& key, int64_t delta
     return absl::FailedPreconditionError(
         absl::StrCat("key \"", key, "\" does not hold an integer"));
   }
+  if (const std::string* reason = AbortedReason(key); reason != nullptr) {
+    return absl::AbortedError(absl::StrCat("rendezvous key \"", key, "\" belongs to an aborted mesh: ", *reason));
+  }
   value += delta;
-  data_[key] = absl::StrCat(value);
+  const std::string text = absl::StrCat(value);
+  const size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
+  if ((it == data_.end() && data_.size() >= kMaxKeys) || bytes_ - old_bytes + key.size() + text.size() > kMaxTotalBytes) {
+    return absl::ResourceExhaustedError("rendezvous store is full");
+  }
+  bytes_ = bytes_ - old_bytes + key.size() + text.size();
+  data_[key] = text;
   return value;
 }
 
@@ -95,7 +115,23 @@ const std::string* KeyValueStore::AbortedReason(const std::string& key) const {
 
 void KeyValueStore::AbortPrefix(const std::string& prefix, const std::string& reason) {
   absl::MutexLock lock(&mu_);
-  aborted_prefixes_[prefix] = reason;
+  if (aborted_prefixes_.emplace(prefix, reason).second) aborted_order_.push_back(prefix);
+  while (aborted_order_.size() > kMaxAbortedPrefixes) {
+    aborted_prefixes_.erase(aborted_order_.front());
+    aborted_order_.erase(aborted_order_.begin());
+  }
+  // The mesh is released: its keys go too.
+  for (auto it = data_.lower_bound(prefix); it != data_.end() && it->first.rfind(prefix, 0) == 0;) it = Erase(it);
+}
+
+size_t KeyValueStore::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+std::map<std::string, std::string>::iterator KeyValueStore::Erase(std::map<std::string, std::string>::iterator it) {
+  bytes_ -= it->first.size() + it->second.size();
+  return data_.erase(it);
 }
 
 absl::StatusOr<bool> KeyValueStore::Check(const std::vector<std::string>& keys,
@@ -107,10 +143,15 @@ absl::StatusOr<bool> KeyValueStore::Check(const std::vector<std::string>& keys,
 
 absl::StatusOr<int64_t> KeyValueStore::Delete(const std::string& key, bool prefix) {
   absl::MutexLock lock(&mu_);
-  if (!prefix) return static_cast<int64_t>(data_.erase(key));
+  if (!prefix) {
+    auto it = data_.find(key);
+    if (it == data_.end()) return 0;
+    Erase(it);
+    return 1;
+  }
   int64_t n = 0;
   for (auto it = data_.lower_bound(key); it != data_.end() && it->first.rfind(key, 0) == 0;) {
-    it = data_.erase(it);
+    it = Erase(it);
     ++n;
   }
   return n;

@@ -42,6 +42,11 @@ class KeyValueStore : public Rendezvous {
   static constexpr size_t kMaxKeyBytes = 4096;
   static constexpr size_t kMaxValueBytes = 1 << 20;
   static constexpr size_t kMaxKeys = 1 << 20;
+  // All keys and values together: 1,000 clients storing 1 MiB each cannot
+  // take the controller's memory.
+  static constexpr size_t kMaxTotalBytes = size_t{64} << 20;
+  // Aborted prefixes remembered (the oldest are forgotten first).
+  static constexpr size_t kMaxAbortedPrefixes = 4096;
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
@@ -51,9 +56,11 @@ class KeyValueStore : public Rendezvous {
   absl::StatusOr<int64_t> Delete(const std::string& key, bool prefix) override;
 
   // Ends every current and future wait on keys under `prefix` with ABORTED
-  // and `reason`: a rendezvous of an abandoned mesh returns at once instead
-  // of running into its timeout.
+  // and `reason` (a rendezvous of an abandoned mesh returns at once instead
+  // of running into its timeout), deletes its keys, and refuses new ones.
   void AbortPrefix(const std::string& prefix, const std::string& reason);
+  // Bytes of keys and values held.
+  size_t bytes() const;
 
  private:
   // The abort reason for `key`, or nullptr.
@@ -65,6 +72,11 @@ class KeyValueStore : public Rendezvous {
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> aborted_prefixes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> aborted_order_ ABSL_GUARDED_BY(mu_);  // oldest first
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Removes `it`, keeping bytes_ right.
+  std::map<std::string, std::string>::iterator Erase(std::map<std::string, std::string>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace baton

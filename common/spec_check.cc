@@ -14,6 +14,9 @@ bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
 // Large enough for any model a worker can hold; keeps products of
 // dimensions far from overflowing.
 constexpr int64_t kMaxDimension = int64_t{1} << 24;
+// 17 G parameters: 68 GB of fp32 masters before gradients and moments; the
+// per-rank memory check at CreateJob is the real bound.
+constexpr int64_t kMaxParameters = int64_t{1} << 34;
 
 absl::Status Dimension(const char* field, int64_t value, int64_t min) {
   if (value < min || value > kMaxDimension) {
@@ -33,6 +36,10 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
                                   {"model.mlp.hidden", m.hidden()}}) {
         if (auto s = Dimension(field, value, 1); !s.ok()) return s;
       }
+      const double d = m.d_model(), h = m.hidden() > 0 ? m.hidden() : m.d_model();
+      if (m.blocks() * (2 * d * h + d + h) > kMaxParameters) {
+        return Invalid(absl::StrCat("model.mlp has more than ", kMaxParameters, " parameters (2^34)"));
+      }
       return absl::OkStatus();
     }
     case baton::v1::ModelSpec::kDecoder: {
@@ -48,6 +55,15 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
             {"model.decoder.ffn_dim", d.ffn_dim(), 1},
             {"model.decoder.seq_len", d.seq_len(), 1}}) {
         if (auto s = Dimension(field, value, min); !s.ok()) return s;
+      }
+      // Parameters, in double (the dimensions' product can pass int64).
+      const double v = d.vocab(), dim = d.dim(), f = d.ffn_dim(), layers = d.layers();
+      const double params =
+          2 * v * dim + dim + layers * (4 * dim * dim + (d.mlp() == baton::v1::DecoderModel::SWIGLU ? 3 : 2) * f * dim +
+                                        2 * dim);
+      if (params > kMaxParameters) {
+        return Invalid(absl::StrCat("model.decoder has ", static_cast<int64_t>(params), " parameters; the limit is ",
+                                    kMaxParameters, " (2^34)"));
       }
       if (d.dim() % d.heads() != 0) {
         return Invalid(absl::StrCat("model.decoder.dim ", d.dim(), " is not divisible by heads ",

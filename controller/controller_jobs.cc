@@ -61,6 +61,36 @@ baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::Run
 
 }  // namespace
 
+absl::Status ControllerService::CheckFits(const baton::v1::JobSpec& job, const PlanTheory& theory) const {
+  // Per rank: masters, gradients, moments and compute tensors held (state),
+  // the most gathered parameters at once, and stage outputs held for backward.
+  int64_t predicted = 0;
+  int worst_rank = 0;
+  for (size_t r = 0; r < theory.ranks.size(); ++r) {
+    const RankTheory& t = theory.ranks[r];
+    const int64_t bytes = t.state + t.peak + t.peak_live_bytes;
+    if (bytes > predicted) {
+      predicted = bytes;
+      worst_rank = static_cast<int>(r);
+    }
+  }
+  for (const auto& w : registry_->List()) {
+    if (w.state() == baton::v1::DEAD) continue;
+    if (w.cpu_cores() > 0 && job.threads_per_rank() > w.cpu_cores()) {
+      return absl::InvalidArgumentError(absl::StrCat("threads_per_rank ", job.threads_per_rank(), " exceeds the ",
+                                                     w.cpu_cores(), " cores worker ", w.name(), " has"));
+    }
+    if (w.memory_bytes() > 0 && predicted > w.memory_bytes()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "job \"%s\" needs about %d bytes on rank %d (%.2f GiB: parameters, gradients, optimizer state, gathered "
+          "parameters and activations held for backward) but worker %s has %d bytes available (%.2f GiB)",
+          job.name(), predicted, worst_rank, predicted / 1073741824.0, w.name(), w.memory_bytes(),
+          w.memory_bytes() / 1073741824.0));
+    }
+  }
+  return absl::OkStatus();
+}
+
 int64_t ControllerService::LiveWorkers() const {
   int64_t alive = 0;
   for (const auto& w : registry_->List()) alive += w.state() != baton::v1::DEAD;
@@ -117,6 +147,9 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext* ctx, const baton:
   const int need = MeshSize(job);
   const int64_t fleet = static_cast<int64_t>(registry_->List().size());
   const int64_t alive = LiveWorkers();
+  // What one rank needs against what the workers said they have: refused
+  // here, before any worker is touched.
+  if (auto s = CheckFits(job, plan->theory); !s.ok()) return ToGrpcStatus(s);
   if (need > alive) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("job \"", job.name(), "\" needs ", need, " workers for its mesh but ",

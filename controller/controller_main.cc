@@ -41,6 +41,8 @@ ABSL_FLAG(std::string, tls_cert, "", "mTLS: this daemon's certificate (PEM).");
 ABSL_FLAG(std::string, tls_key, "", "mTLS: this daemon's private key (PEM).");
 ABSL_FLAG(bool, allow_unauthenticated, false,
           "Serve a non-loopback address without tokens (anyone who reaches the port may drive the fleet).");
+ABSL_FLAG(int64_t, forget_dead_after_ms, 600000, "A worker DEAD this long is forgotten (its name and slot freed).");
+ABSL_FLAG(int, max_threads, 512, "Most server threads; RPCs beyond get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
           "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
 
@@ -81,6 +83,7 @@ int Main(int argc, char** argv) {
   EventLog events;
   KeyValueStore kv;
   WorkerRegistry registry(absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)), &events);
+  registry.set_forget_after(absl::Milliseconds(absl::GetFlag(FLAGS_forget_dead_after_ms)));
   RegistryService registry_service(&registry, &kv, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
                                    auth);
   ControllerOptions options;
@@ -97,6 +100,9 @@ int Main(int argc, char** argv) {
   builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), MakeServerCredentials(credentials),
                            &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
+  grpc::ResourceQuota quota("baton-controller");
+  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_threads));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(&registry_service);
   builder.RegisterService(&controller_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -396,6 +396,16 @@ grpc::Status ControllerService::CheckCollectives(grpc::ServerContext* ctx,
 grpc::Status ControllerService::Watch(grpc::ServerContext* ctx, const baton::v1::WatchRequest* req,
                                       grpc::ServerWriter<baton::v1::Event>* writer) {
   if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
+  // Each stream holds a server thread: their number is bounded.
+  if (watch_streams_.fetch_add(1) >= kMaxWatchStreams) {
+    watch_streams_.fetch_sub(1);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat(kMaxWatchStreams, " Watch streams are open (the limit); close one first"));
+  }
+  struct Release {
+    std::atomic<int>* n;
+    ~Release() { n->fetch_sub(1); }
+  } release{&watch_streams_};
   int64_t after = req->after_sequence();
   while (!ctx->IsCancelled() && !stop_.HasBeenNotified()) {
     for (const auto& e : events_->After(after, absl::Milliseconds(250))) {

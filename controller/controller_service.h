@@ -10,6 +10,7 @@
 #ifndef BATON_CONTROLLER_CONTROLLER_SERVICE_H_
 #define BATON_CONTROLLER_CONTROLLER_SERVICE_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "controller/worker_registry.h"
 #include "mesh/device_mesh.h"
 #include "proto/checkpoint.pb.h"
+#include "strategies/plan_theory.h"
 #include "proto/controller.grpc.pb.h"
 
 namespace baton {
@@ -129,6 +131,9 @@ class ControllerService final : public baton::v1::Controller::Service {
   // Marks the current job FAILED (if it runs on `mesh`) with `reason`.
   void FailJob(const baton::v1::Mesh& mesh, const std::string& reason);
   int64_t LiveWorkers() const;
+  // Whether `job` fits every live worker: threads_per_rank within its cores,
+  // the plan's per-rank bytes within its reported memory.
+  absl::Status CheckFits(const baton::v1::JobSpec& job, const PlanTheory& theory) const;
   // The id of the job that holds the fleet (created or running), or "".
   std::string ActiveJob() const;
 
@@ -195,6 +200,8 @@ class ControllerService final : public baton::v1::Controller::Service {
 
   absl::Notification stop_;
   std::thread monitor_;
+  static constexpr int kMaxWatchStreams = 64;
+  std::atomic<int> watch_streams_{0};
 };
 
 }  // namespace baton

@@ -13,10 +13,11 @@ void EventLog::Append(const std::string& kind, const std::string& worker_name, i
   e.set_sequence(next_sequence_++);
   e.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
   e.set_kind(kind);
-  e.set_worker_name(worker_name);
+  // Bounded: a name or message someone sent is cut, not copied whole.
+  e.set_worker_name(worker_name.substr(0, kMaxNameBytes));
   e.set_rank(rank);
-  e.set_message(message);
-  std::fprintf(stderr, "event %s %s: %s\n", kind.c_str(), worker_name.c_str(), message.c_str());
+  e.set_message(message.size() > kMaxMessageBytes ? message.substr(0, kMaxMessageBytes) + "..." : message);
+  std::fprintf(stderr, "event %s %s: %s\n", kind.c_str(), e.worker_name().c_str(), e.message().c_str());
   events_.push_back(std::move(e));
   if (events_.size() > kCapacity) events_.pop_front();
 }

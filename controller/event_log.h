@@ -18,6 +18,9 @@ namespace baton {
 class EventLog {
  public:
   static constexpr size_t kCapacity = 10000;
+  // Per event: at most 10000 x ~1.2 KiB held.
+  static constexpr size_t kMaxMessageBytes = 1024;
+  static constexpr size_t kMaxNameBytes = 128;
 
   void Append(const std::string& kind, const std::string& worker_name, int rank,
               const std::string& message);

@@ -60,6 +60,9 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
   std::string kind = "worker_registered";
   int rank;
   if (it == workers_.end()) {
+    if (workers_.size() >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(absl::StrCat("the fleet has ", kMaxWorkers, " workers registered (its limit)"));
+    }
     // A StatefulSet ordinal asks for its own rank; otherwise, or if taken,
     // the lowest free one.
     std::set<int> taken;
@@ -107,6 +110,17 @@ std::vector<std::string> WorkerRegistry::SweepDead() {
   std::vector<std::string> dead;
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_();
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second.info.state() == baton::v1::DEAD && now - it->second.last_heartbeat > heartbeat_timeout_ + forget_after_) {
+      if (events_ != nullptr) {
+        events_->Append("worker_forgotten", it->first, it->second.info.rank(),
+                        absl::StrCat("dead for more than ", absl::FormatDuration(forget_after_)));
+      }
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   for (auto& [name, r] : workers_) {
     if (r.info.state() == baton::v1::DEAD) continue;
     if (now - r.last_heartbeat > heartbeat_timeout_) {

@@ -46,7 +46,15 @@ class WorkerRegistry {
   bool Heartbeat(const std::string& name, const std::string& incarnation);
   // Marks every worker whose heartbeat is older than the timeout DEAD and
   // returns the names newly marked.
+  // Also forgets workers DEAD for longer than `forget_after` (their slot and
+  // name become free).
   std::vector<std::string> SweepDead();
+  // Most workers registered at once; more get RESOURCE_EXHAUSTED.
+  static constexpr size_t kMaxWorkers = 4096;
+  void set_forget_after(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    forget_after_ = d;
+  }
   // Sets the state of live workers (DEAD stays DEAD).
   void SetState(const std::vector<std::string>& names, baton::v1::WorkerState state);
 
@@ -68,6 +76,7 @@ class WorkerRegistry {
   const Clock clock_;
 
   mutable absl::Mutex mu_;
+  absl::Duration forget_after_ ABSL_GUARDED_BY(mu_) = absl::Minutes(10);
   std::map<std::string, Record> workers_ ABSL_GUARDED_BY(mu_);
 };
 

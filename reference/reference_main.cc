@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdio>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -60,4 +61,15 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace baton
 
-int main(int argc, char** argv) { return baton::Main(argc, argv); }
+// Never aborts: whatever LibTorch throws (an allocation that cannot be
+// made, say) ends the run with one line and exit status 1.
+int main(int argc, char** argv) {
+  try {
+    return baton::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+    std::fprintf(stderr, "baton reference: %s\n", what.c_str());
+    return 1;
+  }
+}

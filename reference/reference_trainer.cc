@@ -98,7 +98,9 @@ absl::StatusOr<baton::v1::StepMetrics> ReferenceTrainer::Step() {
     m.set_peak_logits_elements(peak_logits);
     return m;
   } catch (const std::exception& e) {
-    return absl::InternalError(std::string("reference step failed: ") + e.what());
+    std::string what = e.what();
+    if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);  // no backtrace
+    return absl::InternalError("reference step failed: " + what);
   }
 }
 

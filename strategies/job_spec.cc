@@ -102,6 +102,38 @@ int DataParallelSize(const JobSpec& job) {
 absl::Status ValidateJobSpec(const JobSpec& job) {
   if (auto s = ValidateModel(job.model()); !s.ok()) return OfJob(s);
   if (job.mesh_size() == 0) return Invalid("mesh is missing, e.g. mesh { name: \"dp\" size: 2 }");
+  // Strings and repeated fields are bounded before anything else looks at them.
+  for (const auto& [field, value, limit] :
+       {std::tuple<const char*, const std::string*, size_t>{"name", &job.name(), kMaxNameBytes},
+        {"data.token_file.path", &job.data().token_file().path(), kMaxPathBytes},
+        {"checkpoint.dir", &job.checkpoint().dir(), kMaxPathBytes},
+        {"resume_from", &job.resume_from(), kMaxPathBytes},
+        {"init_from", &job.init_from(), kMaxPathBytes},
+        {"plan.tensor_parallel.axis", &job.plan().tensor_parallel().axis(), kMaxNameBytes},
+        {"plan.pipeline_parallel.axis", &job.plan().pipeline_parallel().axis(), kMaxNameBytes}}) {
+    if (value->size() > limit) {
+      return Invalid(absl::StrCat(field, " has ", value->size(), " bytes; the limit is ", limit));
+    }
+  }
+  if (job.mesh_size() > kMaxMeshAxes) {
+    return Invalid(absl::StrCat("mesh has ", job.mesh_size(), " axes; the limit is ", kMaxMeshAxes));
+  }
+  for (const auto& axis : job.mesh()) {
+    if (axis.name().size() > kMaxNameBytes) return Invalid(absl::StrCat("a mesh axis name exceeds ", kMaxNameBytes, " bytes"));
+  }
+  if (job.plan().tensor_parallel().styles_size() > kMaxStyleRules) {
+    return Invalid(absl::StrCat("plan.tensor_parallel.styles has ", job.plan().tensor_parallel().styles_size(),
+                                " rules; the limit is ", kMaxStyleRules));
+  }
+  for (const auto& rule : job.plan().tensor_parallel().styles()) {
+    if (rule.module().size() > kMaxNameBytes) {
+      return Invalid(absl::StrCat("a plan.tensor_parallel.styles module pattern exceeds ", kMaxNameBytes, " bytes"));
+    }
+  }
+  if (job.plan().pipeline_parallel().split_size() > kMaxSplitEntries) {
+    return Invalid(absl::StrCat("plan.pipeline_parallel.split has more than ", kMaxSplitEntries, " entries"));
+  }
+  if (job.steps() > kMaxSteps) return Invalid(absl::StrCat("steps must be at most ", kMaxSteps));
   const auto& ck = job.checkpoint();
   if (ck.every_n_steps() < 0 || ck.keep_last() < 0) {
     return Invalid("checkpoint.every_n_steps and checkpoint.keep_last must not be negative");
@@ -170,8 +202,9 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     if (auto plan = PlanPipeline(job, model); !plan.ok()) return plan.status();
   }
   if (job.steps() < 1) return Invalid(absl::StrCat("steps must be >= 1, got ", job.steps()));
-  if (job.threads_per_rank() < 1 || job.threads_per_rank() > 256) {
-    return Invalid("threads_per_rank must be in [1, 256]");
+  if (job.threads_per_rank() < 1 || job.threads_per_rank() > kMaxThreadsPerRank) {
+    return Invalid(absl::StrCat("threads_per_rank must be in [1, ", kMaxThreadsPerRank,
+                                "] (and at most the cores of each worker, checked at CreateJob)"));
   }
   return absl::OkStatus();
 }

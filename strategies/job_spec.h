@@ -14,6 +14,15 @@
 
 namespace baton {
 
+// Named bounds of a job spec (INVALID_ARGUMENT beyond them).
+inline constexpr size_t kMaxNameBytes = 256;
+inline constexpr size_t kMaxPathBytes = 4096;
+inline constexpr int kMaxMeshAxes = 8;
+inline constexpr int kMaxStyleRules = 1024;
+inline constexpr int kMaxSplitEntries = 4096;
+inline constexpr int kMaxSteps = 1000000000;
+inline constexpr int kMaxThreadsPerRank = 256;
+
 // Parses text (JSON when `json`, else textproto), applies defaults and
 // validates.
 absl::StatusOr<baton::v1::JobSpec> ParseJobSpec(const std::string& text, bool json);

@@ -54,6 +54,20 @@ namespace {
 
 constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
 
+// MemAvailable from /proc/meminfo (0 when unknown).
+int64_t AvailableMemoryBytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kb = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long v;
+    if (std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) kb = v;
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
 std::string Incarnation() {
   return absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
 }
@@ -155,6 +169,8 @@ int Main(int argc, char** argv) {
                                                   : absl::GetFlag(FLAGS_name));
   info.set_pid(getpid());
   info.set_incarnation(Incarnation());
+  info.set_cpu_cores(static_cast<int>(std::thread::hardware_concurrency()));
+  info.set_memory_bytes(AvailableMemoryBytes());
   auto* cpu = info.add_devices();
   cpu->set_kind("cpu");
   cpu->set_description(absl::StrCat(std::thread::hardware_concurrency(), " cores"));

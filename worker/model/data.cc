@@ -1,5 +1,9 @@
 #include "worker/model/data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <ATen/ops/empty.h>
 
 #include <sys/stat.h>
@@ -13,8 +17,8 @@
 namespace baton {
 namespace {
 
-// Token files are loaded whole (int32 per token).
-constexpr int64_t kMaxTokenFileBytes = int64_t{1} << 32;
+// Token files are memory-mapped, not loaded: bounded all the same.
+constexpr int64_t kMaxTokenFileBytes = int64_t{1} << 36;
 
 }  // namespace
 
@@ -23,52 +27,65 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Da
   std::unique_ptr<DataSource> source(new DataSource(data, model, seed));
   if (!data.has_token_file()) return source;
   const auto& file = data.token_file();
-  // A regular file of bounded size: a device or a FIFO would be read forever.
+  // Opened non-blocking (a FIFO cannot hang it), then only a regular file of
+  // bounded size is mapped; errors name the path, never its contents.
+  const int fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open token file ", file.path()));
   struct stat st;
-  if (stat(file.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::NotFoundError(absl::StrCat("token file ", file.path(), " is not a readable regular file"));
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), " is not a regular file"));
   }
   if (st.st_size > kMaxTokenFileBytes) {
+    ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), " has ", st.st_size,
                                                    " bytes; at most ", kMaxTokenFileBytes, " are read"));
   }
-  std::ifstream in(file.path(), std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", file.path()));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const int64_t vocab = model.decoder().vocab();
-  switch (file.format()) {
-    case baton::v1::TokenFile::UINT16:
-    case baton::v1::TokenFile::UINT32: {
-      const size_t width = file.format() == baton::v1::TokenFile::UINT16 ? 2 : 4;
-      if (bytes.size() % width != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(file.path(), " has ", bytes.size(),
-                                                       " bytes, not a multiple of ", width));
-      }
-      source->tokens_.reserve(bytes.size() / width);
-      for (size_t i = 0; i < bytes.size(); i += width) {
-        uint32_t v = 0;
-        for (size_t b = 0; b < width; ++b) v |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + b])) << (8 * b);
-        if (v >= static_cast<uint64_t>(vocab)) {
-          return absl::InvalidArgumentError(absl::StrCat(file.path(), ": token ", v, " at index ", i / width,
-                                                         " is outside the vocabulary of ", vocab));
-        }
-        source->tokens_.push_back(static_cast<int32_t>(v));
-      }
-      break;
+  source->width_ = file.format() == baton::v1::TokenFile::UINT16   ? 2
+                   : file.format() == baton::v1::TokenFile::UINT32 ? 4
+                                                                   : 1;
+  if (st.st_size % source->width_ != 0) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), " has ", st.st_size,
+                                                   " bytes, not a multiple of ", source->width_));
+  }
+  if (st.st_size > 0) {
+    void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+      ::close(fd);
+      return absl::InternalError(absl::StrCat("cannot map token file ", file.path()));
     }
-    case baton::v1::TokenFile::TEXT_BYTES:
-      source->tokens_.assign(bytes.begin(), bytes.end());
-      for (auto& t : source->tokens_) t &= 0xff;  // bytes, not signed chars
-      break;
-    default:
-      return absl::InvalidArgumentError("unknown token file format");
+    source->mapped_ = static_cast<const unsigned char*>(map);
+    source->mapped_bytes_ = static_cast<size_t>(st.st_size);
+  }
+  ::close(fd);
+  source->tokens_ = st.st_size / source->width_;
+  const int64_t vocab = model.decoder().vocab();
+  if (file.format() != baton::v1::TokenFile::TEXT_BYTES) {
+    for (int64_t i = 0; i < source->tokens_; ++i) {
+      if (source->Token(i) >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), ": the token at index ", i,
+                                                       " is outside the vocabulary of ", vocab));
+      }
+    }
   }
   const int64_t window = model.decoder().seq_len() + 1;
-  if (static_cast<int64_t>(source->tokens_.size()) < window) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(), " holds ", source->tokens_.size(),
+  if (source->tokens_ < window) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), " holds ", source->tokens_,
                                                    " tokens; one sequence needs ", window));
   }
   return source;
+}
+
+DataSource::~DataSource() {
+  if (mapped_ != nullptr) ::munmap(const_cast<unsigned char*>(mapped_), mapped_bytes_);
+}
+
+int64_t DataSource::Token(int64_t i) const {
+  const unsigned char* p = mapped_ + i * width_;
+  uint32_t v = 0;
+  for (int b = 0; b < width_; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);  // little-endian
+  return v;
 }
 
 Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
@@ -88,7 +105,7 @@ Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
   const int64_t t = model_.decoder().seq_len(), window = t + 1;
   at::Tensor seq = at::empty({rows, window}, at::kLong);
   int64_t* out = seq.data_ptr<int64_t>();
-  if (tokens_.empty()) {
+  if (tokens_ == 0) {
     // Synthetic sequences with structure a model can learn in context: each
     // row is an arithmetic progression modulo the vocabulary, with a random
     // start and a random stride in [1, 8].
@@ -102,12 +119,12 @@ Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
     }
   } else {
     // Consecutive windows through the file, wrapping around.
-    const int64_t starts = static_cast<int64_t>(tokens_.size()) - window + 1;
+    const int64_t starts = tokens_ - window + 1;
     for (int64_t r = 0; r < rows; ++r) {
       // In 128 bits: row * window may exceed 64 bits on a long run.
       const int64_t start = static_cast<int64_t>(static_cast<unsigned __int128>(global_row + r) *
                                                  static_cast<uint64_t>(window) % static_cast<uint64_t>(starts));
-      for (int64_t j = 0; j < window; ++j) out[r * window + j] = tokens_[start + j];
+      for (int64_t j = 0; j < window; ++j) out[r * window + j] = Token(start + j);
     }
   }
   batch.tokens = seq.narrow(1, 0, t).contiguous();

@@ -23,15 +23,21 @@ class DataSource {
                                                           const baton::v1::ModelSpec& model, uint64_t seed);
 
   Batch Get(int64_t step, int64_t row_begin, int64_t rows) const;
+  ~DataSource();
 
  private:
   DataSource(const baton::v1::DataSpec& data, const baton::v1::ModelSpec& model, uint64_t seed)
       : data_(data), model_(model), seed_(seed) {}
+  int64_t Token(int64_t i) const;  // token i of the file
 
   baton::v1::DataSpec data_;
   baton::v1::ModelSpec model_;
   uint64_t seed_;
-  std::vector<int32_t> tokens_;  // token-file data, empty for synthetic
+  // A token file, memory-mapped read-only (never copied); none for synthetic.
+  const unsigned char* mapped_ = nullptr;
+  size_t mapped_bytes_ = 0;
+  int width_ = 0;  // bytes per token
+  int64_t tokens_ = 0;
 };
 
 }  // namespace baton

@@ -3,6 +3,10 @@
 #include "worker/model/data.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
 
 #include <cstdlib>
 #include <fstream>
@@ -79,7 +83,18 @@ TEST(DataTest, RejectsBadTokenFiles) {
   // A device would be read forever: only regular files are token files.
   auto device = Open("token_file { path: \"/dev/zero\" format: TEXT_BYTES } batch_size: 2");
   std::printf("%s\n", device.status().ToString().c_str());
-  EXPECT_EQ(device.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  // A FIFO nobody writes to: refused at once, not waited on (opened non-blocking).
+  const std::string fifo = std::string(std::getenv("TEST_TMPDIR")) + "/tokens.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto pipe = Open("token_file { path: \"" + fifo + "\" format: TEXT_BYTES } batch_size: 2");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("FIFO: %s after %.1f ms\n", pipe.status().ToString().c_str(), ms);
+  EXPECT_EQ(pipe.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(ms, 1000);
+  // Errors name the path, never a byte of the file.
+  EXPECT_EQ(out_of_vocab.status().message().find("65535"), std::string::npos) << out_of_vocab.status();
 }
 
 // Rows far into a long run still index inside the file (the window start is
