@@ -1,5 +1,7 @@
 #include "common/kv_store.h"
 
+#include <malloc.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -122,6 +124,7 @@ void KeyValueStore::AbortPrefix(const std::string& prefix, const std::string& re
   }
   // The mesh is released: its keys go too.
   for (auto it = data_.lower_bound(prefix); it != data_.end() && it->first.rfind(prefix, 0) == 0;) it = Erase(it);
+  TrimIfFreed();
 }
 
 size_t KeyValueStore::bytes() const {
@@ -131,7 +134,17 @@ size_t KeyValueStore::bytes() const {
 
 std::map<std::string, std::string>::iterator KeyValueStore::Erase(std::map<std::string, std::string>::iterator it) {
   bytes_ -= it->first.size() + it->second.size();
+  freed_since_trim_ += it->first.size() + it->second.size();
   return data_.erase(it);
+}
+
+void KeyValueStore::TrimIfFreed() {
+  // Values of up to 1 MiB live in the allocator's arenas: after freeing many
+  // of them, give the memory back instead of keeping it as the high mark.
+  if (freed_since_trim_ >= (size_t{4} << 20)) {
+    freed_since_trim_ = 0;
+    malloc_trim(0);
+  }
 }
 
 absl::StatusOr<bool> KeyValueStore::Check(const std::vector<std::string>& keys,
@@ -154,6 +167,7 @@ absl::StatusOr<int64_t> KeyValueStore::Delete(const std::string& key, bool prefi
     it = Erase(it);
     ++n;
   }
+  TrimIfFreed();
   return n;
 }
 

@@ -1,5 +1,7 @@
 #include "controller/controller_service.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <map>
 
@@ -43,7 +45,15 @@ void ControllerService::Stop() {
 }
 
 void ControllerService::MonitorLoop() {
+  absl::Time last_trim = absl::Now();
   while (!stop_.WaitForNotificationWithTimeout(options_.sweep_interval)) {
+    // What a burst of calls (a flood of streams or values) left in the
+    // allocator's arenas goes back to the system: the controller's memory
+    // follows what it holds, not its high mark.
+    if (absl::Now() - last_trim > kTrimInterval) {
+      malloc_trim(0);
+      last_trim = absl::Now();
+    }
     std::vector<std::string> dead = registry_->SweepDead();
     if (dead.empty()) continue;
     baton::v1::Mesh mesh;

@@ -103,6 +103,7 @@ class ControllerService final : public baton::v1::Controller::Service {
   // crashed one from survivors that merely saw a collective fail.
   std::string ExplainFailure(const baton::v1::Mesh& mesh, const std::vector<grpc::Status>& statuses);
   static constexpr absl::Duration kProbeDeadline = absl::Seconds(2);
+  static constexpr absl::Duration kTrimInterval = absl::Seconds(1);
   void MonitorLoop();
   // "" when every call of a fan-out over `mesh` succeeded (and `valid`, if
   // given, accepts its response). Otherwise aborts the mesh everywhere and
