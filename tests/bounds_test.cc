@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -179,6 +180,33 @@ TEST_F(BoundsTest, HostileInputsGetClearErrorsAndCostNothing) {
     j.set_name(std::string(12 << 20, 'n'));
     return CreateTimed(j);
   });
+}
+
+// The listening TCP sockets of `pid`: its socket inodes matched against the
+// LISTEN entries (state 0A) of /proc/net/tcp and tcp6.
+int ListeningSockets(pid_t pid) {
+  std::set<std::string> inodes;
+  auto fds = testing::RunCommand({"/bin/sh", "-c", absl::StrCat("ls -l /proc/", pid, "/fd")}, absl::Seconds(5));
+  for (const auto& line : absl::StrSplit(fds.output, '\n')) {
+    const size_t at = line.find("socket:[");
+    if (at != absl::string_view::npos) inodes.insert(std::string(line.substr(at + 8, line.find(']', at) - at - 8)));
+  }
+  int listening = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (f.size() > 9 && f[3] == "0A" && inodes.count(f[9])) ++listening;
+    }
+  }
+  return listening;
+}
+
+TEST_F(BoundsTest, TheControllerListensOnOnePort) {
+  const int n = ListeningSockets(controller_);
+  std::printf("the controller (started with --port 0) listens on %d port(s)\n", n);
+  EXPECT_EQ(n, 1);
 }
 
 TEST_F(BoundsTest, FloodsAreBounded) {

@@ -186,6 +186,9 @@ int Main(int argc, char** argv) {
   builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), MakeServerCredentials(credentials),
                            &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
+  // Without SO_REUSEPORT each of gRPC's pollers cannot bind port 0 on its
+  // own: one listening port, the advertised one.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   WorkerOptions options;
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
