@@ -11,6 +11,7 @@
 #   ./dev.sh bench  install what is missing, run bench/vs_pytorch.sh
 #   ./dev.sh bench-tp  install what is missing, run bench/tp.sh (FSDP vs TP)
 #   ./dev.sh bench-checkpoint  install what is missing, run bench/checkpoint.sh
+#   ./dev.sh fuzz SECONDS  install what is missing, run bench/fuzz.sh (libFuzzer targets)
 # Installing is idempotent: apt is not called when every package is present.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,11 +20,12 @@ cd "$(dirname "$0")"
 # LibTorch calls whatever libblas.so.3 the system selects, and the default
 # reference BLAS runs matrix products 15-20x slower. python3-torch and
 # python3-numpy: the independent PyTorch-Python oracle (tests/oracle/) and
-# the benchmark's PyTorch peer.
+# the benchmark's PyTorch peer. libdeflate-dev: checkpoint checksums.
+# openssl: the mTLS test's certificates. clang: libFuzzer (bench/fuzz.sh).
 PACKAGES=(
   bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev openssl
+  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev openssl clang
 )
 
 install_missing() {
@@ -125,5 +127,6 @@ case "${1:-}" in
   bench) install_missing; shift; bench/vs_pytorch.sh "$@"; bazel shutdown ;;
   bench-tp) install_missing; shift; bench/tp.sh "$@"; bazel shutdown ;;
   bench-checkpoint) install_missing; shift; bench/checkpoint.sh "$@"; bazel shutdown ;;
-  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint" >&2; exit 2 ;;
+  fuzz) install_missing; shift; bench/fuzz.sh "$@"; bazel shutdown ;;
+  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|fuzz" >&2; exit 2 ;;
 esac

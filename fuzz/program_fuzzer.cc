@@ -1,0 +1,13 @@
+// libFuzzer: the Program validator every worker runs on what it is sent.
+#include <cstddef>
+#include <cstdint>
+
+#include "common/program_check.h"
+#include "proto/program.pb.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  baton::v1::Program program;
+  if (!program.ParseFromArray(data, static_cast<int>(size))) return 0;
+  (void)baton::ValidateProgram(program);
+  return 0;
+}
