@@ -7,6 +7,8 @@
 #                   FSDP x TP -> save -> 1F1B pipeline, on the same fleet)
 #   ./dev.sh test   install what is missing, build, run every test;
 #                   ends with a plain "N passed, N failed, N skipped" line
+#                   (extra arguments go to bazel: ./dev.sh test --config=asan
+#                   runs the suite built with ASan + UBSan)
 #   ./dev.sh build  install what is missing, build everything
 #   ./dev.sh bench  install what is missing, run bench/vs_pytorch.sh
 #   ./dev.sh bench-tp  install what is missing, run bench/tp.sh (FSDP vs TP)
@@ -76,7 +78,7 @@ run_tests() {
   log=$(mktemp)
   # Old results must not be counted again.
   rm -rf "$(bazel info bazel-testlogs 2>/dev/null)" 2>/dev/null || true
-  bazel test //... --test_output=errors 2>&1 | tee "$log" || status=$?
+  bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
   summarize "$log"
   rm -f "$log"
   bazel shutdown
@@ -122,7 +124,7 @@ demo() {
 
 case "${1:-}" in
   demo) install_missing; demo ;;
-  test) install_missing; run_tests ;;
+  test) install_missing; shift; run_tests "$@" ;;
   build) install_missing; build ;;
   bench) install_missing; shift; bench/vs_pytorch.sh "$@"; bazel shutdown ;;
   bench-tp) install_missing; shift; bench/tp.sh "$@"; bazel shutdown ;;

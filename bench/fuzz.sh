@@ -40,8 +40,11 @@ for t in "${targets[@]}"; do
   if [ "$code" -eq 0 ]; then result=ok; else result="FAILED (exit $code)"; status=1; fi
   printf '%-22s %10s %8s %8s %8s  %s\n' "$t" "${runs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
   if [ "$code" -ne 0 ]; then
-    grep -E 'ERROR|SUMMARY|==[0-9]+==' "$log" | head -20
-    ls "$work/$t-"* 2>/dev/null | head -3
+    { grep -E 'ERROR|SUMMARY|==[0-9]+==|^    #[0-9] ' "$log" || true; } | head -20
+    # The input that failed outlives the run.
+    mkdir -p "${FUZZ_ARTIFACTS:-/tmp/baton-fuzz-artifacts}"
+    cp "$work/$t-"* "${FUZZ_ARTIFACTS:-/tmp/baton-fuzz-artifacts}/" 2>/dev/null || true
+    echo "  reproduce: bazel build --config=fuzz //fuzz:$t && bazel-bin/fuzz/$t ${FUZZ_ARTIFACTS:-/tmp/baton-fuzz-artifacts}/$t-..."
   fi
 done
 # Back to the normal toolchain for the next build.

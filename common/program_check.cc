@@ -83,9 +83,10 @@ absl::Status CheckGatherLayouts(Context& c, const Instruction& ins, int axis, bo
       }
       if (a == axis && !all_sharded && s == t) continue;
       if (a != axis && s == t) continue;
-      return Bad(absl::StrCat(DescribeInstruction(ins), " along \"", c.mesh.axes()[axis].name, "\": parameter ",
-                              param.name(), " is ", s.ToString(), " -> ", t.ToString(), " on axis \"",
-                              c.mesh.axes()[a].name, "\""));
+      // `axis` is -1 for a gather along no axis (a resident unit's no-op).
+      const std::string along = axis >= 0 ? absl::StrCat(" along \"", c.mesh.axes()[axis].name, "\"") : "";
+      return Bad(absl::StrCat(DescribeInstruction(ins), along, ": parameter ", param.name(), " is ", s.ToString(),
+                              " -> ", t.ToString(), " on axis \"", c.mesh.axes()[a].name, "\""));
     }
   }
   return absl::OkStatus();

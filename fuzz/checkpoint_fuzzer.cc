@@ -2,6 +2,8 @@
 // CheckMetadata) and the load planner over it, against a small plan.
 #include <cstddef>
 #include <cstdint>
+
+#include "google/protobuf/stubs/logging.h"
 #include <string>
 #include <vector>
 
@@ -23,6 +25,12 @@ const std::vector<baton::v1::Program>& Target() {
   return *programs;
 }
 }  // namespace
+
+// Protobuf's complaints about malformed inputs are expected by the thousand.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   baton::v1::CheckpointMetadata md;

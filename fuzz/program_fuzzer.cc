@@ -2,8 +2,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "google/protobuf/stubs/logging.h"
+
 #include "common/program_check.h"
 #include "proto/program.pb.h"
+
+// Protobuf's complaints about malformed inputs are expected by the thousand.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   baton::v1::Program program;

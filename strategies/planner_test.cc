@@ -286,6 +286,16 @@ TEST(PlannerTest, CompiledProgramsPassTheWorkersCheckAndBrokenOnesFail) {
   auto bad = good;
   bad.set_rank(2);
   expect_refused(bad, "rank 2 is not in");
+  // A gather along no axis of a unit that needs one (found by the fuzzer:
+  // describing it read the mesh axis at index -1).
+  bad = good;
+  for (auto& ins : *bad.mutable_instructions()) {
+    if (ins.op() == Instruction::GATHER_PARAMS) {
+      ins.clear_axes();
+      break;
+    }
+  }
+  expect_refused(bad, "is Shard(0) -> Replicate() on axis \"dp\"");
   bad = good;
   bad.mutable_instructions(3)->set_stage(99);
   expect_refused(bad, "stage out of range");
