@@ -69,7 +69,9 @@ absl::StatusOr<int64_t> KeyValueStore::Add(const std::string& key, int64_t delta
   if (const std::string* reason = AbortedReason(key); reason != nullptr) {
     return absl::AbortedError(absl::StrCat("rendezvous key \"", key, "\" belongs to an aborted mesh: ", *reason));
   }
-  value += delta;
+  if (__builtin_add_overflow(value, delta, &value)) {
+    return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to key \"", key, "\" overflows"));
+  }
   const std::string text = absl::StrCat(value);
   const size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
   if ((it == data_.end() && data_.size() >= kMaxKeys) || bytes_ - old_bytes + key.size() + text.size() > kMaxTotalBytes) {
@@ -155,6 +157,7 @@ absl::StatusOr<bool> KeyValueStore::Check(const std::vector<std::string>& keys,
 }
 
 absl::StatusOr<int64_t> KeyValueStore::Delete(const std::string& key, bool prefix) {
+  if (auto s = ValidateKey(key); !s.ok()) return s;  // an empty prefix would wipe the store
   absl::MutexLock lock(&mu_);
   if (!prefix) {
     auto it = data_.find(key);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -86,11 +87,11 @@ absl::StatusOr<std::string> LoadToken(const std::string& file, const std::string
   if (!path.empty()) {
     auto text = ReadSecretFile(path, kMaxTokenBytes);
     if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("token file: ", text.status().message()));
-    token = *text;
+    token = std::string(absl::StripAsciiWhitespace(*text));
+    if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
   } else if (const char* t = std::getenv(env.c_str()); t != nullptr) {
-    token = t;
+    token = std::string(absl::StripAsciiWhitespace(t));
   }
-  token = std::string(absl::StripAsciiWhitespace(token));
   for (char c : token) {
     if (c < 0x21 || c > 0x7e) {
       return absl::InvalidArgumentError(absl::StrCat("the token ", path.empty() ? "in $" + env : "in " + path,
@@ -109,8 +110,10 @@ absl::Status LoadTls(const std::string& ca_file, const std::string& cert_file, c
                                   std::pair{&key_file, &credentials->tls_key}}) {
     auto text = ReadSecretFile(*path, kMaxPemBytes);
     if (!text.ok()) return text.status();
+    if (text->empty()) return absl::InvalidArgumentError(absl::StrCat("TLS file ", *path, " is empty"));
     *out = *text;
   }
+  credentials->use_tls = true;
   return absl::OkStatus();
 }
 
@@ -173,12 +176,26 @@ grpc::Status Authenticator::Check(const grpc::ServerContext* ctx, Role role) con
                         role == Role::kClient ? "a worker token cannot drive the controller's jobs and meshes"
                                               : "a client token cannot act as a worker of the fleet");
   }
-  if (want.empty()) return grpc::Status::OK;  // this role is not closed
+  // A role without a token of its own is closed, not open.
   return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong bearer token");
 }
 
+absl::Status Authenticator::Validate(const std::string& client_token, const std::string& worker_token) {
+  if (client_token.empty() != worker_token.empty()) {
+    return absl::InvalidArgumentError(
+        "give both a client and a worker token (or neither): one alone would leave the other role open");
+  }
+  if (!client_token.empty() && client_token == worker_token) {
+    return absl::InvalidArgumentError("the client and worker tokens must differ: each role needs its own");
+  }
+  return absl::OkStatus();
+}
+
 bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || host == "[::1]" || absl::StartsWith(host, "127.");
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  int a, b, c, d;
+  char tail;
+  return std::sscanf(host.c_str(), "%d.%d.%d.%d%c", &a, &b, &c, &d, &tail) == 4 && a == 127;
 }
 
 }  // namespace baton

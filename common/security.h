@@ -31,7 +31,8 @@ enum class Role { kClient, kWorker };
 struct Credentials {
   std::string token;
   std::string tls_ca, tls_cert, tls_key;
-  bool tls() const { return !tls_ca.empty(); }
+  bool use_tls = false;  // set by LoadTls when the files are given (never empty then)
+  bool tls() const { return use_tls; }
 };
 
 // The token in `file` if given, else in environment variable `env` (a file
@@ -60,8 +61,12 @@ std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const Credentials
 class Authenticator {
  public:
   Authenticator() = default;
+  // Both or neither (Validate says which is wrong).
   Authenticator(std::string client_token, std::string worker_token)
       : client_token_(std::move(client_token)), worker_token_(std::move(worker_token)) {}
+  // A daemon's tokens must be both set and different, or both unset: one
+  // alone would leave the other role open.
+  static absl::Status Validate(const std::string& client_token, const std::string& worker_token);
   bool enabled() const { return !client_token_.empty() || !worker_token_.empty(); }
   // OK when the call carries the token of `role`.
   grpc::Status Check(const grpc::ServerContext* ctx, Role role) const;

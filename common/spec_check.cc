@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace baton {
 namespace {
@@ -17,6 +18,9 @@ constexpr int64_t kMaxDimension = int64_t{1} << 24;
 // 17 G parameters: 68 GB of fp32 masters before gradients and moments; the
 // per-rank memory check at CreateJob is the real bound.
 constexpr int64_t kMaxParameters = int64_t{1} << 34;
+// Units the planner builds per rank (one per block): bounded apart from the
+// parameter count, which a deep, narrow model stays under.
+constexpr int64_t kMaxBlocks = 4096;
 
 absl::Status Dimension(const char* field, int64_t value, int64_t min) {
   if (value < min || value > kMaxDimension) {
@@ -36,6 +40,7 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
                                   {"model.mlp.hidden", m.hidden()}}) {
         if (auto s = Dimension(field, value, 1); !s.ok()) return s;
       }
+      if (m.blocks() > kMaxBlocks) return Invalid(absl::StrCat("model.mlp.blocks must be at most ", kMaxBlocks));
       const double d = m.d_model(), h = m.hidden() > 0 ? m.hidden() : m.d_model();
       if (m.blocks() * (2 * d * h + d + h) > kMaxParameters) {
         return Invalid(absl::StrCat("model.mlp has more than ", kMaxParameters, " parameters (2^34)"));
@@ -56,13 +61,14 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
             {"model.decoder.seq_len", d.seq_len(), 1}}) {
         if (auto s = Dimension(field, value, min); !s.ok()) return s;
       }
+      if (d.layers() > kMaxBlocks) return Invalid(absl::StrCat("model.decoder.layers must be at most ", kMaxBlocks));
       // Parameters, in double (the dimensions' product can pass int64).
       const double v = d.vocab(), dim = d.dim(), f = d.ffn_dim(), layers = d.layers();
       const double params =
           2 * v * dim + dim + layers * (4 * dim * dim + (d.mlp() == baton::v1::DecoderModel::SWIGLU ? 3 : 2) * f * dim +
                                         2 * dim);
       if (params > kMaxParameters) {
-        return Invalid(absl::StrCat("model.decoder has ", static_cast<int64_t>(params), " parameters; the limit is ",
+        return Invalid(absl::StrCat("model.decoder has ", absl::StrFormat("%.4g", params), " parameters; the limit is ",
                                     kMaxParameters, " (2^34)"));
       }
       if (d.dim() % d.heads() != 0) {
@@ -97,6 +103,9 @@ absl::Status ValidateOptimizer(const baton::v1::OptimizerSpec& opt) {
 absl::Status ValidateData(const baton::v1::DataSpec& data, const baton::v1::ModelSpec& model) {
   if (data.batch_size() < 1 || data.batch_size() > kMaxDimension) {
     return Invalid(absl::StrCat("data.batch_size must be in [1, ", kMaxDimension, "], got ", data.batch_size()));
+  }
+  if (data.microbatches() > kMaxBlocks) {
+    return Invalid(absl::StrCat("data.microbatches must be at most ", kMaxBlocks));
   }
   if (data.has_token_file()) {
     if (!model.has_decoder()) return Invalid("data.token_file needs a decoder model");

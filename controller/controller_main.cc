@@ -69,6 +69,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "baton-controller: %s\n", s.ToString().c_str());
     return 2;
   }
+  if (auto s = Authenticator::Validate(*client_token, *worker_token); !s.ok()) {
+    std::fprintf(stderr, "baton-controller: %s\n", s.ToString().c_str());
+    return 2;
+  }
   const Authenticator auth(*client_token, *worker_token);
   const std::string host = absl::GetFlag(FLAGS_host);
   if (!auth.enabled() && !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {

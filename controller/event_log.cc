@@ -5,6 +5,18 @@
 #include "absl/time/clock.h"
 
 namespace baton {
+namespace {
+
+// At most `limit` bytes of `s`, cut at a UTF-8 character boundary (a string
+// field must stay valid UTF-8 for every client that parses the event).
+std::string Cut(const std::string& s, size_t limit, const char* mark) {
+  if (s.size() <= limit) return s;
+  size_t end = limit;
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xC0) == 0x80) --end;
+  return s.substr(0, end) + mark;
+}
+
+}  // namespace
 
 void EventLog::Append(const std::string& kind, const std::string& worker_name, int rank,
                       const std::string& message) {
@@ -14,9 +26,9 @@ void EventLog::Append(const std::string& kind, const std::string& worker_name, i
   e.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
   e.set_kind(kind);
   // Bounded: a name or message someone sent is cut, not copied whole.
-  e.set_worker_name(worker_name.substr(0, kMaxNameBytes));
+  e.set_worker_name(Cut(worker_name, kMaxNameBytes, ""));
   e.set_rank(rank);
-  e.set_message(message.size() > kMaxMessageBytes ? message.substr(0, kMaxMessageBytes) + "..." : message);
+  e.set_message(Cut(message, kMaxMessageBytes, "..."));
   std::fprintf(stderr, "event %s %s: %s\n", kind.c_str(), e.worker_name().c_str(), e.message().c_str());
   events_.push_back(std::move(e));
   if (events_.size() > kCapacity) events_.pop_front();

@@ -81,7 +81,12 @@ int main(int argc, char** argv) {
     fleet = std::move(*started);
     address = fleet->controller_address();
   }
-  auto client = baton::Client::Connect(address);
+  // Its own fleet is closed with a token of its own; a given controller's
+  // token comes from the environment (BATON_TOKEN_FILE), as for `baton`.
+  auto credentials = baton::ClientCredentialsFromEnvironment();
+  if (!credentials.ok()) Fail("reading credentials", credentials.status());
+  if (fleet != nullptr) credentials->token = fleet->client_token();
+  auto client = baton::Client::Connect(address, absl::Seconds(5), *credentials);
   if (!client.ok()) Fail("connecting", client.status());
   if (auto s = (*client)->WaitForWorkers(4, absl::Seconds(60)); !s.ok()) Fail("waiting for 4 workers", s);
 

@@ -24,6 +24,8 @@ class DataSource {
 
   Batch Get(int64_t step, int64_t row_begin, int64_t rows) const;
   ~DataSource();
+  DataSource(const DataSource&) = delete;  // owns a mapping
+  DataSource& operator=(const DataSource&) = delete;
 
  private:
   DataSource(const baton::v1::DataSpec& data, const baton::v1::ModelSpec& model, uint64_t seed)
