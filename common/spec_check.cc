@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 
 namespace baton {
 namespace {
@@ -68,7 +67,7 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
           2 * v * dim + dim + layers * (4 * dim * dim + (d.mlp() == baton::v1::DecoderModel::SWIGLU ? 3 : 2) * f * dim +
                                         2 * dim);
       if (params > kMaxParameters) {
-        return Invalid(absl::StrCat("model.decoder has ", absl::StrFormat("%.4g", params), " parameters; the limit is ",
+        return Invalid(absl::StrCat("model.decoder has ", params, " parameters; the limit is ",
                                     kMaxParameters, " (2^34)"));
       }
       if (d.dim() % d.heads() != 0) {
