@@ -1,6 +1,7 @@
 #include "common/security.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +14,7 @@ namespace {
 std::string File(const std::string& name, const std::string& text) {
   const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
   std::ofstream(path) << text;
+  chmod(path.c_str(), 0600);
   return path;
 }
 
@@ -33,6 +35,11 @@ TEST(SecurityTest, HalfConfiguredCredentialsAreRefused) {
   auto good = LoadToken(File("good.token", "abc123\n"), "BATON_UNUSED");
   ASSERT_TRUE(good.ok());
   EXPECT_EQ(*good, "abc123");
+  const std::string open_to_all = File("shared.token", "abc123");
+  chmod(open_to_all.c_str(), 0644);
+  auto shared = LoadToken(open_to_all, "BATON_UNUSED");
+  std::printf("token file others can read: %s\n", shared.status().ToString().c_str());
+  EXPECT_TRUE(absl::IsPermissionDenied(shared.status()));
   Credentials c;
   const absl::Status tls = LoadTls(File("empty-ca.pem", ""), File("cert.pem", "x"), File("key.pem", "y"), &c);
   std::printf("empty CA file: %s\n", tls.ToString().c_str());

@@ -4,6 +4,7 @@
 // a certificate from another CA, and the tokens in no log and no command line.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <functional>
@@ -152,6 +153,7 @@ TEST(SecurityTest, TokensAppearInNoLogAndNoCommandLine) {
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   {
     std::ofstream(dir + "/wrong.token") << "wrong";
+    chmod((dir + "/wrong.token").c_str(), 0600);
   }
   auto wrong = RunCommand({testing::BatonBinary(), "status", "--controller=" + address,
                            "--token_file=" + dir + "/wrong.token"},
@@ -202,7 +204,7 @@ TEST(SecurityTest, MutualTlsRefusesACertificateFromAnotherCa) {
                     "openssl req -newkey rsa:2048 -nodes -subj /CN=", ca, "-peer -keyout ", ca,
                     ".key -out ", ca, ".csr 2>&1 && openssl x509 -req -in ", ca, ".csr -CA ", ca,
                     "-ca.pem -CAkey ", ca, "-ca.key -CAcreateserial -days 2 -extfile san.ext -out ", ca,
-                    ".pem 2>&1"));
+                    ".pem 2>&1 && chmod 600 *.key"));
   }
   const std::vector<std::string> tls = {"--tls_ca=" + d + "/good-ca.pem", "--tls_cert=" + d + "/good.pem",
                                         "--tls_key=" + d + "/good.key"};
