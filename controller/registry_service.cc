@@ -46,7 +46,9 @@ grpc::Status RegistryService::Get(grpc::ServerContext* ctx, const baton::v1::KvG
   if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto timeout = WaitTimeout(req->timeout_ms());
   if (!timeout.ok()) return ToGrpcStatus(timeout.status());
+  if (grpc::Status full = EnterWait(); !full.ok()) return full;
   auto value = kv_->Get(req->key(), *timeout);
+  blocked_waits_.fetch_sub(1);
   if (!value.ok()) return ToGrpcStatus(value.status());
   resp->set_value(*value);
   return grpc::Status::OK;
@@ -66,7 +68,19 @@ grpc::Status RegistryService::Wait(grpc::ServerContext* ctx, const baton::v1::Kv
   if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto timeout = WaitTimeout(req->timeout_ms());
   if (!timeout.ok()) return ToGrpcStatus(timeout.status());
-  return ToGrpcStatus(kv_->Wait({req->keys().begin(), req->keys().end()}, *timeout));
+  if (grpc::Status full = EnterWait(); !full.ok()) return full;
+  const absl::Status s = kv_->Wait({req->keys().begin(), req->keys().end()}, *timeout);
+  blocked_waits_.fetch_sub(1);
+  return ToGrpcStatus(s);
+}
+
+grpc::Status RegistryService::EnterWait() {
+  if (blocked_waits_.fetch_add(1) >= kMaxBlockedWaits) {
+    blocked_waits_.fetch_sub(1);
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat(kMaxBlockedWaits, " rendezvous waits are blocked already (the limit)"));
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status RegistryService::Check(grpc::ServerContext* ctx, const baton::v1::KvCheckRequest* req,

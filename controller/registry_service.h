@@ -4,6 +4,8 @@
 #ifndef BATON_CONTROLLER_REGISTRY_SERVICE_H_
 #define BATON_CONTROLLER_REGISTRY_SERVICE_H_
 
+#include <atomic>
+
 #include "common/kv_store.h"
 #include "common/security.h"
 #include "controller/worker_registry.h"
@@ -15,6 +17,10 @@ class RegistryService final : public baton::v1::Registry::Service {
  public:
   // Longest a KV Get/Wait may block one server thread.
   static constexpr int64_t kMaxWaitMs = 600000;
+  // Most Get/Wait calls blocked at once: the rest of the server's threads
+  // stay free for heartbeats and registrations (the controller's
+  // --max_threads is 512 by default).
+  static constexpr int kMaxBlockedWaits = 256;
 
   // `auth` says who may call: the fleet's worker token.
   RegistryService(WorkerRegistry* registry, KeyValueStore* kv, absl::Duration heartbeat_interval,
@@ -39,7 +45,10 @@ class RegistryService final : public baton::v1::Registry::Service {
                       baton::v1::KvDeleteResponse* resp) override;
 
  private:
+  // Takes a blocked-wait slot, or RESOURCE_EXHAUSTED when none is left.
+  grpc::Status EnterWait();
   const Authenticator auth_;
+  std::atomic<int> blocked_waits_{0};
   WorkerRegistry* const registry_;
   KeyValueStore* const kv_;
   const absl::Duration heartbeat_interval_;
