@@ -1,8 +1,10 @@
 #include "worker/model/data.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <stdexcept>
 
 #include <ATen/ops/empty.h>
 
@@ -17,8 +19,9 @@
 namespace baton {
 namespace {
 
-// Token files are memory-mapped, not loaded: bounded all the same.
-constexpr int64_t kMaxTokenFileBytes = int64_t{1} << 36;
+// Token files are streamed, not loaded: bounded all the same.
+// (Every id is checked once at open: 4 GiB keeps that to seconds.)
+constexpr int64_t kMaxTokenFileBytes = int64_t{1} << 32;
 
 }  // namespace
 
@@ -28,7 +31,7 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Da
   if (!data.has_token_file()) return source;
   const auto& file = data.token_file();
   // Opened non-blocking (a FIFO cannot hang it), then only a regular file of
-  // bounded size is mapped; errors name the path, never its contents.
+  // bounded size is read; errors name the path, never its contents.
   const int fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open token file ", file.path()));
   struct stat st;
@@ -49,24 +52,18 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Da
     return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), " has ", st.st_size,
                                                    " bytes, not a multiple of ", source->width_));
   }
-  if (st.st_size > 0) {
-    void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      ::close(fd);
-      return absl::InternalError(absl::StrCat("cannot map token file ", file.path()));
-    }
-    source->mapped_ = static_cast<const unsigned char*>(map);
-    source->mapped_bytes_ = static_cast<size_t>(st.st_size);
-  }
-  ::close(fd);
+  source->fd_ = fd;  // kept open: windows are read as steps need them
+  source->path_ = file.path();
   source->tokens_ = st.st_size / source->width_;
-  const int64_t vocab = model.decoder().vocab();
   if (file.format() != baton::v1::TokenFile::TEXT_BYTES) {
-    for (int64_t i = 0; i < source->tokens_; ++i) {
-      if (source->Token(i) >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("token file ", file.path(), ": the token at index ", i,
-                                                       " is outside the vocabulary of ", vocab));
+    // Every id checked once, streamed in blocks.
+    std::vector<int64_t> block(int64_t{1} << 16);
+    try {
+      for (int64_t i = 0; i < source->tokens_; i += static_cast<int64_t>(block.size())) {
+        source->ReadTokens(i, std::min<int64_t>(static_cast<int64_t>(block.size()), source->tokens_ - i), block.data());
       }
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(e.what());
     }
   }
   const int64_t window = model.decoder().seq_len() + 1;
@@ -78,14 +75,29 @@ absl::StatusOr<std::unique_ptr<DataSource>> DataSource::Open(const baton::v1::Da
 }
 
 DataSource::~DataSource() {
-  if (mapped_ != nullptr) ::munmap(const_cast<unsigned char*>(mapped_), mapped_bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
-int64_t DataSource::Token(int64_t i) const {
-  const unsigned char* p = mapped_ + i * width_;
-  uint32_t v = 0;
-  for (int b = 0; b < width_; ++b) v |= static_cast<uint32_t>(p[b]) << (8 * b);  // little-endian
-  return v;
+void DataSource::ReadTokens(int64_t begin, int64_t n, int64_t* out) const {
+  std::vector<unsigned char> bytes(static_cast<size_t>(n * width_));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t r = ::pread(fd_, bytes.data() + done, bytes.size() - done,
+                              static_cast<off_t>(begin * width_ + static_cast<int64_t>(done)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw std::runtime_error(absl::StrCat("token file ", path_, " is shorter than when the job opened it"));
+    done += static_cast<size_t>(r);
+  }
+  const int64_t vocab = model_.decoder().vocab();
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t v = 0;
+    for (int b = 0; b < width_; ++b) v |= static_cast<uint32_t>(bytes[i * width_ + b]) << (8 * b);  // little-endian
+    if (v >= static_cast<uint64_t>(vocab)) {
+      throw std::runtime_error(absl::StrCat("token file ", path_, ": the token at index ", begin + i,
+                                            " is outside the vocabulary of ", vocab));
+    }
+    out[i] = v;
+  }
 }
 
 Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
@@ -124,7 +136,7 @@ Batch DataSource::Get(int64_t step, int64_t row_begin, int64_t rows) const {
       // In 128 bits: row * window may exceed 64 bits on a long run.
       const int64_t start = static_cast<int64_t>(static_cast<unsigned __int128>(global_row + r) *
                                                  static_cast<uint64_t>(window) % static_cast<uint64_t>(starts));
-      for (int64_t j = 0; j < window; ++j) out[r * window + j] = Token(start + j);
+      ReadTokens(start, window, out + r * window);
     }
   }
   batch.tokens = seq.narrow(1, 0, t).contiguous();

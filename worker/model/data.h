@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,20 +25,24 @@ class DataSource {
 
   Batch Get(int64_t step, int64_t row_begin, int64_t rows) const;
   ~DataSource();
-  DataSource(const DataSource&) = delete;  // owns a mapping
+  DataSource(const DataSource&) = delete;  // owns a file descriptor
   DataSource& operator=(const DataSource&) = delete;
 
  private:
   DataSource(const baton::v1::DataSpec& data, const baton::v1::ModelSpec& model, uint64_t seed)
       : data_(data), model_(model), seed_(seed) {}
-  int64_t Token(int64_t i) const;  // token i of the file
+  // Tokens [begin, begin + n) of the file into `out`, each checked against the
+  // vocabulary; throws (the Executor turns it into a failed step) when the
+  // file changed under it.
+  void ReadTokens(int64_t begin, int64_t n, int64_t* out) const;
 
   baton::v1::DataSpec data_;
   baton::v1::ModelSpec model_;
   uint64_t seed_;
-  // A token file, memory-mapped read-only (never copied); none for synthetic.
-  const unsigned char* mapped_ = nullptr;
-  size_t mapped_bytes_ = 0;
+  // A token file, streamed with pread (never copied whole, and a file
+  // truncated under it is an error, not a SIGBUS); none for synthetic.
+  int fd_ = -1;
+  std::string path_;
   int width_ = 0;  // bytes per token
   int64_t tokens_ = 0;
 };

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -93,6 +94,20 @@ TEST(DataTest, RejectsBadTokenFiles) {
   std::printf("FIFO: %s after %.1f ms\n", pipe.status().ToString().c_str(), ms);
   EXPECT_EQ(pipe.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_LT(ms, 1000);
+  // A file truncated while a job reads it: the read fails with a message (the
+  // step fails), the process lives.
+  const std::string shrinking = TempFile("shrinking.txt", std::string(64, 'a'));
+  auto live = Open("token_file { path: \"" + shrinking + "\" format: TEXT_BYTES } batch_size: 2");
+  ASSERT_TRUE(live.ok()) << live.status();
+  ASSERT_EQ(truncate(shrinking.c_str(), 4), 0);
+  std::string what;
+  try {
+    (void)(*live)->Get(3, 0, 2);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  std::printf("truncated under a job: %s\n", what.c_str());
+  EXPECT_NE(what.find("shorter than when the job opened it"), std::string::npos);
   // Errors name the path, never a byte of the file.
   EXPECT_EQ(out_of_vocab.status().message().find("65535"), std::string::npos) << out_of_vocab.status();
 }
