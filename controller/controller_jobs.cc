@@ -1,5 +1,6 @@
 // ControllerService's job RPCs: CreateJob, Step, StopJob.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -74,18 +75,30 @@ absl::Status ControllerService::CheckFits(const baton::v1::JobSpec& job, const P
       worst_rank = static_cast<int>(r);
     }
   }
+  // The workers the mesh will take (the first live ones in fleet order), and
+  // how many of all live workers share each host: they share its memory and
+  // cores, which each reported whole.
+  std::vector<baton::v1::WorkerInfo> live;
+  std::map<std::string, int> per_host;
   for (const auto& w : registry_->List()) {
     if (w.state() == baton::v1::DEAD) continue;
+    live.push_back(w);
+    per_host[w.address().substr(0, w.address().rfind(':'))]++;
+  }
+  if (static_cast<int>(live.size()) > MeshSize(job)) live.resize(MeshSize(job));
+  for (const auto& w : live) {
+    const int sharing = per_host[w.address().substr(0, w.address().rfind(':'))];
+    const int64_t memory = w.memory_bytes() / std::max(1, sharing);
     if (w.cpu_cores() > 0 && job.threads_per_rank() > w.cpu_cores()) {
       return absl::InvalidArgumentError(absl::StrCat("threads_per_rank ", job.threads_per_rank(), " exceeds the ",
                                                      w.cpu_cores(), " cores worker ", w.name(), " has"));
     }
-    if (w.memory_bytes() > 0 && predicted > w.memory_bytes()) {
+    if (memory > 0 && predicted > memory) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "job \"%s\" needs about %d bytes on rank %d (%.2f GiB: parameters, gradients, optimizer state, gathered "
-          "parameters and activations held for backward) but worker %s has %d bytes available (%.2f GiB)",
-          job.name(), predicted, worst_rank, predicted / 1073741824.0, w.name(), w.memory_bytes(),
-          w.memory_bytes() / 1073741824.0));
+          "parameters and activations held for backward) but worker %s has %d bytes available (%.2f GiB%s)",
+          job.name(), predicted, worst_rank, predicted / 1073741824.0, w.name(), memory, memory / 1073741824.0,
+          sharing > 1 ? absl::StrCat(", its share of a host it shares with ", sharing - 1, " other workers") : ""));
     }
   }
   return absl::OkStatus();

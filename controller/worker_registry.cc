@@ -76,6 +76,13 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
     rank = it->second.info.rank();
     if (it->second.info.state() == baton::v1::DEAD) {
       kind = "worker_rejoined";
+    } else if (it->second.info.incarnation() == info.incarnation() &&
+               it->second.info.address() != info.address()) {
+      // The same instance does not move while alive: someone else is
+      // trying to redirect its slot.
+      return absl::FailedPreconditionError(absl::StrCat("worker ", info.name(), " is alive at ",
+                                                        it->second.info.address(), "; it cannot move to ",
+                                                        info.address(), " while alive"));
     } else if (it->second.info.incarnation() != info.incarnation()) {
       // A live worker's slot is not anyone's for the asking: another
       // instance may take the name once this one is declared dead.
