@@ -43,6 +43,9 @@ ABSL_FLAG(bool, allow_unauthenticated, false,
           "Serve a non-loopback address without tokens (anyone who reaches the port may drive the fleet).");
 ABSL_FLAG(int64_t, forget_dead_after_ms, 600000, "A worker DEAD this long is forgotten (its name and slot freed).");
 ABSL_FLAG(int, max_threads, 512, "Most server threads; RPCs beyond get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, drain_ms, 0,
+          "On SIGTERM, report NOT_SERVING on grpc.health.v1 for this long before shutting down (time for a load "
+          "balancer or Kubernetes to stop sending calls).");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
           "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
 
@@ -127,6 +130,12 @@ int Main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
+  // Draining: probes see NOT_SERVING while calls in flight finish.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  if (absl::GetFlag(FLAGS_drain_ms) > 0) {
+    std::fprintf(stderr, "controller draining for %lld ms\n", static_cast<long long>(absl::GetFlag(FLAGS_drain_ms)));
+    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_drain_ms)));
+  }
   controller_service.Stop();
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   std::fprintf(stderr, "controller stopped\n");

@@ -342,6 +342,37 @@ TEST(ClusterTest, DaemonsServeGrpcHealth) {
   ExpectAllGone(*cluster);
 }
 
+// After SIGTERM a daemon drains: its health says NOT_SERVING while it still
+// answers, then it exits.
+TEST(ClusterTest, HealthSaysNotServingWhileDraining) {
+  auto cluster = StartCluster(1, {"--drain_ms=3000"}, {"--drain_ms=3000"});
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->Status();
+  ASSERT_TRUE(status.ok());
+  auto probe = [](const std::string& address) {
+    auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = health->Check(&ctx, {}, &resp);
+    return s.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status())
+                  : "unreachable: " + s.error_message();
+  };
+  for (const auto& [name, address] : {std::pair{std::string("worker-0"), status->workers(0).address()},
+                                      std::pair{std::string("controller"), cluster->controller_address()}}) {
+    const std::string before = probe(address);
+    ASSERT_EQ(kill(PidOf(*cluster, name), SIGTERM), 0);
+    absl::SleepFor(absl::Milliseconds(500));
+    const std::string during = probe(address);
+    std::printf("%s: %s, then %s 0.5 s after SIGTERM\n", name.c_str(), before.c_str(), during.c_str());
+    EXPECT_EQ(before, "SERVING");
+    EXPECT_EQ(during, "NOT_SERVING");
+  }
+  ExpectAllGone(*cluster);
+}
+
 // Watch streams registrations and mesh events as they happen.
 TEST(ClusterTest, WatchStreamsFleetEvents) {
   auto cluster = StartCluster(2);

@@ -47,6 +47,8 @@ ABSL_FLAG(bool, allow_unauthenticated, false,
           "Serve a non-loopback address without a token (anyone who reaches the port may drive this worker).");
 ABSL_FLAG(std::string, data_root, "",
           "Token files a job names are opened only under this directory (default: the working directory).");
+ABSL_FLAG(int64_t, drain_ms, 0,
+          "On SIGTERM, report NOT_SERVING on grpc.health.v1 for this long before shutting down.");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
@@ -210,8 +212,16 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "worker %s serving on %s (controller %s)\n", info.name().c_str(),
                info.address().c_str(), controller.c_str());
 
+  // SERVING only once registered: before that the fleet cannot use it.
+  server->GetHealthCheckService()->SetServingStatus(false);
   absl::Notification stop, registered;
   std::atomic<bool> registrar_failed{false};
+  std::thread serving([&] {
+    while (!registered.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+      if (stop.HasBeenNotified()) return;
+    }
+    if (!stop.HasBeenNotified()) server->GetHealthCheckService()->SetServingStatus(true);
+  });
   std::thread registrar([&] {
     if (!RunRegistrar(registry.get(), info, &stop, &registered)) {
       registrar_failed = true;
@@ -222,6 +232,13 @@ int Main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   stop.Notify();
+  serving.join();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  if (absl::GetFlag(FLAGS_drain_ms) > 0) {
+    std::fprintf(stderr, "worker %s draining for %lld ms\n", info.name().c_str(),
+                 static_cast<long long>(absl::GetFlag(FLAGS_drain_ms)));
+    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_drain_ms)));
+  }
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   registrar.join();
   std::fprintf(stderr, "worker %s stopped\n", info.name().c_str());
