@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "common/file_root.h"
 #include "mesh/box_copy.h"
 
 namespace baton {
@@ -56,24 +57,6 @@ absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::stri
     at += r;
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t limit) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
-  if (fd < 0) {
-    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
-    return absl::PermissionDeniedError(Errno("cannot open", path));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > limit) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file of at most ", limit, " bytes"));
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  absl::Status s = PreadAll(fd, out.data(), st.st_size, 0, path);
-  ::close(fd);
-  if (!s.ok()) return s;
-  return out;
 }
 
 void SyncDirectory(const std::string& dir) {
@@ -279,7 +262,7 @@ absl::Status PublishMetadata(const std::string& dir, const baton::v1::Checkpoint
 
 absl::StatusOr<baton::v1::CheckpointMetadata> ReadMetadata(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/", kMetadataFile);
-  auto text = ReadSmallFile(path, kMaxMetadataBytes);
+  auto text = ReadRegularFile(path, {.limit = kMaxMetadataBytes, .follow_symlinks = false});
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) {
       return absl::NotFoundError(absl::StrCat("no checkpoint at ", dir, " (no ", kMetadataFile, ")"));

@@ -1,6 +1,7 @@
 #include "common/file_root.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -68,6 +69,36 @@ absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std:
         absl::StrCat("path \"", path, "\" resolves to ", resolved, ", outside the file root ", *real_root));
   }
   return resolved;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const ReadFileOptions& options) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (options.follow_symlinks ? 0 : O_NOFOLLOW));
+  if (fd < 0) {
+    const std::string why = std::strerror(errno);
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+    return absl::PermissionDeniedError(absl::StrCat("cannot open ", path, ": ", why));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > options.limit) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file of at most ", options.limit, " bytes"));
+  }
+  if (options.private_to_user && (st.st_uid != ::getuid() || (st.st_mode & 077) != 0)) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(path, " must be owned by this user and readable by it alone (chmod 600",
+                                                    st.st_uid != ::getuid() ? "; it belongs to another user)" : ")"));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (done != out.size()) return absl::DataLossError(absl::StrCat("cannot read all of ", path));
+  return out;
 }
 
 absl::Status MakeDirs(const std::string& path) {

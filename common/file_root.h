@@ -18,6 +18,18 @@ namespace baton {
 // PERMISSION_DENIED naming the path when it leaves the root.
 absl::StatusOr<std::string> ResolveUnderRoot(const std::string& root, const std::string& path);
 
+// The whole of a small regular file (metadata, a token, a certificate):
+// opened non-blocking (a FIFO cannot hang it), refused unless it is a regular
+// file of at most `limit` bytes; with `private_to_user`, also unless this
+// user owns it and nobody else may read it (a secret). NOT_FOUND when it does
+// not exist. Errors name the path, never its contents.
+struct ReadFileOptions {
+  int64_t limit = 1 << 20;
+  bool follow_symlinks = true;
+  bool private_to_user = false;
+};
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const ReadFileOptions& options);
+
 // mkdir -p (mode 0755).
 absl::Status MakeDirs(const std::string& path);
 

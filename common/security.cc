@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_root.h"
 #include "grpcpp/support/client_interceptor.h"
 
 namespace baton {
@@ -21,35 +22,6 @@ namespace {
 constexpr int64_t kMaxTokenBytes = 4096;
 constexpr int64_t kMaxPemBytes = 1 << 20;
 constexpr char kBearer[] = "Bearer ";
-
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, int64_t limit, bool secret) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const std::string why = std::strerror(errno);
-    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", why));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > limit) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file of at most ", limit, " bytes"));
-  }
-  // A secret someone else owns, or others may read, is not ours to trust.
-  if (secret && (st.st_uid != ::getuid() || (st.st_mode & 077) != 0)) {
-    ::close(fd);
-    return absl::PermissionDeniedError(absl::StrCat(path, " must be owned by this user and readable by it alone (chmod 600",
-                                                    st.st_uid != ::getuid() ? "; it belongs to another user)" : ")"));
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::read(fd, out.data() + done, out.size() - done);
-    if (r <= 0) break;
-    done += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  out.resize(done);
-  return out;
-}
 
 // Constant time in the length of `want`: a wrong token reveals nothing by
 // how long it took to refuse.
@@ -94,7 +66,7 @@ absl::StatusOr<std::string> LoadToken(const std::string& file, const std::string
   }
   std::string token;
   if (!path.empty()) {
-    auto text = ReadSecretFile(path, kMaxTokenBytes, /*secret=*/true);
+    auto text = ReadRegularFile(path, {.limit = kMaxTokenBytes, .private_to_user = true});
     if (!text.ok()) return absl::Status(text.status().code(), absl::StrCat("token file: ", text.status().message()));
     token = std::string(absl::StripAsciiWhitespace(*text));
     if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
@@ -117,7 +89,7 @@ absl::Status LoadTls(const std::string& ca_file, const std::string& cert_file, c
   if (given != 3) return absl::InvalidArgumentError("TLS needs a CA, a certificate and a key (all three)");
   for (const auto& [path, out] : {std::pair{&ca_file, &credentials->tls_ca}, std::pair{&cert_file, &credentials->tls_cert},
                                   std::pair{&key_file, &credentials->tls_key}}) {
-    auto text = ReadSecretFile(*path, kMaxPemBytes, /*secret=*/out == &credentials->tls_key);
+    auto text = ReadRegularFile(*path, {.limit = kMaxPemBytes, .private_to_user = out == &credentials->tls_key});
     if (!text.ok()) return text.status();
     if (text->empty()) return absl::InvalidArgumentError(absl::StrCat("TLS file ", *path, " is empty"));
     *out = *text;

@@ -37,6 +37,19 @@ std::string NewSaveId() {
 
 grpc::Status Error(const absl::Status& s) { return ToGrpcStatus(s); }
 
+// The call whose failure caused the others (those it cancelled say
+// CANCELLED), or -1 when every call succeeded.
+template <typename Resp>
+int FirstFailure(const std::vector<CallResult<Resp>>& results) {
+  for (bool cancelled : {false, true}) {
+    for (size_t i = 0; i < results.size(); ++i) {
+      const grpc::Status& s = results[i].status;
+      if (!s.ok() && (s.error_code() == grpc::StatusCode::CANCELLED) == cancelled) return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 absl::StatusOr<ControllerService::Restore> ControllerService::ReadRestore(baton::v1::JobSpec& job) {
@@ -85,10 +98,8 @@ absl::StatusOr<ControllerService::Restore> ControllerService::ReadRestore(baton:
 }
 
 absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::LoadRestore(
-    const Restore& restore, const baton::v1::Mesh& mesh, const std::vector<baton::v1::Program>& programs,
+    const Restore& restore, const std::vector<std::vector<baton::v1::ShardRead>>& plan, const baton::v1::Mesh& mesh,
     const std::string& job_id) {
-  auto plan = PlanLoad(restore.metadata, restore.dir, programs, restore.optimizer);
-  if (!plan.ok()) return plan.status();
   const absl::Time started = absl::Now();
   std::vector<std::string> addresses(mesh.worker_addresses().begin(), mesh.worker_addresses().end());
   std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const baton::v1::LoadShardsRequest&,
@@ -102,20 +113,16 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::LoadRestore(
         req.set_epoch(mesh.epoch());
         req.set_job_id(job_id);
         req.set_step(restore.metadata.step());
-        *req.mutable_reads() = {(*plan)[r].begin(), (*plan)[r].end()};
+        *req.mutable_reads() = {plan[r].begin(), plan[r].end()};
         return req;
       },
       kLoadDeadline + options_.rpc_slack, [&] { return DeadWorkerIn(mesh); }, &abort_reason);
   baton::v1::CheckpointInfo info = restore.info;
-  // The first failure is the cause; the calls it cancelled say CANCELLED.
-  for (bool cancelled : {false, true}) {
-    for (size_t r = 0; r < results.size(); ++r) {
-      const grpc::Status& s = results[r].status;
-      if (s.ok() || (s.error_code() == grpc::StatusCode::CANCELLED) != cancelled) continue;
-      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                          absl::StrCat("loading ", restore.info.path(), " on ", WorkerLabel(mesh, static_cast<int>(r)),
-                                       " failed: ", s.error_message()));
-    }
+  if (const int r = FirstFailure(results); r >= 0) {
+    const grpc::Status& s = results[r].status;
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("loading ", restore.info.path(), " on ", WorkerLabel(mesh, r),
+                                     " failed: ", s.error_message()));
   }
   for (const auto& r : results) info.set_bytes(info.bytes() + r.response.bytes_read());
   if (!abort_reason.empty()) return absl::UnavailableError(abort_reason);
@@ -173,14 +180,11 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::SaveJob(const JobRe
         return req;
       },
       kSaveDeadline + options_.rpc_slack, [&] { return DeadWorkerIn(mesh); }, &abort_reason);
-  for (bool cancelled : {false, true}) {
-    for (size_t i = 0; i < written.size(); ++i) {
-      const grpc::Status& s = written[i].status;
-      if (s.ok() || (s.error_code() == grpc::StatusCode::CANCELLED) != cancelled) continue;
-      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                          absl::StrCat("saving ", step_dir, ": ", WorkerLabel(mesh, ranks[i]), ": ", s.error_message(),
-                                       " (the checkpoint was not published)"));
-    }
+  if (const int i = FirstFailure(written); i >= 0) {
+    const grpc::Status& s = written[i].status;
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("saving ", step_dir, ": ", WorkerLabel(mesh, ranks[i]), ": ", s.error_message(),
+                                     " (the checkpoint was not published)"));
   }
   if (!abort_reason.empty()) {
     return absl::UnavailableError(absl::StrCat("saving ", step_dir, ": ", abort_reason, " (not published)"));
@@ -215,8 +219,8 @@ absl::StatusOr<baton::v1::CheckpointInfo> ControllerService::SaveJob(const JobRe
         },
         kSaveDeadline + options_.rpc_slack, [&] { return DeadWorkerIn(job.mesh); }, &reason);
     std::string error = reason;
-    for (size_t i = 0; i < done.size() && error.empty(); ++i) {
-      if (!done[i].status.ok()) error = absl::StrCat(WorkerLabel(job.mesh, ranks[i]), ": ", done[i].status.error_message());
+    if (const int i = FirstFailure(done); i >= 0 && error.empty()) {
+      error = absl::StrCat(WorkerLabel(job.mesh, ranks[i]), ": ", done[i].status.error_message());
     }
     absl::StatusOr<baton::v1::CheckpointInfo> published =
         error.empty() ? PublishSave(job, step_dir, root_dir, done, started, true, copy_seconds)

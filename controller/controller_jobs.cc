@@ -136,13 +136,17 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext* ctx, const baton:
   // is validated first).
   auto plan = PlanDryRun(job);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
-  // Whether the checkpoint fits the plan, before any worker is touched.
+  // Whether the checkpoint fits the plan, before any worker is touched; the
+  // reads planned here are the ones the workers get.
+  std::vector<std::vector<baton::v1::ShardRead>> reads;
   if (restoring) {
-    if (auto reads = PlanLoad(restore->metadata, restore->dir, plan->programs, restore->optimizer); !reads.ok()) {
+    auto planned = PlanLoad(restore->metadata, restore->dir, plan->programs, restore->optimizer);
+    if (!planned.ok()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("cannot load ", restore->info.path(), " into this job's plan: ",
-                                       reads.status().message()));
+                                       planned.status().message()));
     }
+    reads = std::move(*planned);
   }
   // NCCL's send blocks its stream until the peer receives: one rank's
   // "send activation k, receive gradient j" against its neighbour's "send
@@ -213,7 +217,7 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext* ctx, const baton:
   baton::v1::JobStatus status;
   if (restoring) {
     // A rank that fails to read drops the job; it never runs half-loaded.
-    auto loaded = LoadRestore(*restore, mesh, *programs, job_id);
+    auto loaded = LoadRestore(*restore, reads, mesh, job_id);
     if (!loaded.ok()) {
       return ToGrpcStatus(absl::Status(loaded.status().code(),
                                        absl::StrCat("job ", job_id, " not created: ", loaded.status().message())));

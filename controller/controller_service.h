@@ -171,10 +171,11 @@ class ControllerService final : public baton::v1::Controller::Service {
   // saved from the job's model and takes its seed (the data position) into
   // `job`. nullopt-like: an empty path when the job restores nothing.
   absl::StatusOr<Restore> ReadRestore(baton::v1::JobSpec& job);
-  // Loads `restore` into the Programs just loaded on `mesh`.
-  absl::StatusOr<baton::v1::CheckpointInfo> LoadRestore(const Restore& restore, const baton::v1::Mesh& mesh,
-                                                        const std::vector<baton::v1::Program>& programs,
-                                                        const std::string& job_id)
+  // Loads `restore` by `plan` (PlanLoad's reads, by rank) into the Programs
+  // just loaded on `mesh`.
+  absl::StatusOr<baton::v1::CheckpointInfo> LoadRestore(const Restore& restore,
+                                                        const std::vector<std::vector<baton::v1::ShardRead>>& plan,
+                                                        const baton::v1::Mesh& mesh, const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Saves `job`'s state at its completed step under DIR/step-N. Sync:
   // returns once the metadata is published. Async: once every worker copied

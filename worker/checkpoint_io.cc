@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,11 @@ absl::StatusOr<int64_t> LoadShards(ShardStore& store,
                                    const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads,
                                    const std::string& root) {
   at::NoGradGuard no_grad;
+  std::set<const ShardStore::Param*> resident;  // parameters of resident units
+  for (const auto& u : store.units()) {
+    if (!u->resident) continue;
+    for (const auto& p : u->params) resident.insert(&p);
+  }
   ChunkReader reader;
   std::string last_path, last_resolved;
   for (const auto& read : reads) {
@@ -101,13 +107,7 @@ absl::StatusOr<int64_t> LoadShards(ShardStore& store,
       last_resolved = *resolved;
     }
     // Which of this rank's tensors the region lands in.
-    ShardStore::Unit* unit = nullptr;
-    for (auto& u : store.units()) {
-      for (auto& q : u->params) {
-        if (&q == &param) unit = u.get();
-      }
-    }
-    const bool into_full = read.field() == baton::v1::PARAM && unit != nullptr && unit->resident;
+    const bool into_full = read.field() == baton::v1::PARAM && resident.count(&param) > 0;
     const bool into_master = !(read.field() == baton::v1::PARAM && param.master_is_view);
     const Piece& home = into_full ? param.compute_piece : param.master_piece;
     if (!home.Contains(region)) {

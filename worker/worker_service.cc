@@ -305,10 +305,7 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
     absl::StatusOr<baton::v1::StepMetrics> metrics;
     {
       absl::MutexLock lock(&mesh->run_mu);
-      if (mesh->executor == nullptr || mesh->job_id != req->job_id()) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
-      }
+      if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
       metrics = mesh->executor->RunStep(req->step(), Milliseconds(req->timeout_ms()));
     }
     if (!metrics.ok()) {
@@ -334,6 +331,13 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext* ctx, const baton::v1::G
   if (current_ != nullptr) {
     resp->set_epoch(current_->mesh.epoch());
     resp->set_rank(current_->rank);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::RequireJob(const MeshState& mesh, const std::string& job_id) {
+  if (mesh.executor == nullptr || mesh.job_id != job_id) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("job ", job_id, " is not loaded on worker ", name()));
   }
   return grpc::Status::OK;
 }
@@ -367,10 +371,7 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext* ctx, const baton::v1
     if (!state.ok()) return ToGrpcStatus(state.status());
     std::shared_ptr<MeshState> mesh = std::move(*state);
     absl::MutexLock lock(&mesh->run_mu);
-    if (mesh->executor == nullptr || mesh->job_id != req->job_id()) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
-    }
+    if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
     if (mesh->executor->step() != req->step()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrCat("worker ", name(), " is at step ", mesh->executor->step(),
@@ -451,10 +452,7 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext* ctx, const baton::v1
     if (!state.ok()) return ToGrpcStatus(state.status());
     std::shared_ptr<MeshState> mesh = std::move(*state);
     absl::MutexLock lock(&mesh->run_mu);
-    if (mesh->executor == nullptr || mesh->job_id != req->job_id()) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("job ", req->job_id(), " is not loaded on worker ", name()));
-    }
+    if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
     if (mesh->executor->step() != 0 || req->step() < 0) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrCat("job ", req->job_id(), " already ran ", mesh->executor->step(),

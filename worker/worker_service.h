@@ -100,6 +100,9 @@ class WorkerService final : public baton::v1::Worker::Service {
     std::shared_ptr<PendingSave> pending_save ABSL_GUARDED_BY(run_mu);
   };
 
+  // NOT_FOUND unless job `job_id` is the one loaded on `mesh`.
+  grpc::Status RequireJob(const MeshState& mesh, const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu);
   // Waits (bounded) for the async save `pending` of `state` to end, without
   // holding its run lock, and clears it.
   static absl::StatusOr<baton::v1::SaveShardsResponse> AwaitPendingSave(MeshState& state,
