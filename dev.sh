@@ -24,11 +24,20 @@ cd "$(dirname "$0")"
 # python3-numpy: the independent PyTorch-Python oracle (tests/oracle/) and
 # the benchmark's PyTorch peer. libdeflate-dev: checkpoint checksums.
 # openssl: the mTLS test's certificates. clang: libFuzzer (bench/fuzz.sh).
+# prometheus-cpp-dev and libmicrohttpd-dev: the daemons' /metrics and status
+# page; prometheus: the real server that scrapes them in a test; chromium:
+# the status page's browser test; python3-yaml: reading rendered manifests;
+# python3-grpcio: a gRPC client that is not ours (health probes); iproute2:
+# the multi-host test on network namespaces;
+# kubernetes-client: kubectl kustomize (only when no kubectl is installed:
+# another package may own /usr/bin/kubectl).
 PACKAGES=(
   bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
   libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev openssl clang
+  prometheus-cpp-dev libmicrohttpd-dev prometheus chromium python3-yaml python3-grpcio iproute2
 )
+if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
 
 install_missing() {
   local missing=()

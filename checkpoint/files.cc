@@ -19,6 +19,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/file_root.h"
+#include "common/json.h"
 #include "mesh/box_copy.h"
 
 namespace baton {
@@ -77,21 +78,6 @@ std::vector<std::string> DirectoryEntries(const std::string& dir) {
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppend(&out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
-    } else {
-      out += c;
-    }
-  }
   return out;
 }
 
@@ -462,7 +448,7 @@ absl::StatusOr<int64_t> ExportSafetensors(const std::string& dir, const std::str
   for (const auto* t : tensors) {
     int64_t numel = 1;
     for (int64_t d : t->shape()) numel *= d;
-    absl::StrAppend(&header, ",\"", JsonEscape(t->name()), "\":{\"dtype\":\"F32\",\"shape\":[",
+    absl::StrAppend(&header, ",", JsonQuote(t->name()), ":{\"dtype\":\"F32\",\"shape\":[",
                     absl::StrJoin(t->shape(), ","), "],\"data_offsets\":[", at, ",", at + numel * kFloatBytes, "]}");
     at += numel * kFloatBytes;
   }

@@ -136,7 +136,7 @@ std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const Credentials
   return grpc::SslServerCredentials(ssl);
 }
 
-grpc::Status Authenticator::Check(const grpc::ServerContext* ctx, Role role) const {
+grpc::Status Authenticator::Check(const grpc::ServerContextBase* ctx, Role role) const {
   if (!enabled()) return grpc::Status::OK;
   const auto& metadata = ctx->client_metadata();
   auto it = metadata.find("authorization");

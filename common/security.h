@@ -69,7 +69,7 @@ class Authenticator {
   static absl::Status Validate(const std::string& client_token, const std::string& worker_token);
   bool enabled() const { return !client_token_.empty() || !worker_token_.empty(); }
   // OK when the call carries the token of `role`.
-  grpc::Status Check(const grpc::ServerContext* ctx, Role role) const;
+  grpc::Status Check(const grpc::ServerContextBase* ctx, Role role) const;
 
  private:
   std::string client_token_, worker_token_;

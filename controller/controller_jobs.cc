@@ -237,6 +237,7 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext* ctx, const baton:
     absl::MutexLock lock(&mu_);
     job_.status = status;
     job_.spec = job;
+    history_.clear();
     job_.mesh = mesh;
     job_.programs = std::make_shared<const std::vector<baton::v1::Program>>(std::move(*programs));
   }
@@ -335,6 +336,8 @@ grpc::Status ControllerService::Step(grpc::ServerContext* ctx, const baton::v1::
                           absl::StrCat("job ", job.status.job_id(), " step ", step, " failed: ", why, ranks));
     }
     const baton::v1::StepMetrics m = AggregateStep(results, absl::ToDoubleMilliseconds(absl::Now() - started));
+    int64_t comm_bytes = 0;  // all ranks together
+    for (const auto& r : results) comm_bytes += r.response.metrics().comm_bytes();
     *resp->add_metrics() = m;
     JobRecord now;
     {
@@ -343,6 +346,11 @@ grpc::Status ControllerService::Step(grpc::ServerContext* ctx, const baton::v1::
         job_.status.set_step(step);
         job_.status.set_state(step >= job_.status.steps() ? baton::v1::JOB_FINISHED : baton::v1::JOB_RUNNING);
         *job_.status.mutable_last() = m;
+        job_.status.set_comm_bytes_total(job_.status.comm_bytes_total() + comm_bytes);
+        job_.status.set_tokens_total(job_.status.tokens_total() + m.tokens());
+        history_.push_back(m);
+        if (history_.size() > kHistorySteps) history_.pop_front();
+        if (options_.metrics != nullptr) options_.metrics->ObserveStep(job_.status, m, comm_bytes);
       }
       now = job_;
     }

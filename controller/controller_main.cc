@@ -2,6 +2,7 @@
 // (clients) on one port, plus grpc.health.v1, until SIGINT/SIGTERM.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -13,8 +14,15 @@
 #include "common/kv_store.h"
 #include "common/process.h"
 #include "common/security.h"
+#include "common/daemon_server.h"
 #include "common/file_root.h"
+#include "common/http_server.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "google/protobuf/util/json_util.h"
+#include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
+#include "controller/status_page.h"
 #include "controller/event_log.h"
 #include "controller/registry_service.h"
 #include "controller/worker_registry.h"
@@ -48,19 +56,32 @@ ABSL_FLAG(int64_t, drain_ms, 0,
           "balancer or Kubernetes to stop sending calls).");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
           "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, http_port, -1,
+          "Serve /metrics (Prometheus), the status page (/) and its JSON (/api/status) on this port of --host; "
+          "0 lets the OS choose, -1 (the default) serves no HTTP. Read-only and unauthenticated.");
+ABSL_FLAG(std::string, log_format, "text", "Log lines on stderr: text, or json (one object per line).");
 
 namespace baton {
 namespace {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (auto s = SetLogFormat(absl::GetFlag(FLAGS_log_format), "controller"); !s.ok()) {
+    Logf("baton-controller: %s", s.ToString().c_str());
+    return 2;
+  }
   sigset_t signals = BlockTerminationSignals();
+  // Large buffers (requests, rendezvous values, Programs) are mapped and
+  // unmapped on their own, never kept in a heap: the controller's memory
+  // goes back to what it was once a burst of large requests is over.
+  mallopt(M_MMAP_THRESHOLD, 64 << 10);
+  mallopt(M_ARENA_MAX, 2);
 
   auto client_token = LoadToken(absl::GetFlag(FLAGS_client_token_file), "BATON_CLIENT_TOKEN");
   auto worker_token = LoadToken(absl::GetFlag(FLAGS_worker_token_file), "BATON_WORKER_TOKEN");
   for (const auto* t : {&client_token, &worker_token}) {
     if (!t->ok()) {
-      std::fprintf(stderr, "baton-controller: %s\n", t->status().ToString().c_str());
+      Logf("baton-controller: %s", t->status().ToString().c_str());
       return 2;
     }
   }
@@ -69,23 +90,22 @@ int Main(int argc, char** argv) {
   if (auto s = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                        &credentials);
       !s.ok()) {
-    std::fprintf(stderr, "baton-controller: %s\n", s.ToString().c_str());
+    Logf("baton-controller: %s", s.ToString().c_str());
     return 2;
   }
   if (auto s = Authenticator::Validate(*client_token, *worker_token); !s.ok()) {
-    std::fprintf(stderr, "baton-controller: %s\n", s.ToString().c_str());
+    Logf("baton-controller: %s", s.ToString().c_str());
     return 2;
   }
   const Authenticator auth(*client_token, *worker_token);
   const std::string host = absl::GetFlag(FLAGS_host);
   if (!auth.enabled() && !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
-    std::fprintf(stderr,
-                 "baton-controller: refusing to serve %s without tokens: give --client_token_file and "
-                 "--worker_token_file (or pass --allow_unauthenticated)\n",
-                 host.c_str());
+    Logf("baton-controller: refusing to serve %s without tokens: give --client_token_file and "
+         "--worker_token_file (or pass --allow_unauthenticated)",
+         host.c_str());
     return 2;
   }
-  if (!auth.enabled()) std::fprintf(stderr, "baton-controller: no tokens configured: calls are not authenticated\n");
+  if (!auth.enabled()) Logf("baton-controller: no tokens configured: calls are not authenticated");
 
   EventLog events;
   KeyValueStore kv;
@@ -93,8 +113,10 @@ int Main(int argc, char** argv) {
   registry.set_forget_after(absl::Milliseconds(absl::GetFlag(FLAGS_forget_dead_after_ms)));
   RegistryService registry_service(&registry, &kv, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
                                    auth);
+  ControllerMetrics metrics;
   ControllerOptions options;
   options.auth = auth;
+  options.metrics = &metrics;
   options.worker_credentials = credentials;
   options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
@@ -104,41 +126,61 @@ int Main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), MakeServerCredentials(credentials),
-                           &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
-  // Without SO_REUSEPORT each of gRPC's pollers cannot bind port 0 on its
-  // own: one listening port, the advertised one.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  grpc::ResourceQuota quota("baton-controller");
-  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_threads));
-  builder.SetResourceQuota(quota);
+  DaemonServerConfig server_config;
+  server_config.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
+  server_config.credentials = credentials;
+  server_config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  server_config.max_threads = absl::GetFlag(FLAGS_max_threads);
+  server_config.metrics = &metrics.registry();
+  ConfigureDaemonServer(server_config, builder, &port);
   builder.RegisterService(&registry_service);
   builder.RegisterService(&controller_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "baton-controller: cannot listen on %s:%d\n", host.c_str(),
-                 absl::GetFlag(FLAGS_port));
+    Logf("baton-controller: cannot listen on %s:%d", host.c_str(), absl::GetFlag(FLAGS_port));
     return 1;
   }
+  auto http = StartHttpIfAsked(
+      "controller", host, absl::GetFlag(FLAGS_http_port),
+      {{"/", [] { return HttpResponse{200, "text/html; charset=utf-8", StatusPageHtml()}; }},
+       {"/api/status",
+        [&] {
+          HttpResponse r{200, "application/json", ""};
+          google::protobuf::util::JsonPrintOptions json;
+          json.preserve_proto_field_names = true;
+          json.always_print_primitive_fields = true;
+          (void)google::protobuf::util::MessageToJsonString(controller_service.Snapshot(true), &r.body, json);
+          return r;
+        }},
+       {"/metrics",
+        [&] {
+          metrics.Refresh(controller_service.Snapshot(false));
+          return MetricsResponse(metrics.registry());
+        }}});
+  if (!http.ok()) {
+    Logf("baton-controller: %s", http.status().ToString().c_str());
+    return 1;
+  }
+  if (*http != nullptr) controller_service.set_http_address(absl::StrCat(host, ":", (*http)->port()));
   controller_service.Start();
   const std::string address = absl::StrCat(host, ":", port);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     WriteFileAtomically(absl::GetFlag(FLAGS_port_file), address);
   }
-  std::fprintf(stderr, "controller serving on %s\n", address.c_str());
+  Logf("controller serving on %s", address.c_str());
 
   int sig = 0;
   sigwait(&signals, &sig);
   // Draining: probes see NOT_SERVING while calls in flight finish.
   server->GetHealthCheckService()->SetServingStatus(false);
   if (absl::GetFlag(FLAGS_drain_ms) > 0) {
-    std::fprintf(stderr, "controller draining for %lld ms\n", static_cast<long long>(absl::GetFlag(FLAGS_drain_ms)));
+    Logf("controller draining for %lld ms", static_cast<long long>(absl::GetFlag(FLAGS_drain_ms)));
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_drain_ms)));
   }
   controller_service.Stop();
+  http->reset();
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  std::fprintf(stderr, "controller stopped\n");
+  Logf("controller stopped");
   return 0;
 }
 

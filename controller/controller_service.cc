@@ -255,15 +255,28 @@ absl::StatusOr<baton::v1::Mesh> ControllerService::EnsureMesh(const baton::v1::M
   return mesh;
 }
 
-grpc::Status ControllerService::Status(grpc::ServerContext* ctx, const baton::v1::StatusRequest*,
+grpc::Status ControllerService::Status(grpc::ServerContext* ctx, const baton::v1::StatusRequest* req,
                                        baton::v1::StatusResponse* resp) {
   if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
-  for (auto& w : registry_->List()) *resp->add_workers() = std::move(w);
-  absl::MutexLock lock(&mu_);
-  if (current_.epoch() != 0) *resp->mutable_mesh() = current_;
-  resp->set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
-  if (!job_.status.job_id().empty()) *resp->mutable_job() = job_.status;
+  *resp = Snapshot(req->with_history());
   return grpc::Status::OK;
+}
+
+baton::v1::StatusResponse ControllerService::Snapshot(bool with_history) const {
+  baton::v1::StatusResponse resp;
+  for (auto& w : registry_->List()) *resp.add_workers() = std::move(w);
+  if (with_history) {
+    for (auto& e : events_->After(0, absl::ZeroDuration(), kPageEvents)) *resp.add_events() = std::move(e);
+  }
+  absl::MutexLock lock(&mu_);
+  if (current_.epoch() != 0) *resp.mutable_mesh() = current_;
+  resp.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
+  if (!job_.status.job_id().empty()) *resp.mutable_job() = job_.status;
+  if (with_history) {
+    for (const auto& m : history_) *resp.add_history() = m;
+  }
+  resp.set_http_address(http_address_);
+  return resp;
 }
 
 std::string ControllerService::ActiveJob() const {
@@ -403,27 +416,98 @@ grpc::Status ControllerService::CheckCollectives(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerService::Watch(grpc::ServerContext* ctx, const baton::v1::WatchRequest* req,
-                                      grpc::ServerWriter<baton::v1::Event>* writer) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return denied;
-  // Each stream holds a server thread: their number is bounded.
+namespace {
+
+// A Watch refused before it started (no token, too many streams).
+class RefusedWrite : public grpc::ServerWriteReactor<baton::v1::Event> {
+ public:
+  void OnDone() override { delete this; }
+};
+
+// One Watch stream: writes the events after the client's sequence, then each
+// new one as the log announces it. Holds no thread while it waits; at most
+// one write is in flight. Deletes itself when gRPC is done with it.
+class WatchReactor : public grpc::ServerWriteReactor<baton::v1::Event> {
+ public:
+  WatchReactor(EventLog* log, int64_t after, size_t history, std::atomic<int>* streams)
+      : log_(log), after_(after), streams_(streams) {
+    // A new stream starts with at most `history` past events.
+    for (auto& e : log_->After(after_, absl::ZeroDuration(), history)) pending_.push_back(std::move(e));
+    subscription_ = log_->Subscribe([this] { Pump(); });
+    Pump();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {  // the client went away
+      FinishOnce(grpc::Status::OK);
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+    }
+    Pump();
+  }
+  void OnCancel() override { FinishOnce(grpc::Status::OK); }
+  void OnDone() override {
+    log_->Unsubscribe(subscription_);  // no Pump runs after this returns
+    streams_->fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  // Starts the next write if none is in flight and there is something new.
+  void Pump() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_) return;
+      if (pending_.empty()) {
+        for (auto& e : log_->After(after_, absl::ZeroDuration())) pending_.push_back(std::move(e));
+        if (pending_.empty()) return;
+      }
+      current_ = std::move(pending_.front());
+      pending_.pop_front();
+      after_ = current_.sequence();
+      writing_ = true;
+    }
+    StartWrite(&current_);
+  }
+  void FinishOnce(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+  EventLog* const log_;
+  std::atomic<int>* const streams_;
+  int subscription_ = 0;
+  absl::Mutex mu_;
+  int64_t after_ ABSL_GUARDED_BY(mu_);
+  std::deque<baton::v1::Event> pending_ ABSL_GUARDED_BY(mu_);
+  baton::v1::Event current_;  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<baton::v1::Event>* ControllerService::Watch(grpc::CallbackServerContext* ctx,
+                                                                     const baton::v1::WatchRequest* req) {
+  auto refuse = [](const grpc::Status& status) {
+    auto* r = new RefusedWrite();
+    r->Finish(status);
+    return r;
+  };
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kClient); !denied.ok()) return refuse(denied);
   if (watch_streams_.fetch_add(1) >= kMaxWatchStreams) {
     watch_streams_.fetch_sub(1);
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat(kMaxWatchStreams, " Watch streams are open (the limit); close one first"));
+    return refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                               absl::StrCat(kMaxWatchStreams, " Watch streams are open (the limit); close one first")));
   }
-  struct Release {
-    std::atomic<int>* n;
-    ~Release() { n->fetch_sub(1); }
-  } release{&watch_streams_};
-  int64_t after = req->after_sequence();
-  while (!ctx->IsCancelled() && !stop_.HasBeenNotified()) {
-    for (const auto& e : events_->After(after, absl::Milliseconds(250))) {
-      if (!writer->Write(e)) return grpc::Status::OK;
-      after = e.sequence();
-    }
-  }
-  return grpc::Status::OK;
+  return new WatchReactor(events_, std::max<int64_t>(0, req->after_sequence()), kWatchHistory, &watch_streams_);
 }
 
 }  // namespace baton

@@ -11,6 +11,7 @@
 #define BATON_CONTROLLER_CONTROLLER_SERVICE_H_
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/kv_store.h"
 #include "common/security.h"
+#include "controller/controller_metrics.h"
 #include "controller/dispatcher.h"
 #include "controller/event_log.h"
 #include "controller/worker_registry.h"
@@ -45,6 +47,8 @@ struct ControllerOptions {
   int64_t checkpoint_block_bytes = 1 << 20;
   // Who may call the Controller service (the client token).
   Authenticator auth;
+  // Steps, tokens and comm bytes go here (nullptr: none).
+  ControllerMetrics* metrics = nullptr;
   // What the controller presents to workers (the worker token, TLS).
   Credentials worker_credentials;
 };
@@ -52,7 +56,9 @@ struct ControllerOptions {
 // "worker NAME (rank R, ADDRESS)": how errors name a rank of `mesh`.
 std::string WorkerLabel(const baton::v1::Mesh& mesh, int rank);
 
-class ControllerService final : public baton::v1::Controller::Service {
+// Watch is served by gRPC's callback API (a reactor per stream, no thread
+// held while it waits for events); every other method is synchronous.
+class ControllerService final : public baton::v1::Controller::WithCallbackMethod_Watch<baton::v1::Controller::Service> {
  public:
   ControllerService(WorkerRegistry* registry, KeyValueStore* kv, EventLog* events,
                     ControllerOptions options);
@@ -69,8 +75,16 @@ class ControllerService final : public baton::v1::Controller::Service {
   grpc::Status CheckCollectives(grpc::ServerContext*,
                                 const baton::v1::CheckCollectivesRequest* req,
                                 baton::v1::CheckCollectivesResponse* resp) override;
-  grpc::Status Watch(grpc::ServerContext* ctx, const baton::v1::WatchRequest* req,
-                     grpc::ServerWriter<baton::v1::Event>* writer) override;
+  grpc::ServerWriteReactor<baton::v1::Event>* Watch(grpc::CallbackServerContext* ctx,
+                                                     const baton::v1::WatchRequest* req) override;
+  // What Status returns; with the job's step history and recent events for
+  // the status page when `with_history`.
+  baton::v1::StatusResponse Snapshot(bool with_history) const;
+  // Where /metrics and the status page are served (for Status).
+  void set_http_address(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    http_address_ = address;
+  }
   // Jobs (controller_jobs.cc).
   grpc::Status CreateJob(grpc::ServerContext*, const baton::v1::CreateJobRequest* req,
                          baton::v1::CreateJobResponse* resp) override;
@@ -202,8 +216,16 @@ class ControllerService final : public baton::v1::Controller::Service {
 
   absl::Notification stop_;
   std::thread monitor_;
-  static constexpr int kMaxWatchStreams = 64;
+  // Streams cost no thread, only memory: a bounded number, each starting
+  // with at most kWatchHistory past events.
+  static constexpr int kMaxWatchStreams = 256;
+  static constexpr size_t kWatchHistory = 1000;
   std::atomic<int> watch_streams_{0};
+  // For the status page: the current job's steps (at most kHistorySteps).
+  static constexpr size_t kHistorySteps = 1000;
+  static constexpr size_t kPageEvents = 50;
+  std::deque<baton::v1::StepMetrics> history_ ABSL_GUARDED_BY(mu_);
+  std::string http_address_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

@@ -5,6 +5,8 @@
 #define BATON_CONTROLLER_EVENT_LOG_H_
 
 #include <deque>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,11 +26,20 @@ class EventLog {
 
   void Append(const std::string& kind, const std::string& worker_name, int rank,
               const std::string& message);
-  // Events with sequence > after; waits up to `timeout` when there are none.
-  std::vector<baton::v1::Event> After(int64_t after, absl::Duration timeout);
+  // Events with sequence > after, at most `limit` (the newest of them);
+  // waits up to `timeout` when there are none.
+  std::vector<baton::v1::Event> After(int64_t after, absl::Duration timeout, size_t limit = kCapacity);
+
+  // `notify` runs after every Append (on the appending thread, never under
+  // the log's lock, never after Unsubscribe returned). It must not block.
+  int Subscribe(std::function<void()> notify);
+  void Unsubscribe(int id);
 
  private:
   absl::Mutex mu_;
+  absl::Mutex subscribers_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::map<int, std::function<void()>> subscribers_ ABSL_GUARDED_BY(subscribers_mu_);
+  int next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;
   std::deque<baton::v1::Event> events_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
 };

@@ -55,6 +55,11 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
         absl::StrCat("invalid worker address \"", info.address().substr(0, 256),
                      "\" for ", info.name(), ": expected HOST:PORT"));
   }
+  if (!info.http_address().empty() && !ValidAddress(info.http_address())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid worker HTTP address \"", info.http_address().substr(0, 256), "\" for ", info.name(),
+                     ": expected HOST:PORT"));
+  }
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(info.name());
   std::string kind = "worker_registered";
@@ -92,7 +97,10 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
     }
   }
   Record& r = workers_[info.name()];
+  const bool restarted = !r.info.incarnation().empty() && r.info.incarnation() != info.incarnation();
+  const int restarts = r.info.restarts() + (restarted ? 1 : 0);
   r.info = info;
+  r.info.set_restarts(restarts);
   r.info.set_rank(rank);
   r.info.set_state(baton::v1::REGISTERED);
   r.last_heartbeat = clock_();

@@ -90,9 +90,11 @@ class BoundsTest : public ::testing::Test {
     client_ = std::move(*c);
     controller_ = testing::PidOf(*cluster_, "controller");
     worker_ = testing::PidOf(*cluster_, "worker-0");
-    // Warm up: one job and one check, so what a first job allocates once is
-    // not counted against the cases.
+    // Warm up: one job, one check and one Watch stream, so what a first job
+    // allocates once (and the threads of gRPC's callback executor) is not
+    // counted against the cases.
     ASSERT_TRUE(Check());
+    ASSERT_TRUE(client_->Watch(0, [](const baton::v1::Event&) { return false; }, absl::Seconds(5)).ok());
   }
   void TearDown() override {
     if (cluster_ != nullptr) testing::StopAndExpectAllGone(*cluster_);
@@ -112,7 +114,7 @@ class BoundsTest : public ::testing::Test {
 
   // Runs `attack`, which returns the status the fleet answered with and how
   // long the refusal took; checks it is an error within 1 s, usage after it
-  // within 10 % (RSS within 10 % or 8 MiB), and a check passing after.
+  // within 10 %, and a check passing after.
   void Case(const std::string& what, const std::function<std::pair<absl::Status, double>()>& attack) {
     const Usage c0 = UsageOf(controller_), w0 = UsageOf(worker_);
     auto [status, seconds] = attack();
@@ -135,11 +137,10 @@ class BoundsTest : public ::testing::Test {
     for (const auto& [before, after, name] :
          {std::tuple{c0, c1, "controller"}, std::tuple{w0, w1, "worker"}}) {
       // Under ASan freed memory sits in its quarantine: RSS says nothing there.
-      if (!kUnderAsan) {
-        EXPECT_LE(after.rss_kb, std::max<int64_t>(before.rss_kb * 11 / 10, before.rss_kb + 8192)) << what << " " << name;
-      }
-      EXPECT_LE(after.threads, std::max<int64_t>(before.threads * 11 / 10, before.threads + 2)) << what << " " << name;
-      EXPECT_LE(after.fds, std::max<int64_t>(before.fds * 11 / 10, before.fds + 2)) << what << " " << name;
+      if (!kUnderAsan) EXPECT_LE(after.rss_kb, before.rss_kb * 11 / 10) << what << " " << name;
+      // 10 %, at least one (10 % of 13 threads is 1.3).
+      EXPECT_LE(after.threads, before.threads + std::max<int64_t>(1, before.threads / 10)) << what << " " << name;
+      EXPECT_LE(after.fds, before.fds + std::max<int64_t>(1, before.fds / 10)) << what << " " << name;
     }
     EXPECT_TRUE(fleet_ok) << what;
   }
@@ -148,6 +149,65 @@ class BoundsTest : public ::testing::Test {
     const absl::Time start = absl::Now();
     auto job = Job::Create(client_.get(), spec);
     return {job.status(), absl::ToDoubleSeconds(absl::Now() - start)};
+  }
+
+  // Opens 1,000 Watch streams at once: the controller takes 256 (its limit)
+  // and refuses the rest; then cancels them all.
+  std::pair<absl::Status, double> WatchFlood() {
+    const int64_t threads_before = UsageOf(controller_).threads;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::ClientAsyncReader<baton::v1::Event>>> readers;
+    grpc::CompletionQueue cq;
+    auto stub = baton::v1::Controller::NewStub(
+        MakeChannel(cluster_->controller_address(), *ClientCredentialsFromEnvironment(), {}));
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < 1000; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+      baton::v1::WatchRequest req;
+      readers.push_back(stub->AsyncWatch(contexts.back().get(), req, &cq, reinterpret_cast<void*>(i)));
+    }
+    // Refused streams end by themselves with RESOURCE_EXHAUSTED; accepted
+    // ones stay open until cancelled.
+    std::vector<grpc::Status> finals(1000);
+    int refused = 0, finished = 0;
+    absl::Status refusal;
+    double refused_after = 0;
+    void* tag;
+    bool ok;
+    auto on_event = [&](void* t) {
+      const intptr_t i = reinterpret_cast<intptr_t>(t);
+      if (i < 1000) {
+        readers[i]->Finish(&finals[i], reinterpret_cast<void*>(1000 + i));
+        return;
+      }
+      ++finished;
+      if (finals[i - 1000].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && refused++ == 0) {
+        refusal = absl::ResourceExhaustedError(finals[i - 1000].error_message());
+        refused_after = absl::ToDoubleSeconds(absl::Now() - start);
+      }
+    };
+    const absl::Time until = absl::Now() + absl::Seconds(4);
+    // The controller takes 256 streams (its limit) and refuses the rest.
+    while (refused < 744 && cq.AsyncNext(&tag, &ok, absl::ToChronoTime(until)) == grpc::CompletionQueue::GOT_EVENT) {
+      on_event(tag);
+    }
+    // Open streams hold no thread each (gRPC's callback API).
+    const int64_t threads_open = UsageOf(controller_).threads;
+    std::printf("    controller threads: %lld before, %lld with %d streams open\n", (long long)threads_before,
+                (long long)threads_open, 1000 - refused);
+    EXPECT_LE(threads_open, threads_before + 16);
+    for (auto& c : contexts) c->TryCancel();
+    while (finished < 1000 && cq.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + absl::Seconds(10))) ==
+                                  grpc::CompletionQueue::GOT_EVENT) {
+      on_event(tag);
+    }
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    std::printf("    %d of 1000 streams refused (the first after %.3f s)\n", refused, refused_after);
+    EXPECT_EQ(refused, 744);
+    return std::pair{refusal, refused_after};
   }
 
   std::string root_;
@@ -187,9 +247,9 @@ TEST_F(BoundsTest, HostileInputsGetClearErrorsAndCostNothing) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (cores < 256) {
     Case("threads_per_rank 256", [&] {
-      auto j = Decoder();
-      j.set_threads_per_rank(256);
-      return CreateTimed(j);
+    auto j = Decoder();
+    j.set_threads_per_rank(256);
+    return CreateTimed(j);
     });
   } else {
     std::printf("threads_per_rank 256: skipped, this host has %d cores\n", cores);
@@ -285,55 +345,10 @@ TEST_F(BoundsTest, FloodsAreBounded) {
     EXPECT_TRUE(registry->Delete(&ctx, del, &resp).ok());
     return std::pair{first_refusal, refused_after};
   });
-  Case("1,000 Watch streams", [&] {
-    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-    std::vector<std::unique_ptr<grpc::ClientAsyncReader<baton::v1::Event>>> readers;
-    grpc::CompletionQueue cq;
-    auto stub = baton::v1::Controller::NewStub(
-        MakeChannel(cluster_->controller_address(), *ClientCredentialsFromEnvironment(), {}));
-    const absl::Time start = absl::Now();
-    for (int i = 0; i < 1000; ++i) {
-      contexts.push_back(std::make_unique<grpc::ClientContext>());
-      contexts.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-      baton::v1::WatchRequest req;
-      readers.push_back(stub->AsyncWatch(contexts.back().get(), req, &cq, reinterpret_cast<void*>(i)));
-    }
-    // Refused streams end by themselves with RESOURCE_EXHAUSTED; accepted
-    // ones stay open until cancelled.
-    std::vector<grpc::Status> finals(1000);
-    int refused = 0, finished = 0;
-    absl::Status refusal;
-    double refused_after = 0;
-    void* tag;
-    bool ok;
-    auto on_event = [&](void* t) {
-      const intptr_t i = reinterpret_cast<intptr_t>(t);
-      if (i < 1000) {
-        readers[i]->Finish(&finals[i], reinterpret_cast<void*>(1000 + i));
-        return;
-      }
-      ++finished;
-      if (finals[i - 1000].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && refused++ == 0) {
-        refusal = absl::ResourceExhaustedError(finals[i - 1000].error_message());
-        refused_after = absl::ToDoubleSeconds(absl::Now() - start);
-      }
-    };
-    const absl::Time until = absl::Now() + absl::Seconds(4);
-    while (refused < 936 && cq.AsyncNext(&tag, &ok, absl::ToChronoTime(until)) == grpc::CompletionQueue::GOT_EVENT) {
-      on_event(tag);
-    }
-    for (auto& c : contexts) c->TryCancel();
-    while (finished < 1000 && cq.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + absl::Seconds(10))) ==
-                                  grpc::CompletionQueue::GOT_EVENT) {
-      on_event(tag);
-    }
-    cq.Shutdown();
-    while (cq.Next(&tag, &ok)) {
-    }
-    std::printf("    %d of 1000 streams refused (the first after %.3f s)\n", refused, refused_after);
-    EXPECT_GE(refused, 900);
-    return std::pair{refusal, refused_after};
-  });
+  // gRPC's callback executor starts its threads on first use: a first
+  // flood warms it, the second is measured.
+  (void)WatchFlood();
+  Case("1,000 Watch streams", [&] { return WatchFlood(); });
   Case("3,000 fake registrations", [&] {
     int accepted = 0;
     const absl::Time start = absl::Now();

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <map>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -381,16 +382,39 @@ TEST(ClusterTest, WatchStreamsFleetEvents) {
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->CreateMesh("dp=2").ok());
   std::map<std::string, int> kinds;
+  int64_t last_sequence = 0;
   auto s = (*client)->Watch(
       0,
       [&](const baton::v1::Event& e) {
         kinds[e.kind()]++;
+        last_sequence = e.sequence();
         return kinds["mesh_created"] == 0;
       },
       absl::Seconds(10));
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(kinds["worker_registered"], 2);
   EXPECT_EQ(kinds["mesh_created"], 1);
+  // A stream that waits gets the next event as it happens.
+  std::string live;
+  absl::Time seen;
+  std::thread watcher([&] {
+    auto w = (*client)->Watch(
+        last_sequence,  // after every event so far
+        [&](const baton::v1::Event& e) {
+          live = e.kind();
+          seen = absl::Now();
+          return false;
+        },
+        absl::Seconds(20));
+    EXPECT_TRUE(w.ok()) << w;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time formed = absl::Now();
+  ASSERT_TRUE((*client)->CreateMesh("dp=1").ok());
+  watcher.join();
+  std::printf("live event %s arrived %.3f s after CreateMesh began\n", live.c_str(),
+              absl::ToDoubleSeconds(seen - formed));
+  EXPECT_EQ(live, "mesh_aborted");  // the dp=2 mesh makes way for dp=1
   // The CLI prints the same stream.
   auto watch = RunCommand({Baton(), "watch", "--controller=" + cluster->controller_address(), "--seconds=1"},
                           absl::Seconds(20));

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/program_check.h"
 #include "common/wire.h"
 #include "worker/optimizer.h"
@@ -63,6 +64,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   at::set_num_threads(std::max(1, program_.threads()));
   const auto start = std::chrono::steady_clock::now();
   const int64_t sent_before = groups_.bytes_sent();
+  const std::array<int64_t, kCommOpCount> sent_by_op_before = groups_.bytes_sent_by_op();
   store_->ResetPeak();
   activations_->BeginStep(step, timeout);
   loss_ = 0;
@@ -80,9 +82,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
       s = absl::InternalError(what);
     }
-    if (trace) {
-      op_ms[ins.op()] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start).count();
-    }
+    op_ms[ins.op()] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start).count();
     if (!s.ok()) {
       (void)Drain();
       return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, " ",
@@ -98,7 +98,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       absl::StrAppend(&line, " ", Instruction::Op_Name(static_cast<Instruction::Op>(op)), "=",
                       static_cast<int>(ms * 10) / 10.0, "ms");
     }
-    std::fprintf(stderr, "%s\n", line.c_str());
+    Logf("%s", line.c_str());
   }
   baton::v1::StepMetrics m;
   m.set_step(static_cast<int32_t>(step));
@@ -112,6 +112,15 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_tokens(activations_->tokens());
   m.set_tokens_per_s(m.tokens() / seconds);
   m.set_comm_bytes(groups_.bytes_sent() - sent_before);
+  const std::array<int64_t, kCommOpCount> sent_by_op = groups_.bytes_sent_by_op();
+  for (int i = 0; i < kCommOpCount; ++i) {
+    if (const int64_t sent = sent_by_op[i] - sent_by_op_before[i]; sent > 0) {
+      (*m.mutable_comm_bytes_by_collective())[CommOpName(static_cast<CommOp>(i))] = sent;
+    }
+  }
+  for (const auto& [op, ms] : op_ms) {
+    (*m.mutable_instruction_seconds())[Instruction::Op_Name(static_cast<Instruction::Op>(op))] = ms / 1e3;
+  }
   m.set_state_bytes(store_->state_bytes());
   m.set_peak_unsharded_param_bytes(store_->peak_unsharded_bytes());
   m.set_peak_logits_elements(activations_->peak_logits_elements());

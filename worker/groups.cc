@@ -39,4 +39,13 @@ int64_t Groups::bytes_sent() const {
   return sent;
 }
 
+std::array<int64_t, kCommOpCount> Groups::bytes_sent_by_op() const {
+  std::array<int64_t, kCommOpCount> sent{};
+  for (const auto& [name, comm] : comms_) {
+    const CommStats stats = comm->stats();
+    for (int i = 0; i < kCommOpCount; ++i) sent[i] += stats.bytes_sent_by_op[i];
+  }
+  return sent;
+}
+
 }  // namespace baton

@@ -6,6 +6,7 @@
 #ifndef BATON_WORKER_GROUPS_H_
 #define BATON_WORKER_GROUPS_H_
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,6 +42,8 @@ class Groups {
 
   // Bytes sent so far over every communicator.
   int64_t bytes_sent() const;
+  // The same, by collective (indexed by CommOp).
+  std::array<int64_t, kCommOpCount> bytes_sent_by_op() const;
 
  private:
   DeviceMesh mesh_;

@@ -18,10 +18,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/daemon_server.h"
+#include "common/http_server.h"
+#include "common/log.h"
+#include "common/metrics.h"
 #include "common/process.h"
 #include "proto/registry.grpc.pb.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/grpc_rendezvous.h"
+#include "worker/worker_metrics.h"
 #include "common/file_root.h"
 #include "common/security.h"
 #include "worker/worker_service.h"
@@ -49,6 +54,10 @@ ABSL_FLAG(std::string, data_root, "",
           "Token files a job names are opened only under this directory (default: the working directory).");
 ABSL_FLAG(int64_t, drain_ms, 0,
           "On SIGTERM, report NOT_SERVING on grpc.health.v1 for this long before shutting down.");
+ABSL_FLAG(int, http_port, -1,
+          "Serve /metrics (Prometheus) on this port of --host; 0 lets the OS choose, -1 (the default) serves no "
+          "HTTP. Read-only and unauthenticated.");
+ABSL_FLAG(std::string, log_format, "text", "Log lines on stderr: text, or json (one object per line).");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
@@ -93,7 +102,7 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
         known = true;
         give_up = absl::InfiniteFuture();
         if (!registered->HasBeenNotified()) registered->Notify();
-        std::fprintf(stderr, "worker %s registered as rank %d\n", info.name().c_str(), resp.rank());
+        Logf("worker %s registered as rank %d", info.name().c_str(), resp.rank());
         if (resp.heartbeat_interval_ms() > 0) {
           interval = absl::Milliseconds(resp.heartbeat_interval_ms());
         }
@@ -101,11 +110,11 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
                  s.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
                  s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
                  s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-        std::fprintf(stderr, "worker %s: registration refused: %s\n", info.name().c_str(),
+        Logf("worker %s: registration refused: %s", info.name().c_str(),
                      s.error_message().c_str());
         return false;
       } else if (absl::Now() > give_up) {
-        std::fprintf(stderr, "worker %s: controller unreachable: %s\n", info.name().c_str(),
+        Logf("worker %s: controller unreachable: %s", info.name().c_str(),
                      s.error_message().c_str());
         return false;
       }
@@ -116,7 +125,7 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
       baton::v1::HeartbeatResponse resp;
       grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
-        std::fprintf(stderr, "worker %s: controller forgot us; registering again\n",
+        Logf("worker %s: controller forgot us; registering again",
                      info.name().c_str());
         known = false;
         continue;
@@ -129,9 +138,13 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (auto s = SetLogFormat(absl::GetFlag(FLAGS_log_format), "worker"); !s.ok()) {
+    Logf("baton-worker: %s", s.ToString().c_str());
+    return 2;
+  }
   const std::string controller = absl::GetFlag(FLAGS_controller);
   if (controller.empty()) {
-    std::fprintf(stderr, "baton-worker: --controller HOST:PORT is required\n");
+    Logf("baton-worker: --controller HOST:PORT is required");
     return 2;
   }
   // Signals are handled by sigwait in main; block them before any thread
@@ -142,7 +155,7 @@ int Main(int argc, char** argv) {
   const std::string host = absl::GetFlag(FLAGS_host);
   auto token = LoadToken(absl::GetFlag(FLAGS_worker_token_file), "BATON_WORKER_TOKEN");
   if (!token.ok()) {
-    std::fprintf(stderr, "baton-worker: %s\n", token.status().ToString().c_str());
+    Logf("baton-worker: %s", token.status().ToString().c_str());
     return 2;
   }
   Credentials credentials;
@@ -150,14 +163,13 @@ int Main(int argc, char** argv) {
   if (auto s = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                        &credentials);
       !s.ok()) {
-    std::fprintf(stderr, "baton-worker: %s\n", s.ToString().c_str());
+    Logf("baton-worker: %s", s.ToString().c_str());
     return 2;
   }
   if (token->empty() && !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
-    std::fprintf(stderr,
-                 "baton-worker: refusing to serve %s without a token: give --worker_token_file (or pass "
-                 "--allow_unauthenticated)\n",
-                 host.c_str());
+    Logf("baton-worker: refusing to serve %s without a token: give --worker_token_file (or pass "
+         "--allow_unauthenticated)",
+         host.c_str());
     return 2;
   }
   grpc::ChannelArguments args;
@@ -182,34 +194,45 @@ int Main(int argc, char** argv) {
     gpu->set_index(d);
   }
 
+  WorkerMetrics metrics;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", absl::GetFlag(FLAGS_port)), MakeServerCredentials(credentials),
-                           &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
-  // Without SO_REUSEPORT each of gRPC's pollers cannot bind port 0 on its
-  // own: one listening port, the advertised one.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  DaemonServerConfig server_config;
+  server_config.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
+  server_config.credentials = credentials;
+  server_config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  server_config.metrics = &metrics.registry();
+  ConfigureDaemonServer(server_config, builder, &port);
   WorkerOptions options;
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
   options.auth = Authenticator("", *token);
+  options.metrics = &metrics;
   WorkerService service(info, &rendezvous, host, options);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "baton-worker: cannot listen on %s:%d\n", host.c_str(),
+    Logf("baton-worker: cannot listen on %s:%d", host.c_str(),
                  absl::GetFlag(FLAGS_port));
     return 1;
   }
+  auto http = StartHttpIfAsked("worker", host, absl::GetFlag(FLAGS_http_port), {{"/metrics", [&metrics] {
+                                 metrics.Refresh();
+                                 return MetricsResponse(metrics.registry());
+                               }}});
+  if (!http.ok()) {
+    Logf("baton-worker: %s", http.status().ToString().c_str());
+    return 1;
+  }
+  if (*http != nullptr) info.set_http_address(absl::StrCat(host, ":", (*http)->port()));
   info.set_address(absl::StrCat(host, ":", port));
   service.set_identity(info);  // the address is known only once bound
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     WriteFileAtomically(absl::GetFlag(FLAGS_port_file), info.address());
   }
-  std::fprintf(stderr, "worker %s serving on %s (controller %s)\n", info.name().c_str(),
+  Logf("worker %s serving on %s (controller %s)", info.name().c_str(),
                info.address().c_str(), controller.c_str());
 
   // SERVING only once registered: before that the fleet cannot use it.
@@ -235,13 +258,14 @@ int Main(int argc, char** argv) {
   serving.join();
   server->GetHealthCheckService()->SetServingStatus(false);
   if (absl::GetFlag(FLAGS_drain_ms) > 0) {
-    std::fprintf(stderr, "worker %s draining for %lld ms\n", info.name().c_str(),
+    Logf("worker %s draining for %lld ms", info.name().c_str(),
                  static_cast<long long>(absl::GetFlag(FLAGS_drain_ms)));
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_drain_ms)));
   }
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   registrar.join();
-  std::fprintf(stderr, "worker %s stopped\n", info.name().c_str());
+  http->reset();
+  Logf("worker %s stopped", info.name().c_str());
   return registrar_failed ? 1 : 0;
 }
 

@@ -11,6 +11,7 @@
 #include "common/collective_ops.h"
 #include "common/file_root.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "mesh/device_mesh.h"
 #include "common/wire.h"
 #include "worker/checkpoint_io.h"
@@ -309,8 +310,9 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
       metrics = mesh->executor->RunStep(req->step(), Milliseconds(req->timeout_ms()));
     }
     if (!metrics.ok()) {
-      std::fprintf(stderr, "worker %s: job %s step %lld failed: %s\n", name().c_str(), req->job_id().c_str(),
-                   static_cast<long long>(req->step()), metrics.status().ToString().c_str());
+      Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req->job_id().c_str(),
+           static_cast<long long>(req->step()), metrics.status().ToString().c_str());
+      if (options_.metrics != nullptr) options_.metrics->ObserveFailedStep(req->job_id());
       // A failed step can leave transfers running under its aborted waits;
       // if the mesh was dropped meanwhile, this is its last reference, and
       // tearing it down waits for them: not before the answer goes out.
@@ -318,6 +320,7 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
       return ToGrpcStatus(metrics.status());
     }
     resp->set_rank(mesh->rank);
+    if (options_.metrics != nullptr) options_.metrics->ObserveStep(req->job_id(), *metrics);
     *resp->mutable_metrics() = *metrics;
     return grpc::Status::OK;
   });

@@ -23,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/kv_store.h"
 #include "common/security.h"
+#include "worker/worker_metrics.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/executor.h"
@@ -36,6 +37,8 @@ struct WorkerOptions {
   std::string data_root = "/nonexistent";
   // Who may call the Worker service (the fleet's worker token).
   Authenticator auth;
+  // Steps are counted here (nullptr: nowhere).
+  WorkerMetrics* metrics = nullptr;
   // For tests that kill a worker mid-save: sleep this long before each
   // piece a save writes.
   int64_t testing_write_delay_ms = 0;

@@ -50,6 +50,7 @@ CommStats Communicator::stats() const {
   s.bytes_sent = bytes_sent_.load();
   s.bytes_received = bytes_received_.load();
   s.operations = operations_.load();
+  for (int i = 0; i < kCommOpCount; ++i) s.bytes_sent_by_op[i] = sent_by_op_[i].load();
   return s;
 }
 
@@ -57,9 +58,24 @@ void Communicator::ResetStats() {
   bytes_sent_ = 0;
   bytes_received_ = 0;
   operations_ = 0;
+  for (auto& sent : sent_by_op_) sent = 0;
 }
 
-void Communicator::CountBytes(int64_t sent, int64_t received) {
+const char* CommOpName(CommOp op) {
+  switch (op) {
+    case CommOp::kAllGather: return "all_gather";
+    case CommOp::kReduceScatter: return "reduce_scatter";
+    case CommOp::kAllReduce: return "all_reduce";
+    case CommOp::kAllToAll: return "all_to_all";
+    case CommOp::kBroadcast: return "broadcast";
+    case CommOp::kSendRecv: return "send_recv";
+    case CommOp::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+void Communicator::CountBytes(CommOp op, int64_t sent, int64_t received) {
+  sent_by_op_[static_cast<int>(op)] += sent;
   bytes_sent_ += sent;
   bytes_received_ += received;
   operations_ += 1;

@@ -42,6 +42,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -62,10 +63,18 @@ using Milliseconds = std::chrono::milliseconds;
 // link, short enough that a dead peer surfaces well within a step timeout.
 inline constexpr Milliseconds kDefaultCollectiveTimeout{30000};
 
+// What a communicator's bytes were moved by (metrics label them by name).
+enum class CommOp { kAllGather, kReduceScatter, kAllReduce, kAllToAll, kBroadcast, kSendRecv, kBarrier };
+inline constexpr int kCommOpCount = 7;
+// "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",
+// "send_recv", "barrier".
+const char* CommOpName(CommOp op);
+
 struct CommStats {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   int64_t operations = 0;
+  std::array<int64_t, kCommOpCount> bytes_sent_by_op{};  // indexed by CommOp
 };
 
 // Why a communicator was aborted; shared with the handles it issued, which
@@ -163,7 +172,7 @@ class Communicator {
   void Abort(const std::string& reason);
 
  protected:
-  void CountBytes(int64_t sent, int64_t received);
+  void CountBytes(CommOp op, int64_t sent, int64_t received);
   // Backends wake the waits that do not poll abort_signal(); called once,
   // after the signal is raised.
   virtual void WakeWaits() {}
@@ -173,6 +182,7 @@ class Communicator {
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> operations_{0};
+  std::array<std::atomic<int64_t>, kCommOpCount> sent_by_op_{};
   std::shared_ptr<AbortSignal> abort_ = std::make_shared<AbortSignal>();
 };
 

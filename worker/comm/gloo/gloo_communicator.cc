@@ -265,7 +265,7 @@ class GlooCommunicator : public Communicator {
     // list all-gather would gather into a temporary and copy out again.
     const int64_t k = input.numel();
     at::Tensor send = size_ == 1 ? input : input.view({1, -1}).expand({size_, k}).contiguous();
-    return EqualBlocks("all-gather", send, output, k, timeout);
+    return EqualBlocks(CommOp::kAllGather, "all-gather", send, output, k, timeout);
   }
 
   std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input, const at::Tensor& output,
@@ -273,7 +273,7 @@ class GlooCommunicator : public Communicator {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckReduceScatterArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
     const int64_t k = output.numel();
-    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+    CountBytes(CommOp::kReduceScatter, RingAllGatherBytes(k, input.element_size(), size_),
                RingAllGatherBytes(k, input.element_size(), size_));
     if (k == 0) return CompletedHandle(absl::OkStatus());
     // received[j] = rank j's piece destined for this rank.
@@ -314,7 +314,7 @@ class GlooCommunicator : public Communicator {
       return CompletedHandle(absl::InvalidArgumentError("all-reduce needs a contiguous tensor"));
     }
     const int64_t bytes = RingAllReduceBytes(tensor.numel(), tensor.element_size(), size_);
-    CountBytes(bytes, bytes);
+    CountBytes(CommOp::kAllReduce, bytes, bytes);
     if (tensor.numel() == 0 || size_ == 1) return CompletedHandle(absl::OkStatus());
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
@@ -332,7 +332,7 @@ class GlooCommunicator : public Communicator {
                                             Milliseconds timeout) override {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckAllToAllArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
-    return EqualBlocks("all-to-all", input, output, input.numel() / size_, timeout);
+    return EqualBlocks(CommOp::kAllToAll, "all-to-all", input, output, input.numel() / size_, timeout);
   }
 
   std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
@@ -343,7 +343,7 @@ class GlooCommunicator : public Communicator {
           absl::StrCat("broadcast root ", root, " outside group of ", size_)));
     }
     const int64_t bytes = tensor.numel() * tensor.element_size();
-    CountBytes(rank_ == root ? bytes * (size_ - 1) : 0, rank_ == root ? 0 : bytes);
+    CountBytes(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0, rank_ == root ? 0 : bytes);
     if (tensor.numel() == 0 || size_ == 1) return CompletedHandle(absl::OkStatus());
     std::vector<at::Tensor> tensors{Movable(tensor)};
     c10d::BroadcastOptions opts;
@@ -364,7 +364,7 @@ class GlooCommunicator : public Communicator {
 
   std::unique_ptr<CommHandle> BarrierAsync(Milliseconds timeout) override {
     if (auto s = Precheck({}); !s.ok()) return CompletedHandle(s);
-    CountBytes(0, 0);
+    CountBytes(CommOp::kBarrier, 0, 0);
     if (size_ == 1) return CompletedHandle(absl::OkStatus());
     c10d::BarrierOptions opts;
     opts.timeout = timeout;
@@ -375,9 +375,9 @@ class GlooCommunicator : public Communicator {
   // alltoall_base with equal splits: block j of `send` (k elements) goes to
   // rank j, rank j's block lands at block j of `recv`. Moves data only, so
   // bfloat16 travels as float16 bits.
-  std::unique_ptr<CommHandle> EqualBlocks(const char* op, const at::Tensor& send, const at::Tensor& recv,
-                                          int64_t k, Milliseconds timeout) {
-    CountBytes(RingAllGatherBytes(k, send.element_size(), size_), RingAllGatherBytes(k, send.element_size(), size_));
+  std::unique_ptr<CommHandle> EqualBlocks(CommOp kind, const char* op, const at::Tensor& send,
+                                          const at::Tensor& recv, int64_t k, Milliseconds timeout) {
+    CountBytes(kind, RingAllGatherBytes(k, send.element_size(), size_), RingAllGatherBytes(k, send.element_size(), size_));
     if (k == 0) return CompletedHandle(absl::OkStatus());
     if (size_ == 1) {
       recv.view({-1}).copy_(send.reshape({-1}));
@@ -422,7 +422,7 @@ class GlooCommunicator : public Communicator {
       return CompletedHandle(absl::InvalidArgumentError("send/recv needs a contiguous tensor"));
     }
     const int64_t bytes = tensor.numel() * tensor.element_size();
-    CountBytes(send ? bytes : 0, send ? 0 : bytes);
+    CountBytes(CommOp::kSendRecv, send ? bytes : 0, send ? 0 : bytes);
     if (tensor.numel() == 0) return CompletedHandle(absl::OkStatus());
     std::vector<at::Tensor> tensors{Movable(tensor)};
     // c10d's gloo send/recv has no per-op timeout; the handle's wait bounds it.

@@ -162,7 +162,7 @@ class NcclCommunicator : public Communicator {
                                              Milliseconds timeout) override {
     if (auto s = CheckAllGatherArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
     const int64_t k = input.numel();
-    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+    CountBytes(CommOp::kAllGather, RingAllGatherBytes(k, input.element_size(), size_),
                RingAllGatherBytes(k, input.element_size(), size_));
     return Run("all-gather", {input, output}, {1}, timeout, nullptr,
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
@@ -174,7 +174,7 @@ class NcclCommunicator : public Communicator {
                                                  ReduceOp op, Milliseconds timeout) override {
     if (auto s = CheckReduceScatterArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
     const int64_t k = output.numel();
-    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+    CountBytes(CommOp::kReduceScatter, RingAllGatherBytes(k, input.element_size(), size_),
                RingAllGatherBytes(k, input.element_size(), size_));
     return Run("reduce-scatter", {input, output}, {1}, timeout, AvgFinish(output, op),
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
@@ -186,7 +186,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<CommHandle> AllReduceAsync(const at::Tensor& tensor, ReduceOp op,
                                              Milliseconds timeout) override {
     const int64_t bytes = RingAllReduceBytes(tensor.numel(), tensor.element_size(), size_);
-    CountBytes(bytes, bytes);
+    CountBytes(CommOp::kAllReduce, bytes, bytes);
     return Run("all-reduce", {tensor}, {0}, timeout, AvgFinish(tensor, op),
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
                  return ncclAllReduce(b[0].device, b[0].device, tensor.numel(), t, NcclOp(op),
@@ -198,7 +198,7 @@ class NcclCommunicator : public Communicator {
                                             Milliseconds timeout) override {
     if (auto s = CheckAllToAllArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
     const int64_t k = input.numel() / size_;
-    CountBytes(RingAllGatherBytes(k, input.element_size(), size_),
+    CountBytes(CommOp::kAllToAll, RingAllGatherBytes(k, input.element_size(), size_),
                RingAllGatherBytes(k, input.element_size(), size_));
     // NCCL has no all-to-all: one grouped send and receive per peer.
     return Run("all-to-all", {input, output}, {1}, timeout, nullptr,
@@ -220,7 +220,7 @@ class NcclCommunicator : public Communicator {
           absl::StrCat("broadcast root ", root, " outside group of ", size_)));
     }
     const int64_t bytes = tensor.numel() * tensor.element_size();
-    CountBytes(rank_ == root ? bytes * (size_ - 1) : 0, rank_ == root ? 0 : bytes);
+    CountBytes(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0, rank_ == root ? 0 : bytes);
     return Run("broadcast", {tensor}, {0}, timeout, nullptr,
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
                  return ncclBroadcast(b[0].device, b[0].device, tensor.numel(), t, root, comm_,
@@ -231,7 +231,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<CommHandle> SendAsync(const at::Tensor& tensor, int peer,
                                         Milliseconds timeout) override {
     if (auto s = CheckPeer(peer, rank_, size_, "send"); !s.ok()) return CompletedHandle(s);
-    CountBytes(tensor.numel() * tensor.element_size(), 0);
+    CountBytes(CommOp::kSendRecv, tensor.numel() * tensor.element_size(), 0);
     return Run("send", {tensor}, {}, timeout, nullptr,
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
                  return ncclSend(b[0].device, tensor.numel(), t, peer, comm_, stream_);
@@ -241,7 +241,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<CommHandle> RecvAsync(const at::Tensor& tensor, int peer,
                                         Milliseconds timeout) override {
     if (auto s = CheckPeer(peer, rank_, size_, "recv"); !s.ok()) return CompletedHandle(s);
-    CountBytes(0, tensor.numel() * tensor.element_size());
+    CountBytes(CommOp::kSendRecv, 0, tensor.numel() * tensor.element_size());
     return Run("recv", {tensor}, {0}, timeout, nullptr,
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
                  return ncclRecv(b[0].device, tensor.numel(), t, peer, comm_, stream_);
@@ -249,7 +249,7 @@ class NcclCommunicator : public Communicator {
   }
 
   std::unique_ptr<CommHandle> BarrierAsync(Milliseconds timeout) override {
-    CountBytes(0, 0);
+    CountBytes(CommOp::kBarrier, 0, 0);
     return Run("barrier", {at::zeros({1})}, {}, timeout, nullptr,
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
                  return ncclAllReduce(b[0].device, b[0].device, 1, t, ncclSum, comm_, stream_);

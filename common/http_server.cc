@@ -1,0 +1,108 @@
+#include "common/http_server.h"
+
+#include <microhttpd.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace baton {
+namespace {
+
+// Bounds: a scrape or a page load is small; nothing waits long.
+constexpr unsigned kThreads = 2;
+constexpr unsigned kConnectionTimeoutS = 10;
+constexpr unsigned kMaxConnections = 64;
+
+}  // namespace
+
+struct HttpServerAccess {
+  // libmicrohttpd's request callback: answers once the request is complete
+  // (GET and HEAD carry no body; a body sent anyway is read and ignored).
+  static MHD_Result Handle(void* self, MHD_Connection* conn, const char* url, const char* method, const char*,
+                           const char*, size_t* upload_size, void** request_state) {
+    static int first_call;
+    if (*request_state == nullptr) {  // headers only so far
+      *request_state = &first_call;
+      return MHD_YES;
+    }
+    if (*upload_size != 0) {
+      *upload_size = 0;
+      return MHD_YES;
+    }
+    const HttpResponse r = static_cast<const HttpServer*>(self)->Answer(method == nullptr ? "" : method,
+                                                                         url == nullptr ? "" : url);
+    MHD_Response* response =
+        MHD_create_response_from_buffer(r.body.size(), const_cast<char*>(r.body.data()), MHD_RESPMEM_MUST_COPY);
+    if (response == nullptr) return MHD_NO;
+    MHD_add_response_header(response, "Content-Type", r.content_type.c_str());
+    MHD_add_response_header(response, "Cache-Control", "no-store");
+    MHD_add_response_header(response, "X-Content-Type-Options", "nosniff");
+    const MHD_Result queued = MHD_queue_response(conn, static_cast<unsigned>(r.status), response);
+    MHD_destroy_response(response);
+    return queued;
+  }
+};
+
+HttpResponse HttpServer::Answer(const std::string& method, const std::string& path) const {
+  auto it = routes_.find(path);
+  if (it == routes_.end()) return HttpResponse{404, "text/plain; charset=utf-8", absl::StrCat("no page at ", path, "\n")};
+  if (method != "GET" && method != "HEAD") return HttpResponse{405, "text/plain; charset=utf-8", "only GET\n"};
+  try {
+    return it->second();
+  } catch (const std::exception& e) {
+    return HttpResponse{500, "text/plain; charset=utf-8", absl::StrCat(e.what(), "\n")};
+  }
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& host, int port,
+                                                              std::map<std::string, HttpHandler> routes) {
+  const std::string listen = absl::StrCat(host, ":", port);
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError(absl::StrCat("bad HTTP port in ", listen));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int e = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found); e != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve HTTP host ", host, ": ", gai_strerror(e)));
+  }
+  sockaddr_storage addr{};
+  std::memcpy(&addr, found->ai_addr, found->ai_addrlen);
+  const bool ipv6 = found->ai_family == AF_INET6;
+  ::freeaddrinfo(found);
+
+  std::unique_ptr<HttpServer> server(new HttpServer(std::move(routes)));
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  if (ipv6) flags |= MHD_USE_IPv6;
+  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), nullptr, nullptr, &HttpServerAccess::Handle,
+                                     server.get(), MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&addr),
+                                     MHD_OPTION_THREAD_POOL_SIZE, kThreads, MHD_OPTION_CONNECTION_TIMEOUT,
+                                     kConnectionTimeoutS, MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, MHD_OPTION_END);
+  if (server->daemon_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", listen, " (in use, or not an address here)"));
+  }
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
+  server->port_ = info == nullptr ? port : info->port;
+  if (server->port_ == 0) return absl::UnavailableError(absl::StrCat("HTTP server on ", listen, " has no port"));
+  return server;
+}
+
+HttpServer::~HttpServer() {
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpIfAsked(const std::string& daemon, const std::string& host,
+                                                             int port, std::map<std::string, HttpHandler> routes) {
+  if (port < 0) return std::unique_ptr<HttpServer>();
+  auto server = HttpServer::Start(host, port, std::move(routes));
+  if (!server.ok()) return server.status();
+  Logf("%s HTTP (metrics%s) on %s:%d", daemon.c_str(), daemon == "controller" ? ", status page" : "", host.c_str(),
+       (*server)->port());
+  return server;
+}
+
+}  // namespace baton

@@ -1,0 +1,101 @@
+#include "controller/controller_metrics.h"
+
+#include <set>
+
+#include "common/metrics.h"
+#include "proto/mesh.pb.h"
+
+namespace baton {
+namespace {
+
+template <typename T>
+prometheus::Family<T>& Build(prometheus::detail::Builder<T> builder, const char* name, const char* help,
+                             prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+prometheus::Labels JobLabels(const baton::v1::JobStatus& job) {
+  return {{"job", job.job_id()}, {"job_name", job.name()}};
+}
+
+}  // namespace
+
+ControllerMetrics::ControllerMetrics()
+    : workers_(Build(prometheus::BuildGauge(), "baton_workers", "Workers known to the controller, by state",
+                     registry_)),
+      worker_up_(Build(prometheus::BuildGauge(), "baton_worker_up", "1 while the worker heartbeats, 0 when DEAD",
+                       registry_)),
+      heartbeat_age_(Build(prometheus::BuildGauge(), "baton_worker_heartbeat_age_seconds",
+                           "Time since the worker's last heartbeat", registry_)),
+      restarts_(Build(prometheus::BuildCounter(), "baton_worker_restarts_total",
+                      "Times a worker's name came back as a new process", registry_)),
+      mesh_ranks_(Build(prometheus::BuildGauge(), "baton_mesh_ranks", "Ranks in the current mesh (0: none)",
+                        registry_)),
+      mesh_epoch_(Build(prometheus::BuildGauge(), "baton_mesh_epoch", "Epoch of the current mesh", registry_)),
+      job_step_(Build(prometheus::BuildGauge(), "baton_job_step", "Steps the job has completed", registry_)),
+      job_steps_(Build(prometheus::BuildGauge(), "baton_job_steps", "Steps the job was asked to run", registry_)),
+      job_loss_(Build(prometheus::BuildGauge(), "baton_job_loss", "Loss of the job's last step", registry_)),
+      job_tokens_per_second_(Build(prometheus::BuildGauge(), "baton_job_tokens_per_second",
+                                   "Tokens per second of the job's last step", registry_)),
+      job_tokens_(Build(prometheus::BuildCounter(), "baton_job_tokens_total", "Tokens the job has processed",
+                        registry_)),
+      job_comm_bytes_(Build(prometheus::BuildCounter(), "baton_job_comm_bytes_total",
+                            "Bytes the job's ranks have sent to each other, all ranks together", registry_)),
+      step_seconds_(Build(prometheus::BuildHistogram(), "baton_step_duration_seconds",
+                          "Wall time of one training step as the controller saw it", registry_)) {}
+
+void ControllerMetrics::ObserveStep(const baton::v1::JobStatus& job, const baton::v1::StepMetrics& merged,
+                                    int64_t comm_bytes) {
+  const prometheus::Labels labels = JobLabels(job);
+  step_seconds_.Add(labels, DurationBuckets()).Observe(merged.step_ms() / 1e3);
+  job_tokens_.Add(labels).Increment(static_cast<double>(merged.tokens()));
+  job_comm_bytes_.Add(labels).Increment(static_cast<double>(comm_bytes));
+}
+
+void ControllerMetrics::Refresh(const baton::v1::StatusResponse& status) {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, int> by_state;
+  for (int s = baton::v1::REGISTERED; s <= baton::v1::DEAD; ++s) {
+    by_state[baton::v1::WorkerState_Name(static_cast<baton::v1::WorkerState>(s))] = 0;
+  }
+  std::set<std::string> listed;
+  for (const auto& w : status.workers()) {
+    ++by_state[baton::v1::WorkerState_Name(w.state())];
+    listed.insert(w.name());
+    WorkerSeries& series = worker_series_[w.name()];
+    const prometheus::Labels labels{{"worker", w.name()}};
+    if (series.up == nullptr) {
+      series.up = &worker_up_.Add(labels);
+      series.heartbeat_age = &heartbeat_age_.Add(labels);
+      series.restarts = &restarts_.Add(labels);
+    }
+    series.up->Set(w.state() == baton::v1::DEAD ? 0 : 1);
+    series.heartbeat_age->Set(w.heartbeat_age_s());
+    if (w.restarts() > series.counted_restarts) {
+      series.restarts->Increment(w.restarts() - series.counted_restarts);
+      series.counted_restarts = w.restarts();
+    }
+  }
+  for (auto it = worker_series_.begin(); it != worker_series_.end();) {
+    if (listed.count(it->first)) {
+      ++it;
+      continue;
+    }
+    worker_up_.Remove(it->second.up);
+    heartbeat_age_.Remove(it->second.heartbeat_age);
+    restarts_.Remove(it->second.restarts);
+    it = worker_series_.erase(it);
+  }
+  for (const auto& [state, n] : by_state) workers_.Add({{"state", state}}).Set(n);
+  mesh_ranks_.Add({}).Set(status.mesh().worker_names_size());
+  mesh_epoch_.Add({}).Set(static_cast<double>(status.mesh().epoch()));
+  if (!status.job().job_id().empty()) {
+    const prometheus::Labels labels = JobLabels(status.job());
+    job_step_.Add(labels).Set(status.job().step());
+    job_steps_.Add(labels).Set(status.job().steps());
+    if (status.job().last().has_loss()) job_loss_.Add(labels).Set(status.job().last().loss());
+    job_tokens_per_second_.Add(labels).Set(status.job().last().tokens_per_s());
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,61 @@
+// The controller's Prometheus metrics (GET /metrics): the fleet, the mesh,
+// jobs and their steps. Counters and histograms move as steps finish; the
+// fleet's gauges are read from a status snapshot at each scrape.
+#ifndef BATON_CONTROLLER_CONTROLLER_METRICS_H_
+#define BATON_CONTROLLER_CONTROLLER_METRICS_H_
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "proto/controller.pb.h"
+
+namespace baton {
+
+class ControllerMetrics {
+ public:
+  ControllerMetrics();
+  prometheus::Registry& registry() { return registry_; }
+
+  // One finished step of `job`: `merged` as the controller reports it,
+  // `comm_bytes` sent by all ranks together.
+  void ObserveStep(const baton::v1::JobStatus& job, const baton::v1::StepMetrics& merged, int64_t comm_bytes);
+  // Sets the fleet, mesh and job gauges from `status` (call before a scrape).
+  void Refresh(const baton::v1::StatusResponse& status);
+
+ private:
+  prometheus::Registry registry_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Family<prometheus::Gauge>& worker_up_;
+  prometheus::Family<prometheus::Gauge>& heartbeat_age_;
+  prometheus::Family<prometheus::Counter>& restarts_;
+  prometheus::Family<prometheus::Gauge>& mesh_ranks_;
+  prometheus::Family<prometheus::Gauge>& mesh_epoch_;
+  prometheus::Family<prometheus::Gauge>& job_step_;
+  prometheus::Family<prometheus::Gauge>& job_steps_;
+  prometheus::Family<prometheus::Gauge>& job_loss_;
+  prometheus::Family<prometheus::Gauge>& job_tokens_per_second_;
+  prometheus::Family<prometheus::Counter>& job_tokens_;
+  prometheus::Family<prometheus::Counter>& job_comm_bytes_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+
+  absl::Mutex mu_;
+  // Per-worker series, removed when the worker is forgotten.
+  struct WorkerSeries {
+    prometheus::Gauge* up = nullptr;
+    prometheus::Gauge* heartbeat_age = nullptr;
+    prometheus::Counter* restarts = nullptr;
+    int counted_restarts = 0;
+  };
+  std::map<std::string, WorkerSeries> worker_series_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_CONTROLLER_METRICS_H_

@@ -1,0 +1,75 @@
+#include "worker/worker_metrics.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "common/metrics.h"
+
+namespace baton {
+namespace {
+
+// Resident set size from /proc/self/statm (0 when unknown).
+double ResidentBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics()
+    : steps_(prometheus::BuildCounter()
+                 .Name("baton_worker_steps_total")
+                 .Help("Training steps this worker completed, by job")
+                 .Register(registry_)),
+      failed_steps_(prometheus::BuildCounter()
+                        .Name("baton_worker_failed_steps_total")
+                        .Help("Training steps that failed on this worker, by job")
+                        .Register(registry_)),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("baton_worker_step_duration_seconds")
+                        .Help("Time this worker spent on one step")
+                        .Register(registry_)),
+      comm_bytes_(prometheus::BuildCounter()
+                      .Name("baton_comm_bytes_total")
+                      .Help("Bytes this worker sent to other ranks during steps, by job and collective")
+                      .Register(registry_)),
+      instruction_seconds_(prometheus::BuildCounter()
+                               .Name("baton_instruction_seconds_total")
+                               .Help("Time spent executing Program instructions, by instruction kind")
+                               .Register(registry_)),
+      tokens_(prometheus::BuildCounter()
+                  .Name("baton_worker_tokens_total")
+                  .Help("Tokens (or rows) this worker's rank processed, by job")
+                  .Register(registry_)),
+      state_bytes_(prometheus::BuildGauge()
+                       .Name("baton_worker_state_bytes")
+                       .Help("Parameters, gradients and optimizer state held by this worker's rank")
+                       .Register(registry_)),
+      resident_bytes_(prometheus::BuildGauge()
+                          .Name("process_resident_memory_bytes")
+                          .Help("Resident memory of the worker process")
+                          .Register(registry_)) {}
+
+void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMetrics& m) {
+  steps_.Add({{"job", job}}).Increment();
+  step_seconds_.Add({{"job", job}}, DurationBuckets()).Observe(m.step_ms() / 1e3);
+  tokens_.Add({{"job", job}}).Increment(static_cast<double>(m.tokens()));
+  for (const auto& [collective, bytes] : m.comm_bytes_by_collective()) {
+    comm_bytes_.Add({{"job", job}, {"collective", collective}}).Increment(static_cast<double>(bytes));
+  }
+  for (const auto& [instruction, seconds] : m.instruction_seconds()) {
+    instruction_seconds_.Add({{"instruction", instruction}}).Increment(seconds);
+  }
+  state_bytes_.Add({}).Set(static_cast<double>(m.state_bytes()));
+}
+
+void WorkerMetrics::ObserveFailedStep(const std::string& job) { failed_steps_.Add({{"job", job}}).Increment(); }
+
+void WorkerMetrics::Refresh() { resident_bytes_.Add({}).Set(ResidentBytes()); }
+
+}  // namespace baton
