@@ -49,6 +49,9 @@ ABSL_FLAG(std::string, controller_bin, "", "up: path of baton-controller (defaul
 ABSL_FLAG(std::string, worker_bin, "", "up: path of baton-worker (default: found beside baton).");
 ABSL_FLAG(std::string, reference_bin, "", "reference: path of baton-reference (default: found beside baton).");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 3000, "up: controller's heartbeat timeout.");
+ABSL_FLAG(int, http_port, 0,
+          "up: the controller's HTTP port (status page, /api/status, /metrics); 0 lets the OS choose, -1 serves "
+          "no HTTP. Workers serve /metrics on ports the OS chooses unless -1.");
 // check
 ABSL_FLAG(std::string, mesh, "", "check: mesh spec, e.g. dp=2,tp=2.");
 ABSL_FLAG(std::string, axes, "", "check: comma-separated axes to check (default: all).");
@@ -118,12 +121,22 @@ int Up() {
   if (!absl::GetFlag(FLAGS_data_root).empty()) {
     options.worker_args.push_back(absl::StrCat("--data_root=", absl::GetFlag(FLAGS_data_root)));
   }
+  if (absl::GetFlag(FLAGS_http_port) >= 0) {
+    options.controller_args.push_back(absl::StrCat("--http_port=", absl::GetFlag(FLAGS_http_port)));
+    options.worker_args.push_back("--http_port=0");
+  }
   auto cluster = LocalCluster::Start(options);
   if (!cluster.ok()) {
     std::fprintf(stderr, "baton up: %s\n", cluster.status().ToString().c_str());
     return 1;
   }
   std::printf("controller: %s\n", (*cluster)->controller_address().c_str());
+  if (auto client = Client::Connect((*cluster)->controller_address()); client.ok()) {
+    if (auto status = (*client)->Status(); status.ok() && !status->http_address().empty()) {
+      std::printf("status page: http://%s/  (metrics: http://%s/metrics)\n", status->http_address().c_str(),
+                  status->http_address().c_str());
+    }
+  }
   std::printf("client token: %s (baton commands read it from --token_file or $BATON_TOKEN_FILE)\n",
               (*cluster)->client_token_file().c_str());
   for (const auto& p : (*cluster)->processes()) std::printf("%s: pid %d\n", p.name.c_str(), p.pid);
@@ -162,10 +175,12 @@ int StatusCommand() {
     std::printf("%s\n", ToJson(*status).c_str());
     return 0;
   }
-  std::printf("%-16s %5s  %-22s %-11s %s\n", "NAME", "RANK", "ADDRESS", "STATE", "HEARTBEAT_AGE");
+  std::printf("%-16s %5s  %-22s %-11s %-13s %s\n", "NAME", "RANK", "ADDRESS", "STATE", "HEARTBEAT_AGE",
+              "RESTARTS");
   for (const auto& w : status->workers()) {
-    std::printf("%-16s %5d  %-22s %-11s %.1fs\n", w.name().c_str(), w.rank(), w.address().c_str(),
-                baton::v1::WorkerState_Name(w.state()).c_str(), w.heartbeat_age_s());
+    std::printf("%-16s %5d  %-22s %-11s %-13s %d\n", w.name().c_str(), w.rank(), w.address().c_str(),
+                baton::v1::WorkerState_Name(w.state()).c_str(), absl::StrFormat("%.1fs", w.heartbeat_age_s()).c_str(),
+                w.restarts());
   }
   if (status->has_mesh()) {
     std::printf("mesh: %s %s\n", status->mesh().mesh_id().c_str(),
@@ -176,7 +191,10 @@ int StatusCommand() {
     std::printf("job: %s \"%s\" %s step %d/%d%s\n", job.job_id().c_str(), job.name().c_str(),
                 baton::v1::JobState_Name(job.state()).c_str(), job.step(), job.steps(),
                 job.error().empty() ? "" : (" (" + job.error() + ")").c_str());
+    std::printf("job totals: %lld tokens, %lld bytes sent between ranks\n",
+                static_cast<long long>(job.tokens_total()), static_cast<long long>(job.comm_bytes_total()));
   }
+  if (!status->http_address().empty()) std::printf("status page: http://%s/\n", status->http_address().c_str());
   return 0;
 }
 
@@ -306,7 +324,7 @@ int Run(const std::string& path) {
                   static_cast<long long>(r.bytes()), r.seconds());
     }
   }
-  ProgressBar progress(job->steps());
+  ProgressBar progress(job->steps(), json);
   baton::v1::StepMetrics last;
   for (int step = created->job().step() + 1; step <= job->steps(); ++step) {
     timespec no_wait{0, 0};
@@ -345,7 +363,7 @@ int Run(const std::string& path) {
     if (!resp->job().checkpoint_error().empty()) {
       std::fprintf(stderr, "baton run: %s\n", resp->job().checkpoint_error().c_str());
     }
-    progress.Update(step);
+    progress.Update(step, last);
   }
   progress.Finish();
   if (job->checkpoint().async()) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
@@ -27,23 +28,30 @@ std::string FormatStep(const baton::v1::StepMetrics& m, int total_steps, bool js
       m.peak_unsharded_param_bytes());
 }
 
-ProgressBar::ProgressBar(int total) : total_(total), enabled_(isatty(2)), start_(absl::Now()) {}
+ProgressBar::ProgressBar(int total, bool json)
+    : total_(total), enabled_(!json && isatty(STDOUT_FILENO)), start_(absl::Now()) {}
 
-void ProgressBar::Update(int done) {
+void ProgressBar::Update(int done, const baton::v1::StepMetrics& last) {
   if (!enabled_ || total_ <= 0) return;
   constexpr int kWidth = 30;
-  const int filled = done * kWidth / total_;
+  const int filled = std::min(done, total_) * kWidth / total_;
   std::string bar(static_cast<size_t>(filled), '=');
   if (filled < kWidth) bar += '>';
   bar.resize(kWidth, ' ');
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-  const double eta = done > 0 ? elapsed / done * (total_ - done) : 0;
-  std::fprintf(stderr, "\r[%s] %d/%d ETA %.1fs ", bar.c_str(), done, total_, eta);
-  std::fflush(stderr);
+  const double eta = done > 0 ? elapsed / done * std::max(0, total_ - done) : 0;
+  std::string loss = last.has_loss() ? absl::StrFormat("  loss %.4f", last.loss()) : "";
+  std::fprintf(stdout, "\r\033[K[%s] step %d/%d%s  tokens/s %.0f  ETA %.1fs", bar.c_str(), done, total_,
+               loss.c_str(), last.tokens_per_s(), eta);
+  std::fflush(stdout);
+  drawn_ = true;
 }
 
 void ProgressBar::Finish() {
-  if (enabled_) std::fprintf(stderr, "\r%*s\r", 60, "");
+  if (!drawn_) return;
+  std::fprintf(stdout, "\r\033[K");
+  std::fflush(stdout);
+  drawn_ = false;
 }
 
 }  // namespace baton

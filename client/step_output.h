@@ -16,16 +16,20 @@ namespace baton {
 // Integers print as numbers.
 std::string FormatStep(const baton::v1::StepMetrics& m, int total_steps, bool json);
 
-// Draws "[=====>    ] 3/20 ETA 4.2s" on stderr when it is a terminal.
+// Draws "[=====>      ] step 3/20  loss 4.1523  tokens/s 5,120  ETA 4.2s" on
+// the last line of stdout when stdout is a terminal (and the output is not
+// JSON); prints nothing otherwise, so piped output stays plain lines.
+// Finish() clears the bar: call it before printing a line, Update after.
 class ProgressBar {
  public:
-  explicit ProgressBar(int total);
-  void Update(int done);
+  ProgressBar(int total, bool json);
+  void Update(int done, const baton::v1::StepMetrics& last);
   void Finish();
 
  private:
   int total_;
   bool enabled_;
+  bool drawn_ = false;
   absl::Time start_;
 };
 

@@ -15,7 +15,7 @@ prometheus::Family<T>& Build(prometheus::detail::Builder<T> builder, const char*
 }
 
 prometheus::Labels JobLabels(const baton::v1::JobStatus& job) {
-  return {{"job", job.job_id()}, {"job_name", job.name()}};
+  return {{"job_id", job.job_id()}, {"job_name", job.name()}};
 }
 
 }  // namespace

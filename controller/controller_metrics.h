@@ -1,6 +1,7 @@
 // The controller's Prometheus metrics (GET /metrics): the fleet, the mesh,
 // jobs and their steps. Counters and histograms move as steps finish; the
-// fleet's gauges are read from a status snapshot at each scrape.
+// fleet's gauges are read from a status snapshot at each scrape. Jobs are
+// labelled job_id and job_name (Prometheus keeps `job` for its scrape job).
 #ifndef BATON_CONTROLLER_CONTROLLER_METRICS_H_
 #define BATON_CONTROLLER_CONTROLLER_METRICS_H_
 

@@ -56,11 +56,11 @@ WorkerMetrics::WorkerMetrics()
                           .Register(registry_)) {}
 
 void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMetrics& m) {
-  steps_.Add({{"job", job}}).Increment();
-  step_seconds_.Add({{"job", job}}, DurationBuckets()).Observe(m.step_ms() / 1e3);
-  tokens_.Add({{"job", job}}).Increment(static_cast<double>(m.tokens()));
+  steps_.Add({{"job_id", job}}).Increment();
+  step_seconds_.Add({{"job_id", job}}, DurationBuckets()).Observe(m.step_ms() / 1e3);
+  tokens_.Add({{"job_id", job}}).Increment(static_cast<double>(m.tokens()));
   for (const auto& [collective, bytes] : m.comm_bytes_by_collective()) {
-    comm_bytes_.Add({{"job", job}, {"collective", collective}}).Increment(static_cast<double>(bytes));
+    comm_bytes_.Add({{"job_id", job}, {"collective", collective}}).Increment(static_cast<double>(bytes));
   }
   for (const auto& [instruction, seconds] : m.instruction_seconds()) {
     instruction_seconds_.Add({{"instruction", instruction}}).Increment(seconds);
@@ -68,7 +68,7 @@ void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMet
   state_bytes_.Add({}).Set(static_cast<double>(m.state_bytes()));
 }
 
-void WorkerMetrics::ObserveFailedStep(const std::string& job) { failed_steps_.Add({{"job", job}}).Increment(); }
+void WorkerMetrics::ObserveFailedStep(const std::string& job) { failed_steps_.Add({{"job_id", job}}).Increment(); }
 
 void WorkerMetrics::Refresh() { resident_bytes_.Add({}).Set(ResidentBytes()); }
 
