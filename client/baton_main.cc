@@ -58,7 +58,8 @@ ABSL_FLAG(std::string, axes, "", "check: comma-separated axes to check (default:
 ABSL_FLAG(int64_t, numel, 1 << 20, "check: elements per collective (P).");
 ABSL_FLAG(int, iters, 3, "check: timed iterations per collective.");
 ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
-ABSL_FLAG(std::string, backend, "gloo", "check, run: gloo or nccl.");
+ABSL_FLAG(std::string, backend, "",
+          "check, run: gloo or nccl (default: the controller's --default_backend, gloo unless set).");
 ABSL_FLAG(int64_t, step_timeout_ms, 30000, "run: timeout of one collective within a step.");
 ABSL_FLAG(bool, explain, false, "plan: also print every rank's Program, instruction by instruction.");
 ABSL_FLAG(std::string, token_file, "",
@@ -103,6 +104,15 @@ absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlag() {
   const std::string address = absl::GetFlag(FLAGS_controller);
   if (address.empty()) return absl::InvalidArgumentError("--controller HOST:PORT is required");
   return Client::Connect(address);
+}
+
+// --backend: "" leaves the choice to the controller.
+absl::StatusOr<baton::v1::CommBackend> BackendFromFlag() {
+  const std::string backend = absl::AsciiStrToLower(absl::GetFlag(FLAGS_backend));
+  if (backend.empty()) return baton::v1::COMM_BACKEND_UNSPECIFIED;
+  if (backend == "gloo") return baton::v1::GLOO;
+  if (backend == "nccl") return baton::v1::NCCL;
+  return absl::InvalidArgumentError("--backend must be gloo or nccl");
 }
 
 int Up() {
@@ -210,12 +220,12 @@ int Check() {
   }
   baton::v1::CheckCollectivesRequest req;
   *req.mutable_spec() = *spec;
-  const std::string backend = absl::AsciiStrToLower(absl::GetFlag(FLAGS_backend));
-  if (backend != "gloo" && backend != "nccl") {
-    std::fprintf(stderr, "baton check: --backend must be gloo or nccl\n");
+  auto backend = BackendFromFlag();
+  if (!backend.ok()) {
+    std::fprintf(stderr, "baton check: %s\n", std::string(backend.status().message()).c_str());
     return kUsage;
   }
-  req.set_backend(backend == "nccl" ? baton::v1::NCCL : baton::v1::GLOO);
+  req.set_backend(*backend);
   for (absl::string_view a : absl::StrSplit(absl::GetFlag(FLAGS_axes), ',', absl::SkipEmpty())) {
     req.add_axes(std::string(a));
   }
@@ -301,7 +311,12 @@ int Run(const std::string& path) {
   if (!absl::GetFlag(FLAGS_resume).empty()) job->set_resume_from(absl::GetFlag(FLAGS_resume));
   baton::v1::CreateJobRequest create;
   *create.mutable_job() = *job;
-  create.set_backend(absl::GetFlag(FLAGS_backend) == "nccl" ? baton::v1::NCCL : baton::v1::GLOO);
+  auto backend = BackendFromFlag();
+  if (!backend.ok()) {
+    std::fprintf(stderr, "baton run: %s\n", std::string(backend.status().message()).c_str());
+    return kUsage;
+  }
+  create.set_backend(*backend);
   auto created = (*client)->CreateJob(create);
   if (!created.ok()) {
     std::fprintf(stderr, "baton run: %s\n", created.status().ToString().c_str());

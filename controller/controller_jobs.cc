@@ -153,7 +153,9 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext* ctx, const baton:
   // gradient j, receive activation k" (1F1B's steady state) waits in a
   // circle. It needs the pair posted as one group, which the NCCL backend
   // does not do yet; GPipe's sends never meet in a circle.
-  if (req->backend() == baton::v1::NCCL && job.plan().has_pipeline_parallel() &&
+  const baton::v1::CommBackend backend =
+      req->backend() == baton::v1::COMM_BACKEND_UNSPECIFIED ? options_.default_backend : req->backend();
+  if (backend == baton::v1::NCCL && job.plan().has_pipeline_parallel() &&
       job.plan().pipeline_parallel().schedule() != baton::v1::PipelineParallel::GPIPE) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("pipeline schedule ",

@@ -59,6 +59,8 @@ ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
 ABSL_FLAG(int, http_port, -1,
           "Serve /metrics (Prometheus), the status page (/) and its JSON (/api/status) on this port of --host; "
           "0 lets the OS choose, -1 (the default) serves no HTTP. Read-only and unauthenticated.");
+ABSL_FLAG(std::string, default_backend, "gloo",
+          "Collectives backend of meshes whose request does not name one: gloo (CPU) or nccl (GPU).");
 ABSL_FLAG(std::string, log_format, "text", "Log lines on stderr: text, or json (one object per line).");
 
 namespace baton {
@@ -117,6 +119,12 @@ int Main(int argc, char** argv) {
   ControllerOptions options;
   options.auth = auth;
   options.metrics = &metrics;
+  if (const std::string b = absl::GetFlag(FLAGS_default_backend); b == "nccl" || b == "gloo") {
+    options.default_backend = b == "nccl" ? baton::v1::NCCL : baton::v1::GLOO;
+  } else {
+    Logf("baton-controller: --default_backend must be gloo or nccl, not \"%s\"", b.c_str());
+    return 2;
+  }
   options.worker_credentials = credentials;
   options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));

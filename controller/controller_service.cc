@@ -162,7 +162,7 @@ absl::StatusOr<baton::v1::Mesh> ControllerService::EnsureMesh(const baton::v1::M
   std::vector<MeshAxisSpec> axes = ToMeshAxes(spec.axes());
   auto device_mesh = DeviceMesh::Create(axes);
   if (!device_mesh.ok()) return device_mesh.status();
-  if (backend == baton::v1::COMM_BACKEND_UNSPECIFIED) backend = baton::v1::GLOO;
+  if (backend == baton::v1::COMM_BACKEND_UNSPECIFIED) backend = options_.default_backend;
   {
     absl::MutexLock lock(&mu_);
     bool same = current_.epoch() != 0 && current_backend_ == backend &&

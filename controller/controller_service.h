@@ -47,6 +47,9 @@ struct ControllerOptions {
   int64_t checkpoint_block_bytes = 1 << 20;
   // Who may call the Controller service (the client token).
   Authenticator auth;
+  // The backend of meshes whose request leaves it unspecified (the GPU
+  // deployment sets NCCL).
+  baton::v1::CommBackend default_backend = baton::v1::GLOO;
   // Steps, tokens and comm bytes go here (nullptr: none).
   ControllerMetrics* metrics = nullptr;
   // What the controller presents to workers (the worker token, TLS).
