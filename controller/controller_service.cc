@@ -482,10 +482,10 @@ class WatchReactor : public grpc::ServerWriteReactor<baton::v1::Event> {
   }
 
   EventLog* const log_;
-  std::atomic<int>* const streams_;
-  int subscription_ = 0;
   absl::Mutex mu_;
   int64_t after_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int>* const streams_;
+  int subscription_ = 0;
   std::deque<baton::v1::Event> pending_ ABSL_GUARDED_BY(mu_);
   baton::v1::Event current_;  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

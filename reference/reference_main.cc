@@ -42,7 +42,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "baton reference: %s\n", trainer.status().ToString().c_str());
     return 1;
   }
-  ProgressBar progress(job->steps());
+  ProgressBar progress(job->steps(), output == "json");
   for (int step = 1; step <= job->steps(); ++step) {
     auto m = (*trainer)->Step();
     progress.Finish();
@@ -52,7 +52,7 @@ int Main(int argc, char** argv) {
     }
     std::printf("%s\n", FormatStep(*m, job->steps(), output == "json").c_str());
     std::fflush(stdout);
-    progress.Update(step);
+    progress.Update(step, *m);
   }
   progress.Finish();
   return 0;

@@ -137,7 +137,9 @@ class BoundsTest : public ::testing::Test {
     for (const auto& [before, after, name] :
          {std::tuple{c0, c1, "controller"}, std::tuple{w0, w1, "worker"}}) {
       // Under ASan freed memory sits in its quarantine: RSS says nothing there.
-      if (!kUnderAsan) EXPECT_LE(after.rss_kb, before.rss_kb * 11 / 10) << what << " " << name;
+      if (!kUnderAsan) {
+        EXPECT_LE(after.rss_kb, before.rss_kb * 11 / 10) << what << " " << name;
+      }
       // 10 %, at least one (10 % of 13 threads is 1.3).
       EXPECT_LE(after.threads, before.threads + std::max<int64_t>(1, before.threads / 10)) << what << " " << name;
       EXPECT_LE(after.fds, before.fds + std::max<int64_t>(1, before.fds / 10)) << what << " " << name;

@@ -6,6 +6,7 @@ reporting a skip to Bazel.
 Runs on Debian's /usr/bin/python3 with python3-yaml; nothing else.
 """
 
+import argparse
 import os
 import re
 import shutil
@@ -17,6 +18,16 @@ try:
     import yaml
 except ImportError:  # pragma: no cover - reported by the tests themselves
     yaml = None
+
+
+def argument_parser(description):
+    """The arguments both deploy tests take: the three binaries and deploy/k8s's files."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--baton", required=True)
+    parser.add_argument("--controller_bin", required=True)
+    parser.add_argument("--worker_bin", required=True)
+    parser.add_argument("--k8s", nargs="+", required=True, help="the files of deploy/k8s")
+    return parser
 
 
 def log(*parts):

@@ -9,7 +9,6 @@ Prints each figure it checks. Skips, saying so, when there is no kubectl.
   manifests_test.py --baton B --controller_bin C --worker_bin W --k8s FILE...
 """
 
-import argparse
 import os
 import shutil
 import sys
@@ -307,11 +306,7 @@ def check_overlay(kubectl, k8s_dir, overlay, binaries, flags_cache):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--baton", required=True)
-    parser.add_argument("--controller_bin", required=True)
-    parser.add_argument("--worker_bin", required=True)
-    parser.add_argument("--k8s", nargs="+", required=True, help="the files of deploy/k8s")
+    parser = kube.argument_parser(__doc__)
     a = parser.parse_args()
     kube.require_yaml()
     kubectls = kube.kubectls()

@@ -36,7 +36,6 @@ SIGKILLed) and the namespaces, links, bridge and hosts files are removed.
   multihost_test.py --baton B --controller_bin C --worker_bin W --k8s FILE... --examples FILE...
 """
 
-import argparse
 import ctypes
 import importlib.util
 import json
@@ -783,11 +782,7 @@ def cleanup(failure, pods, state, net, work):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--baton", required=True)
-    parser.add_argument("--controller_bin", required=True)
-    parser.add_argument("--worker_bin", required=True)
-    parser.add_argument("--k8s", nargs="+", required=True, help="the files of deploy/k8s")
+    parser = kube.argument_parser(__doc__)
     parser.add_argument("--examples", nargs="+", required=True, help="the files of examples/")
     a = parser.parse_args()
     for path in a.examples:

@@ -86,7 +86,7 @@ class NcclHandle : public CommHandle {
         deadline_(absl::Now() + absl::FromChrono(timeout)),
         broken_(std::move(broken)),
         abort_(std::move(abort)) {}
-  ~NcclHandle() override { Wait(); }
+  ~NcclHandle() override { (void)Wait(); }
 
   absl::Status Wait() override {
     if (!operation_) return status_;
