@@ -124,6 +124,8 @@ std::string FormatMeasuredVsPredicted(const baton::v1::CreateJobResponse& create
        static_cast<double>(created.expected_peak_live_microbatches())},
       {"peak_live_activation_bytes", "live activations B", static_cast<double>(last.peak_live_activation_bytes()),
        static_cast<double>(created.expected_peak_live_activation_bytes())},
+      {"memory_bytes", "peak memory B", static_cast<double>(last.memory_growth_bytes()),
+       static_cast<double>(created.expected_memory_bytes())},
       {"idle_fraction", "idle fraction", idle, created.expected_idle_fraction()},
   };
   auto ratio = [](const Row& r) { return r.predicted != 0 ? r.measured / r.predicted : (r.measured == 0 ? 1.0 : 0.0); };

@@ -18,8 +18,29 @@ sigset_t BlockTerminationSignals() {
 }
 
 void UseCachingAllocation() {
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);  // blocks below 256 MiB come from the heap
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // and stay there once freed
+  mallopt(M_MMAP_THRESHOLD, 128 << 10);  // blocks below 128 KiB come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and stay there once freed
+}
+
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return m;
+  char line[256];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long kb = 0;
+    if (std::sscanf(line, "VmRSS: %lld kB", &kb) == 1) m.resident = kb * 1024;
+    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) m.peak = kb * 1024;
+  }
+  std::fclose(f);
+  return m;
+}
+
+bool ResetPeakMemory() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
 }
 
 bool WriteFileAtomically(const std::string& path, const std::string& content) {

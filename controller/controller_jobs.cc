@@ -55,6 +55,7 @@ baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::Run
     m.set_peak_live_microbatches(std::max(m.peak_live_microbatches(), rm.peak_live_microbatches()));
     m.set_idle_ms(std::max(m.idle_ms(), rm.idle_ms()));
     m.set_peak_live_activation_bytes(std::max(m.peak_live_activation_bytes(), rm.peak_live_activation_bytes()));
+    m.set_memory_growth_bytes(std::max(m.memory_growth_bytes(), rm.memory_growth_bytes()));
   }
   m.set_tokens_per_s(wall_ms > 0 ? m.tokens() / (wall_ms / 1e3) : 0);
   return m;
@@ -63,15 +64,14 @@ baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::Run
 }  // namespace
 
 absl::Status ControllerService::CheckFits(const baton::v1::JobSpec& job, const PlanTheory& theory) const {
-  // Per rank: masters, gradients, moments and compute tensors held (state),
-  // the most gathered parameters at once, and stage outputs held for backward.
+  // Per rank: the most its worker process grows by (plan_theory.h's
+  // memory_bytes: state, gathered parameters, activations autograd holds,
+  // temporaries).
   int64_t predicted = 0;
   int worst_rank = 0;
   for (size_t r = 0; r < theory.ranks.size(); ++r) {
-    const RankTheory& t = theory.ranks[r];
-    const int64_t bytes = t.state + t.peak + t.peak_live_bytes;
-    if (bytes > predicted) {
-      predicted = bytes;
+    if (theory.ranks[r].memory > predicted) {
+      predicted = theory.ranks[r].memory;
       worst_rank = static_cast<int>(r);
     }
   }
@@ -96,7 +96,7 @@ absl::Status ControllerService::CheckFits(const baton::v1::JobSpec& job, const P
     if (memory > 0 && predicted > memory) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "job \"%s\" needs about %d bytes on rank %d (%.2f GiB: parameters, gradients, optimizer state, gathered "
-          "parameters and activations held for backward) but worker %s has %d bytes available (%.2f GiB%s)",
+          "parameters, activations held for backward and temporaries) but worker %s has %d bytes available (%.2f GiB%s)",
           job.name(), predicted, worst_rank, predicted / 1073741824.0, w.name(), memory, memory / 1073741824.0,
           sharing > 1 ? absl::StrCat(", its share of a host it shares with ", sharing - 1, " other workers") : ""));
     }
@@ -248,6 +248,7 @@ grpc::Status ControllerService::CreateJob(grpc::ServerContext* ctx, const baton:
   *resp->mutable_mesh() = mesh;
   resp->set_parameters(theory->parameters);
   resp->set_expected_comm_bytes(theory->comm_bytes);
+  resp->set_expected_memory_bytes(theory->memory_bytes);
   resp->set_expected_state_bytes(theory->state_bytes);
   resp->set_expected_peak_unsharded_param_bytes(theory->peak_unsharded_param_bytes);
   resp->set_expected_peak_live_microbatches(theory->peak_live_microbatches);

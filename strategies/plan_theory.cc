@@ -78,6 +78,89 @@ int64_t TensorParallelBytes(const Program& p, int index, const std::string& unit
   }
 }
 
+// What autograd holds for one stage's forward of a microbatch of `rows`
+// (worker/model/stages.cc, op by op), besides the stage's output: `saved`
+// from the forward until the backward; `forward` and `backward`, what is
+// alive on top of that at the worst point of each (temporaries, gradients in
+// flight). `split` says whether a parameter is split along the stage's
+// tensor-parallel axis of size `n`.
+struct StageMemory {
+  int64_t saved = 0, forward = 0, backward = 0;
+};
+
+StageMemory StageMemoryOf(const Program& p, int index, const std::string& unit, int64_t rows,
+                          const std::function<bool(const std::string&)>& split, int n, int64_t elem) {
+  const baton::v1::Stage& stage = p.stages(index);
+  const bool tp = stage.has_tensor_parallel();
+  const bool sp = tp && stage.tensor_parallel().sequence_parallel();
+  StageMemory m;
+  if (p.model().has_mlp()) {
+    const auto& mlp = p.model().mlp();
+    const int64_t d = mlp.d_model(), hidden = mlp.has_hidden() ? mlp.hidden() : mlp.d_model();
+    if (stage.kind() == baton::v1::Stage::MLP_BLOCK) {
+      const int64_t h = rows * (tp && split(unit + ".w1.weight") ? hidden / n : hidden);
+      m.saved = 2 * h * elem;              // gelu's input and output
+      m.backward = 2 * h * elem + rows * d * elem;  // their gradients, the input's
+    } else if (stage.kind() == baton::v1::Stage::MLP_HEAD_MSE) {
+      m.saved = rows * d * (elem + 4);     // the head's output and its fp32 copy
+    }
+    return m;
+  }
+  const auto& dec = p.model().decoder();
+  const int64_t s = dec.seq_len(), s_in = sp ? s / n : s, d = dec.dim(), v = dec.vocab();
+  const int64_t hd = d / dec.heads();
+  const int64_t activation = rows * s_in * d * elem;  // [rows, seq (/ n), dim]
+  const int64_t gathered = rows * s * d * elem;        // a sequence-parallel region's input
+  switch (stage.kind()) {
+    case baton::v1::Stage::EMBEDDING:
+      m.saved = rows * s * 8;  // the token ids
+      return m;
+    case baton::v1::Stage::DECODER_BLOCK: {
+      const std::string prefix = unit + ".";
+      const int64_t heads = tp && split(prefix + "attention.wq.weight") ? dec.heads() / n : dec.heads();
+      const int64_t ffn = tp && split(prefix + "feed_forward.w1.weight") ? dec.ffn_dim() / n : dec.ffn_dim();
+      const bool swiglu = dec.mlp() == baton::v1::DecoderModel::SWIGLU;
+      const int64_t qkvo = 4 * rows * s * heads * hd * elem;  // q, k, v, attention output
+      const int64_t scores = rows * heads * s * s;           // elements of [rows, heads, seq, seq]
+      const int64_t probs = scores * (elem + (elem == 4 ? 0 : 4));  // softmax's fp32 output (+ its cast)
+      const int64_t mlp = (swiglu ? 4 : 2) * rows * s * ffn * elem;
+      // Two RMSNorms (normalised input, output), the residual, the
+      // sequence-parallel gathers, and the rsqrt vectors.
+      m.saved = 5 * activation + (sp ? 2 * gathered : 0) + qkvo + probs + mlp + 2 * rows * s_in * 4;
+      // Scores, scaled, masked (two alive at once), in fp32 for the softmax.
+      m.forward = 2 * scores * std::max<int64_t>(elem, 4);
+      // The softmax's gradients (in and out), or the MLP's, plus a hidden
+      // state's gradient flowing through.
+      m.backward = std::max(2 * scores * std::max<int64_t>(elem, 4), mlp) + 2 * activation;
+      return m;
+    }
+    case baton::v1::Stage::LM_HEAD_CE: {
+      const bool vocab_split = tp && split("output.weight");
+      const int64_t tokens = rows * s;
+      const int64_t local = tokens * (vocab_split ? v / n : v);
+      m.saved = 2 * activation + rows * s_in * 4 + (vocab_split && sp ? gathered : 0);
+      if (vocab_split && stage.tensor_parallel().loss_parallel()) {
+        // exp() of the shifted local logits is saved; the logits (and their
+        // fp32 copy under bf16) and the shifted ones are alive at once;
+        // backward, exp's gradient and the gather's (summed in place).
+        m.saved += local * 4;
+        m.forward = local * (elem + 4 + (elem == 4 ? 0 : 4));
+        m.backward = 2 * local * 4;
+      } else {
+        // log_softmax's fp32 output over the whole vocabulary is saved;
+        // the logits (local, gathered, fp32) are alive while it is made;
+        // backward: the loss's dense gradient and log_softmax's.
+        m.saved += tokens * v * 4;
+        m.forward = local * elem + (vocab_split ? tokens * v * elem : 0) + (elem == 4 ? 0 : tokens * v * 4);
+        m.backward = 2 * tokens * v * 4;
+      }
+      return m;
+    }
+    default:
+      return m;
+  }
+}
+
 absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   auto mesh = ToDeviceMesh(p.mesh());
   if (!mesh.ok()) return mesh.status();
@@ -158,6 +241,26 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     }
     return rows * seq * m.dim() * elem;
   };
+  // Bytes alive during the step besides what stays between steps: saved
+  // activations, compute gradients not yet released, gathers in flight, and
+  // the current instruction's temporaries; `dynamic_peak` is their most.
+  std::set<int> released_grads;
+  for (const Instruction& ins : p.instructions()) {
+    if (ins.op() == Instruction::FREE_GRADS) released_grads.insert(ins.unit());
+  }
+  auto unsharded_numel = [&](int unit) {
+    int64_t numel = 0;
+    for (const ParamPieces& pp : units[unit]) numel += pp.compute.numel();
+    return numel;
+  };
+  std::map<int, bool> grads_held;
+  std::map<int, int64_t> gathering;
+  int64_t live_saved = 0, grads_live = 0, dynamic_peak = 0;
+  auto held = [&](int64_t transient) {
+    int64_t in_flight = 0;
+    for (const auto& [u, bytes] : gathering) in_flight += bytes;
+    dynamic_peak = std::max(dynamic_peak, current + live_bytes + live_saved + grads_live + in_flight + transient);
+  };
   std::map<std::string, const ParamPieces*> by_name;
   std::map<int, std::string> unit_names;
   for (const auto& u : p.units()) {
@@ -179,25 +282,38 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       case Instruction::BACKWARD: {
         int& in_flight = stages_in_flight[ins.microbatch()];
         const int64_t out = output_bytes(ins.stage(), rows[ins.microbatch()]);
+        const auto& stage = p.stages(ins.stage());
+        const int axis = stage.has_tensor_parallel() ? *mesh->AxisIndex(stage.tensor_parallel().axis()) : -1;
+        const int n = axis < 0 ? 1 : mesh->axes()[axis].size;
+        auto split = [&](const std::string& name) {
+          auto it = by_name.find(name);
+          return axis >= 0 && it != by_name.end() && it->second->compute_layout.placements[axis].is_shard();
+        };
+        const StageMemory sm =
+            StageMemoryOf(p, ins.stage(), unit_names[stage.unit()], rows[ins.microbatch()], split, n, elem);
         if (ins.op() == Instruction::FORWARD) {
           if (in_flight++ == 0) ++live;
           live_bytes += out;
+          live_saved += sm.saved;
           t.peak_live = std::max(t.peak_live, live);
           t.peak_live_bytes = std::max(t.peak_live_bytes, live_bytes);
+          held(sm.forward);
         } else {
+          // This unit's compute gradients appear with its first backward
+          // and stay until FREE_GRADS (when they are released at all).
+          if (stage.unit() >= 0 && released_grads.count(stage.unit()) && !grads_held[stage.unit()]) {
+            grads_held[stage.unit()] = true;
+            grads_live += 4 * unsharded_numel(stage.unit());
+          }
+          held(sm.backward);
           if (--in_flight == 0) --live;
           live_bytes -= out;
+          live_saved -= sm.saved;
         }
-        const auto& stage = p.stages(ins.stage());
-        if (!stage.has_tensor_parallel()) break;
-        const int axis = *mesh->AxisIndex(stage.tensor_parallel().axis());
-        auto split = [&](const std::string& name) {
-          auto it = by_name.find(name);
-          return it != by_name.end() && it->second->compute_layout.placements[axis].is_shard();
-        };
+        if (axis < 0) break;
         const int64_t bytes =
             TensorParallelBytes(p, ins.stage(), unit_names[stage.unit()], ins.op() == Instruction::BACKWARD,
-                                rows[ins.microbatch()], split, mesh->axes()[axis].size, elem);
+                                rows[ins.microbatch()], split, n, elem);
         t.comm += bytes;
         t.ideal += bytes;
         break;
@@ -205,6 +321,13 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       case Instruction::GATHER_PARAMS:
       case Instruction::REDUCE_SCATTER_GRADS: {
         if (ins.axes_size() == 0) break;
+        if (ins.op() == Instruction::GATHER_PARAMS) {
+          // The gathered buffer and the send copy, until WAIT_PARAMS.
+          gathering[ins.unit()] = 2 * unsharded_bytes(ins.unit());
+          held(0);
+        } else {
+          held(8 * unsharded_numel(ins.unit()));  // the packed gradients and what arrives
+        }
         const int n = *mesh->AxisSize(ins.axes(0));
         const int64_t bytes = ins.op() == Instruction::GATHER_PARAMS ? elem : 4;
         double ideal = 0;
@@ -251,6 +374,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         break;
       }
       case Instruction::WAIT_PARAMS:
+        gathering.erase(ins.unit());
         if (!allocated[ins.unit()]) {
           allocated[ins.unit()] = true;
           current += unsharded_bytes(ins.unit());
@@ -265,6 +389,10 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         break;
       case Instruction::FREE_GRADS:
         frees_grads[ins.unit()] = true;
+        if (grads_held[ins.unit()]) {
+          grads_held[ins.unit()] = false;
+          grads_live -= 4 * unsharded_numel(ins.unit());
+        }
         break;
       default:
         break;
@@ -283,6 +411,12 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       if (grad_is_compute_grad || !frees_grads[u]) t.state += 4 * c;  // compute gradients
     }
   }
+  // Resident compute parameters are in both the state and `current`.
+  int64_t resident_bytes = 0;
+  for (const auto& [u, on] : allocated) {
+    if (on) resident_bytes += unsharded_bytes(u);
+  }
+  t.memory = kWorkerOverheadBytes + t.state - resident_bytes + dynamic_peak;
   return t;
 }
 
@@ -300,6 +434,7 @@ absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<Program>& programs)
     theory.peak_unsharded_param_bytes = std::max(theory.peak_unsharded_param_bytes, t->peak);
     theory.peak_live_microbatches = std::max(theory.peak_live_microbatches, t->peak_live);
     theory.peak_live_activation_bytes = std::max(theory.peak_live_activation_bytes, t->peak_live_bytes);
+    theory.memory_bytes = std::max(theory.memory_bytes, t->memory);
     theory.ranks.push_back(*t);
     for (const auto& u : p.units()) {
       for (const auto& param : u.params()) params[param.name()] = NumElements({param.shape().begin(), param.shape().end()});

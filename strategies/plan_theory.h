@@ -17,7 +17,17 @@
 //                backward at once (a block's [rows, seq (/ tp with sequence
 //                parallelism), dim] in the compute dtype, a loss stage's
 //                fp32 scalar; what autograd saves inside a stage is not
-//                counted).
+//                counted);
+//   memory_bytes the most a rank's process grows by while it holds and runs
+//                the job: the state, plus at the worst point of a step the
+//                gathered parameters, stage outputs and what autograd saves
+//                inside each stage (op by op, as worker/model/stages.cc
+//                computes), compute gradients not yet released, gathers in
+//                flight and the instruction's temporaries, plus a fixed
+//                kWorkerOverheadBytes (threads, communicator and BLAS
+//                buffers). CreateJob refuses a job whose figure exceeds a
+//                worker's memory; tests/memory_test checks it against
+//                measured peak RSS growth.
 // Figures are the maximum over ranks, as the controller reports them.
 #ifndef BATON_STRATEGIES_PLAN_THEORY_H_
 #define BATON_STRATEGIES_PLAN_THEORY_H_
@@ -39,7 +49,12 @@ struct RankTheory {
   int64_t peak = 0;      // unsharded parameter bytes
   int peak_live = 0;     // microbatches between forward and backward
   int64_t peak_live_bytes = 0;  // stage outputs held for backward
+  int64_t memory = 0;           // peak process growth (memory_bytes)
 };
+
+// What a worker process grows by for any job besides its tensors (measured:
+// a tiny decoder's job grows a worker by ~15 MiB).
+inline constexpr int64_t kWorkerOverheadBytes = 16 << 20;
 
 struct PlanTheory {
   int64_t parameters = 0;  // P
@@ -50,6 +65,7 @@ struct PlanTheory {
   int64_t peak_unsharded_param_bytes = 0;
   int peak_live_microbatches = 0;
   int64_t peak_live_activation_bytes = 0;
+  int64_t memory_bytes = 0;
   std::vector<RankTheory> ranks;  // by rank
 };
 

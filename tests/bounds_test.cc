@@ -29,12 +29,6 @@
 namespace baton {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kUnderAsan = true;
-#else
-constexpr bool kUnderAsan = false;
-#endif
-
 struct Usage {
   int64_t rss_kb = 0, threads = 0, fds = 0;
 };
@@ -137,7 +131,7 @@ class BoundsTest : public ::testing::Test {
     for (const auto& [before, after, name] :
          {std::tuple{c0, c1, "controller"}, std::tuple{w0, w1, "worker"}}) {
       // Under ASan freed memory sits in its quarantine: RSS says nothing there.
-      if (!kUnderAsan) {
+      if (!testing::kUnderAsan) {
         EXPECT_LE(after.rss_kb, before.rss_kb * 11 / 10) << what << " " << name;
       }
       // 10 %, at least one (10 % of 13 threads is 1.3).

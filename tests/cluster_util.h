@@ -24,6 +24,14 @@ std::unique_ptr<LocalCluster> StartCluster(int workers);
 std::unique_ptr<LocalCluster> StartCluster(int workers, const std::vector<std::string>& controller_args,
                                            const std::vector<std::string>& worker_args);
 pid_t PidOf(const LocalCluster& cluster, const std::string& name);
+
+// Built with AddressSanitizer: RSS says nothing then (shadow memory and the
+// quarantine of freed blocks).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kUnderAsan = true;
+#else
+inline constexpr bool kUnderAsan = false;
+#endif
 // A channel to a daemon of `cluster` that presents the fleet's worker token
 // (as the controller does to workers, and workers to the registry).
 std::shared_ptr<grpc::Channel> FleetChannel(const LocalCluster& cluster, const std::string& address,

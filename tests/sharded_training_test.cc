@@ -93,7 +93,9 @@ TEST(ExecutorTest, HsdpGradientsAverageOverTheReplicateAxis) {
       std::printf("HSDP %d x 2%s: gradient ratio %.9f (max abs diff %.3g)\n", replicas,
                   buggy ? " with SUM for AVG on the replicate axis" : "", ratio.first, ratio.second);
       EXPECT_NEAR(ratio.first, buggy ? replicas : 1.0, buggy ? 1e-5 : 1e-6);
-      if (!buggy) EXPECT_LE(ratio.second, 1e-6);
+      if (!buggy) {
+        EXPECT_LE(ratio.second, 1e-6);
+      }
     }
   }
 }

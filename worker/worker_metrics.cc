@@ -1,25 +1,9 @@
 #include "worker/worker_metrics.h"
 
-#include <unistd.h>
-
-#include <cstdio>
-
 #include "common/metrics.h"
+#include "common/process.h"
 
 namespace baton {
-namespace {
-
-// Resident set size from /proc/self/statm (0 when unknown).
-double ResidentBytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long long pages = 0, resident = 0;
-  const int n = std::fscanf(f, "%lld %lld", &pages, &resident);
-  std::fclose(f);
-  return n == 2 ? static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) : 0;
-}
-
-}  // namespace
 
 WorkerMetrics::WorkerMetrics()
     : steps_(prometheus::BuildCounter()
@@ -70,6 +54,6 @@ void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMet
 
 void WorkerMetrics::ObserveFailedStep(const std::string& job) { failed_steps_.Add({{"job_id", job}}).Increment(); }
 
-void WorkerMetrics::Refresh() { resident_bytes_.Add({}).Set(ResidentBytes()); }
+void WorkerMetrics::Refresh() { resident_bytes_.Add({}).Set(static_cast<double>(ReadProcessMemory().resident)); }
 
 }  // namespace baton

@@ -1,5 +1,7 @@
 #include "worker/worker_service.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -12,6 +14,7 @@
 #include "common/file_root.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "mesh/device_mesh.h"
 #include "common/wire.h"
 #include "worker/checkpoint_io.h"
@@ -283,9 +286,16 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v
       return Invalid(absl::StrCat("program is for rank ", program.rank(), " but this worker is rank ",
                                   (*state)->rank));
     }
+    // One job at a time: the previous one's memory goes back before the new
+    // one's is allocated, and the new one's growth is measured from here.
+    absl::MutexLock lock(&(*state)->run_mu);
+    (*state)->executor.reset();
+    (*state)->job_id.clear();
+    malloc_trim(0);
+    ResetPeakMemory();
+    (*state)->memory_baseline = ReadProcessMemory().resident;
     auto executor = Executor::Create(*confined, (*state)->comms);
     if (!executor.ok()) return ToGrpcStatus(executor.status());
-    absl::MutexLock lock(&(*state)->run_mu);
     resp->set_state_bytes((*executor)->state_bytes());
     (*state)->job_id = program.job_id();
     (*state)->executor = std::move(*executor);
@@ -308,6 +318,9 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
       absl::MutexLock lock(&mesh->run_mu);
       if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
       metrics = mesh->executor->RunStep(req->step(), Milliseconds(req->timeout_ms()));
+      if (metrics.ok()) {
+        metrics->set_memory_growth_bytes(std::max<int64_t>(0, ReadProcessMemory().peak - mesh->memory_baseline));
+      }
     }
     if (!metrics.ok()) {
       Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req->job_id().c_str(),

@@ -99,6 +99,9 @@ class WorkerService final : public baton::v1::Worker::Service {
     absl::Mutex run_mu;
     std::string job_id ABSL_GUARDED_BY(run_mu);
     std::unique_ptr<Executor> executor ABSL_GUARDED_BY(run_mu);
+    // Resident bytes when the job began loading (its peak growth is
+    // measured from there).
+    int64_t memory_baseline ABSL_GUARDED_BY(run_mu) = 0;
     // At most one async save in flight; a new save waits for it.
     std::shared_ptr<PendingSave> pending_save ABSL_GUARDED_BY(run_mu);
   };

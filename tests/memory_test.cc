@@ -1,0 +1,91 @@
+// The plan's memory prediction (strategies/plan_theory.h: memory_bytes, what
+// CreateJob checks against each worker's memory) against what the workers
+// measure: the peak resident growth of their process since the job was
+// loaded (VmHWM after clear_refs). Each example runs on a fresh fleet of two
+// workers, shaped so that activations dominate (hundreds of MB per rank) and
+// steps stay short: FSDP in fp32 with GELU, FSDP in bf16 with SwiGLU, tensor
+// parallelism with sequence and loss parallelism, and a 1F1B pipeline of 4
+// microbatches.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/job.h"
+#include "strategies/job_spec.h"
+#include "tests/cluster_util.h"
+
+namespace baton {
+namespace {
+
+struct Example {
+  const char* what;
+  const char* spec;
+};
+
+const Example kExamples[] = {
+    {"FSDP dp=2, fp32, GELU",
+     R"pb(name: "mem_fsdp"
+          model { decoder { vocab: 4096 dim: 256 layers: 4 heads: 4 ffn_dim: 1024 seq_len: 256 mlp: GELU } }
+          mesh { name: "dp" size: 2 }
+          plan { mode: FSDP }
+          optimizer { lr: 0.001 }
+          data { synthetic {} batch_size: 16 }
+          steps: 2)pb"},
+    {"FSDP dp=2, bf16, SwiGLU",
+     R"pb(name: "mem_bf16"
+          model { decoder { vocab: 2048 dim: 128 layers: 3 heads: 8 ffn_dim: 512 seq_len: 256 mlp: SWIGLU } }
+          mesh { name: "dp" size: 2 }
+          plan { mode: FSDP mixed_precision { param_dtype: BF16 } }
+          optimizer { lr: 0.001 }
+          data { synthetic {} batch_size: 16 }
+          steps: 2)pb"},
+    {"TP tp=2, sequence + loss parallel, SwiGLU",
+     R"pb(name: "mem_tp"
+          model { decoder { vocab: 4096 dim: 128 layers: 2 heads: 8 ffn_dim: 512 seq_len: 256 mlp: SWIGLU } }
+          mesh { name: "tp" size: 2 }
+          plan { mode: FSDP tensor_parallel { axis: "tp" sequence_parallel: true loss_parallel: true } }
+          optimizer { lr: 0.001 }
+          data { synthetic {} batch_size: 16 }
+          steps: 2)pb"},
+    {"1F1B pipeline pp=2, 4 microbatches",
+     R"pb(name: "mem_pp"
+          model { decoder { vocab: 2048 dim: 128 layers: 4 heads: 8 ffn_dim: 512 seq_len: 256 mlp: GELU } }
+          mesh { name: "pp" size: 2 }
+          plan { mode: FSDP pipeline_parallel { axis: "pp" schedule: ONE_F_ONE_B } }
+          optimizer { lr: 0.001 }
+          data { synthetic {} batch_size: 16 microbatches: 4 }
+          steps: 2)pb"},
+};
+
+TEST(MemoryTest, PredictedPeakIsWithinTenPercentOfMeasured) {
+  if (testing::kUnderAsan) GTEST_SKIP() << "RSS says nothing under ASan (its shadow memory and quarantine)";
+  for (const Example& e : kExamples) {
+    auto spec = ParseJobSpec(e.spec, false);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    // A fresh fleet: a worker's heap keeps what earlier jobs freed.
+    auto cluster = testing::StartCluster(2);
+    ASSERT_NE(cluster, nullptr);
+    auto client = Client::Connect(cluster->controller_address());
+    ASSERT_TRUE(client.ok());
+    auto job = Job::Create(client->get(), *spec);
+    ASSERT_TRUE(job.ok()) << e.what << ": " << job.status();
+    auto metrics = (*job)->Step(spec->steps());
+    ASSERT_TRUE(metrics.ok()) << e.what << ": " << metrics.status();
+    int64_t measured = 0;
+    for (const auto& m : *metrics) measured = std::max(measured, m.memory_growth_bytes());
+    const int64_t predicted = (*job)->created().expected_memory_bytes();
+    const double ratio = static_cast<double>(measured) / static_cast<double>(predicted);
+    std::printf("%-42s predicted %5.1f MiB, measured peak growth %5.1f MiB (largest rank): ratio %.3f\n", e.what,
+                predicted / 1048576.0, measured / 1048576.0, ratio);
+    EXPECT_GT(predicted, 100 << 20) << e.what << ": an example should hold hundreds of MB";
+    EXPECT_LE(std::fabs(ratio - 1.0), 0.10) << e.what;
+    testing::StopAndExpectAllGone(*cluster);
+  }
+}
+
+}  // namespace
+}  // namespace baton
