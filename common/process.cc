@@ -18,7 +18,7 @@ sigset_t BlockTerminationSignals() {
 }
 
 void UseCachingAllocation() {
-  mallopt(M_MMAP_THRESHOLD, 128 << 10);  // blocks below 128 KiB come from the heap
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);  // blocks below 1 MiB come from the heap
   mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and stay there once freed
 }
 

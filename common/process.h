@@ -14,15 +14,19 @@ namespace baton {
 // main, before any thread exists.
 sigset_t BlockTerminationSignals();
 
-// The worker's allocation policy: blocks under 128 KiB come from the heap and
+// The worker's allocation policy: blocks under 1 MiB come from the heap and
 // stay there once freed (reused step after step, like a CUDA caching
 // allocator's small pool); larger ones are mapped on their own and returned
-// when freed, so the process's memory follows the tensors it holds and a
-// job's peak can be predicted from its plan (strategies/plan_theory.h).
-// Caching every block below 256 MiB instead saved ~1.4 ms per step of
-// packing on a 0.85 M-parameter decoder, but left freed activations resident
-// in a fragmented heap: a worker's peak grew ~36 % beyond its tensors and
-// differed between identical ranks by up to 10 %.
+// when freed, so the process's memory follows the large tensors it holds and
+// a job's peak can be predicted from its plan (strategies/plan_theory.h).
+// Measured here: caching every block below 256 MiB left freed activations
+// resident in a fragmented heap (a worker 36 % above its tensors, identical
+// ranks 5-10 % apart); mapping everything from 128 KiB fixed that for
+// pipelines too but cost the demo's decoder 38 % per step (page faults of
+// many small activations), so 1 MiB: the step time of the old policy, and
+// the prediction within 10 % except where many sub-MiB activations of
+// interleaved microbatches fragment the heap (a 1F1B pipeline of 4-row
+// microbatches grew 1.68x its prediction).
 void UseCachingAllocation();
 
 // This process's resident memory now and its high-water mark (VmRSS, VmHWM),
