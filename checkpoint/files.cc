@@ -46,17 +46,9 @@ absl::Status WriteAll(int fd, const char* data, int64_t n, const std::string& pa
 }
 
 absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::string& path) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, data, static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 30)), at);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(Errno("cannot read", path));
-    }
-    if (r == 0) return absl::DataLossError(absl::StrCat(path, " is shorter than its checkpoint metadata says"));
-    data += r;
-    n -= r;
-    at += r;
-  }
+  const int64_t r = PreadFully(fd, data, n, at);
+  if (r < 0) return absl::InternalError(Errno("cannot read", path));
+  if (r < n) return absl::DataLossError(absl::StrCat(path, " is shorter than its checkpoint metadata says"));
   return absl::OkStatus();
 }
 

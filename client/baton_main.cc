@@ -35,9 +35,9 @@
 #include "client/plan_output.h"
 #include "client/step_output.h"
 #include "client/job_file.h"
+#include "common/json.h"
 #include "common/process.h"
 #include "common/wire.h"
-#include "google/protobuf/util/json_util.h"
 #include "strategies/dry_run.h"
 
 ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT.");
@@ -89,15 +89,6 @@ std::string Usage() {
          "  baton watch --controller HOST:PORT [--seconds S]\n"
          "  baton run --controller HOST:PORT JOBFILE --resume CHECKPOINT_DIR\n"
          "  baton checkpoint list DIR | inspect DIR | export DIR OUT.safetensors [--optimizer]\n";
-}
-
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
-  return out;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> ConnectFromFlag() {
@@ -182,7 +173,7 @@ int StatusCommand() {
     return 1;
   }
   if (absl::GetFlag(FLAGS_output) == "json") {
-    std::printf("%s\n", ToJson(*status).c_str());
+    std::printf("%s\n", ProtoToJson(*status).c_str());
     return 0;
   }
   std::printf("%-16s %5s  %-22s %-11s %-13s %s\n", "NAME", "RANK", "ADDRESS", "STATE", "HEARTBEAT_AGE",
@@ -244,7 +235,7 @@ int Check() {
     return 1;
   }
   if (absl::GetFlag(FLAGS_output) == "json") {
-    std::printf("%s\n", ToJson(*resp).c_str());
+    std::printf("%s\n", ProtoToJson(*resp).c_str());
     return resp->passed() ? 0 : 1;
   }
   int passed = 0;
@@ -333,7 +324,7 @@ int Run(const std::string& path) {
   if (created->has_restored()) {
     const auto& r = created->restored();
     if (json) {
-      std::printf("{\"restored\":%s}\n", ToJson(r).c_str());
+      std::printf("{\"restored\":%s}\n", ProtoToJson(r).c_str());
     } else {
       std::printf("restored %s: step %d, %lld bytes read in %.3f s\n", r.path().c_str(), r.step(),
                   static_cast<long long>(r.bytes()), r.seconds());
@@ -369,7 +360,7 @@ int Run(const std::string& path) {
     }
     for (const auto& c : resp->checkpoints()) {
       if (json) {
-        std::printf("{\"checkpoint\":%s}\n", ToJson(c).c_str());
+        std::printf("{\"checkpoint\":%s}\n", ProtoToJson(c).c_str());
       } else {
         std::printf("checkpoint step %d saved to %s: %lld bytes in %.3f s\n", c.step(), c.path().c_str(),
                     static_cast<long long>(c.bytes()), c.seconds());
@@ -389,7 +380,7 @@ int Run(const std::string& path) {
     } else if (waited->checkpoint().step() > 0) {
       const auto& c = waited->checkpoint();
       if (json) {
-        std::printf("{\"checkpoint\":%s}\n", ToJson(c).c_str());
+        std::printf("{\"checkpoint\":%s}\n", ProtoToJson(c).c_str());
       } else {
         std::printf("checkpoint step %d saved to %s (async): %lld bytes in %.3f s\n", c.step(), c.path().c_str(),
                     static_cast<long long>(c.bytes()), c.seconds());
@@ -431,7 +422,7 @@ int Watch() {
       0,
       [&](const baton::v1::Event& e) {
         if (json) {
-          std::printf("%s\n", ToJson(e).c_str());
+          std::printf("%s\n", ProtoToJson(e).c_str());
         } else {
           std::printf("%s %-18s %-10s %s\n",
                       absl::FormatTime("%H:%M:%E3S", absl::FromUnixMillis(e.time_unix_ms()),

@@ -5,7 +5,6 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,6 +127,11 @@ absl::Status LocalCluster::WriteNewToken(const std::string& path, bool replace) 
 
 std::string LocalCluster::client_token() const {
   auto token = LoadToken(client_token_file_, "BATON_TOKEN_UNUSED");
+  return token.ok() ? *token : "";
+}
+
+std::string LocalCluster::worker_token() const {
+  auto token = LoadToken(worker_token_file_, "BATON_TOKEN_UNUSED");
   return token.ok() ? *token : "";
 }
 

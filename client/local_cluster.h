@@ -48,6 +48,7 @@ class LocalCluster {
   const std::string& client_token_file() const { return client_token_file_; }
   std::string client_token() const;
   const std::string& worker_token_file() const { return worker_token_file_; }
+  std::string worker_token() const;
   const std::vector<Process>& processes() const { return processes_; }
 
   // Reaps children that have exited; returns a line for each newly exited.

@@ -1,5 +1,7 @@
 #include "common/file_root.h"
 
+#include <algorithm>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -89,16 +91,24 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const ReadF
                                                     st.st_uid != ::getuid() ? "; it belongs to another user)" : ")"));
   }
   std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    done += static_cast<size_t>(r);
-  }
+  const int64_t done = PreadFully(fd, out.data(), static_cast<int64_t>(out.size()), 0);
   ::close(fd);
-  if (done != out.size()) return absl::DataLossError(absl::StrCat("cannot read all of ", path));
+  if (done != static_cast<int64_t>(out.size())) return absl::DataLossError(absl::StrCat("cannot read all of ", path));
   return out;
+}
+
+int64_t PreadFully(int fd, void* data, int64_t n, int64_t at) {
+  char* p = static_cast<char*>(data);
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, p + done, static_cast<size_t>(std::min<int64_t>(n - done, int64_t{1} << 30)),
+                              static_cast<off_t>(at + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    done += r;
+  }
+  return done;
 }
 
 absl::Status MakeDirs(const std::string& path) {

@@ -8,6 +8,7 @@
 #ifndef BATON_COMMON_FILE_ROOT_H_
 #define BATON_COMMON_FILE_ROOT_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,11 @@ struct ReadFileOptions {
   bool follow_symlinks = true;
   bool private_to_user = false;
 };
+// Reads up to `n` bytes at offset `at` of `fd` into `data`, through short
+// reads and EINTR: the bytes read (fewer than `n` only at the end of the
+// file), or -1 with errno set.
+int64_t PreadFully(int fd, void* data, int64_t n, int64_t at);
+
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const ReadFileOptions& options);
 
 // mkdir -p (mode 0755).

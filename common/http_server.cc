@@ -98,10 +98,10 @@ HttpServer::~HttpServer() {
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpIfAsked(const std::string& daemon, const std::string& host,
                                                              int port, std::map<std::string, HttpHandler> routes) {
   if (port < 0) return std::unique_ptr<HttpServer>();
+  const bool page = routes.count("/") > 0;
   auto server = HttpServer::Start(host, port, std::move(routes));
   if (!server.ok()) return server.status();
-  Logf("%s HTTP (metrics%s) on %s:%d", daemon.c_str(), daemon == "controller" ? ", status page" : "", host.c_str(),
-       (*server)->port());
+  Logf("%s HTTP (metrics%s) on %s:%d", daemon.c_str(), page ? ", status page" : "", host.c_str(), (*server)->port());
   return server;
 }
 

@@ -15,7 +15,6 @@
 #include "absl/status/statusor.h"
 
 struct MHD_Daemon;
-struct MHD_Connection;
 
 namespace baton {
 

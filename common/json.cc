@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "google/protobuf/util/json_util.h"
+
 namespace baton {
 
 std::string JsonQuote(const std::string& s) {
@@ -24,6 +26,15 @@ std::string JsonQuote(const std::string& s) {
     }
   }
   out += '"';
+  return out;
+}
+
+std::string ProtoToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
   return out;
 }
 

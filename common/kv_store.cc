@@ -1,6 +1,5 @@
 #include "common/kv_store.h"
 
-#include <malloc.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -34,7 +33,11 @@ absl::Status KeyValueStore::Set(const std::string& key, const std::string& value
   if (const std::string* reason = AbortedReason(key); reason != nullptr) {
     return absl::AbortedError(absl::StrCat("rendezvous key \"", key, "\" belongs to an aborted mesh: ", *reason));
   }
-  auto it = data_.find(key);
+  return PutLocked(data_.find(key), key, value);
+}
+
+absl::Status KeyValueStore::PutLocked(std::map<std::string, std::string>::iterator it, const std::string& key,
+                                      const std::string& value) {
   const size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
   if (it == data_.end() && data_.size() >= kMaxKeys) {
     return absl::ResourceExhaustedError(absl::StrCat("rendezvous store holds ", kMaxKeys, " keys (its limit)"));
@@ -45,7 +48,11 @@ absl::Status KeyValueStore::Set(const std::string& key, const std::string& value
                                                      kMaxTotalBytes));
   }
   bytes_ = bytes_ - old_bytes + key.size() + value.size();
-  data_[key] = value;
+  if (it == data_.end()) {
+    data_.emplace(key, value);
+  } else {
+    it->second = value;
+  }
   return absl::OkStatus();
 }
 
@@ -72,13 +79,7 @@ absl::StatusOr<int64_t> KeyValueStore::Add(const std::string& key, int64_t delta
   if (__builtin_add_overflow(value, delta, &value)) {
     return absl::OutOfRangeError(absl::StrCat("adding ", delta, " to key \"", key, "\" overflows"));
   }
-  const std::string text = absl::StrCat(value);
-  const size_t old_bytes = it == data_.end() ? 0 : key.size() + it->second.size();
-  if ((it == data_.end() && data_.size() >= kMaxKeys) || bytes_ - old_bytes + key.size() + text.size() > kMaxTotalBytes) {
-    return absl::ResourceExhaustedError("rendezvous store is full");
-  }
-  bytes_ = bytes_ - old_bytes + key.size() + text.size();
-  data_[key] = text;
+  if (auto s = PutLocked(it, key, absl::StrCat(value)); !s.ok()) return s;
   return value;
 }
 
@@ -126,7 +127,6 @@ void KeyValueStore::AbortPrefix(const std::string& prefix, const std::string& re
   }
   // The mesh is released: its keys go too.
   for (auto it = data_.lower_bound(prefix); it != data_.end() && it->first.rfind(prefix, 0) == 0;) it = Erase(it);
-  TrimIfFreed();
 }
 
 size_t KeyValueStore::bytes() const {
@@ -136,17 +136,7 @@ size_t KeyValueStore::bytes() const {
 
 std::map<std::string, std::string>::iterator KeyValueStore::Erase(std::map<std::string, std::string>::iterator it) {
   bytes_ -= it->first.size() + it->second.size();
-  freed_since_trim_ += it->first.size() + it->second.size();
   return data_.erase(it);
-}
-
-void KeyValueStore::TrimIfFreed() {
-  // Values of up to 1 MiB live in the allocator's arenas: after freeing many
-  // of them, give the memory back instead of keeping it as the high mark.
-  if (freed_since_trim_ >= (size_t{4} << 20)) {
-    freed_since_trim_ = 0;
-    malloc_trim(0);
-  }
 }
 
 absl::StatusOr<bool> KeyValueStore::Check(const std::vector<std::string>& keys,
@@ -170,7 +160,6 @@ absl::StatusOr<int64_t> KeyValueStore::Delete(const std::string& key, bool prefi
     it = Erase(it);
     ++n;
   }
-  TrimIfFreed();
   return n;
 }
 

@@ -74,9 +74,11 @@ class KeyValueStore : public Rendezvous {
   std::map<std::string, std::string> aborted_prefixes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> aborted_order_ ABSL_GUARDED_BY(mu_);  // oldest first
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t freed_since_trim_ ABSL_GUARDED_BY(mu_) = 0;
-  void TrimIfFreed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `it`, keeping bytes_ right.
+  // Stores `value` under `key` (`it`: its entry, or end()) within the key
+  // and byte limits.
+  absl::Status PutLocked(std::map<std::string, std::string>::iterator it, const std::string& key,
+                         const std::string& value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, std::string>::iterator Erase(std::map<std::string, std::string>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };

@@ -72,10 +72,13 @@ HttpResponse MetricsResponse(const prometheus::Registry& registry) {
   return r;
 }
 
-prometheus::Histogram::BucketBoundaries DurationBuckets() {
-  prometheus::Histogram::BucketBoundaries b;
-  for (double s = 1e-4; s < 150; s *= 2.5) b.push_back(s);
-  return b;
+const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
+  static const auto* buckets = [] {
+    auto* b = new prometheus::Histogram::BucketBoundaries;
+    for (double s = 1e-4; s < 150; s *= 2.5) b->push_back(s);
+    return b;
+  }();
+  return *buckets;
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcLatencyInterceptor(

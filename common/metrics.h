@@ -17,7 +17,7 @@ namespace baton {
 HttpResponse MetricsResponse(const prometheus::Registry& registry);
 
 // Buckets for durations from 100 µs to ~100 s (factor ~2.5).
-prometheus::Histogram::BucketBoundaries DurationBuckets();
+const prometheus::Histogram::BucketBoundaries& DurationBuckets();
 
 // Observes each RPC's time from its arrival to its status into
 // baton_rpc_duration_seconds{method="/baton.v1.Controller/Step", code="OK"}.

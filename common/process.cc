@@ -22,6 +22,24 @@ void UseCachingAllocation() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and stay there once freed
 }
 
+void UseReturningAllocation() {
+  mallopt(M_MMAP_THRESHOLD, 64 << 10);
+  mallopt(M_ARENA_MAX, 2);
+}
+
+int64_t AvailableMemoryBytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kb = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long v;
+    if (std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) kb = v;
+  }
+  std::fclose(f);
+  return kb * 1024;
+}
+
 ProcessMemory ReadProcessMemory() {
   ProcessMemory m;
   std::FILE* f = std::fopen("/proc/self/status", "r");

@@ -29,6 +29,15 @@ sigset_t BlockTerminationSignals();
 // microbatches grew 1.68x its prediction).
 void UseCachingAllocation();
 
+// The controller's allocation policy: blocks from 64 KiB (requests,
+// rendezvous values, Programs) are mapped and unmapped on their own, never
+// kept in a heap, and at most two arenas: its memory goes back to what it
+// was once a burst of large requests is over.
+void UseReturningAllocation();
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+int64_t AvailableMemoryBytes();
+
 // This process's resident memory now and its high-water mark (VmRSS, VmHWM),
 // in bytes; zeros when /proc cannot be read.
 struct ProcessMemory {

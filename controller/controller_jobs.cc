@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
 #include "strategies/checkpoint_plan.h"
 #include "strategies/dry_run.h"
@@ -67,27 +68,25 @@ absl::Status ControllerService::CheckFits(const baton::v1::JobSpec& job, const P
   // Per rank: the most its worker process grows by (plan_theory.h's
   // memory_bytes: state, gathered parameters, activations autograd holds,
   // temporaries).
-  int64_t predicted = 0;
-  int worst_rank = 0;
-  for (size_t r = 0; r < theory.ranks.size(); ++r) {
-    if (theory.ranks[r].memory > predicted) {
-      predicted = theory.ranks[r].memory;
-      worst_rank = static_cast<int>(r);
-    }
-  }
+  const int64_t predicted = theory.memory_bytes;
+  const int worst_rank = static_cast<int>(
+      std::max_element(theory.ranks.begin(), theory.ranks.end(),
+                       [](const RankTheory& a, const RankTheory& b) { return a.memory < b.memory; }) -
+      theory.ranks.begin());
   // The workers the mesh will take (the first live ones in fleet order), and
   // how many of all live workers share each host: they share its memory and
   // cores, which each reported whole.
+  auto host_of = [](const baton::v1::WorkerInfo& w) { return w.address().substr(0, w.address().rfind(':')); };
   std::vector<baton::v1::WorkerInfo> live;
   std::map<std::string, int> per_host;
   for (const auto& w : registry_->List()) {
     if (w.state() == baton::v1::DEAD) continue;
     live.push_back(w);
-    per_host[w.address().substr(0, w.address().rfind(':'))]++;
+    per_host[host_of(w)]++;
   }
   if (static_cast<int>(live.size()) > MeshSize(job)) live.resize(MeshSize(job));
   for (const auto& w : live) {
-    const int sharing = per_host[w.address().substr(0, w.address().rfind(':'))];
+    const int sharing = per_host[host_of(w)];
     const int64_t memory = w.memory_bytes() / std::max(1, sharing);
     if (w.cpu_cores() > 0 && job.threads_per_rank() > w.cpu_cores()) {
       return absl::InvalidArgumentError(absl::StrCat("threads_per_rank ", job.threads_per_rank(), " exceeds the ",
@@ -343,9 +342,11 @@ grpc::Status ControllerService::Step(grpc::ServerContext* ctx, const baton::v1::
     for (const auto& r : results) comm_bytes += r.response.metrics().comm_bytes();
     *resp->add_metrics() = m;
     JobRecord now;
+    bool counted = false;
     {
       absl::MutexLock lock(&mu_);
       if (job_.status.job_id() == job.status.job_id() && !Finished(job_.status.state())) {
+        counted = true;
         job_.status.set_step(step);
         job_.status.set_state(step >= job_.status.steps() ? baton::v1::JOB_FINISHED : baton::v1::JOB_RUNNING);
         *job_.status.mutable_last() = m;
@@ -353,10 +354,10 @@ grpc::Status ControllerService::Step(grpc::ServerContext* ctx, const baton::v1::
         job_.status.set_tokens_total(job_.status.tokens_total() + m.tokens());
         history_.push_back(m);
         if (history_.size() > kHistorySteps) history_.pop_front();
-        if (options_.metrics != nullptr) options_.metrics->ObserveStep(job_.status, m, comm_bytes);
       }
       now = job_;
     }
+    if (counted && options_.metrics != nullptr) options_.metrics->ObserveStep(now.status, m, comm_bytes);
     // Periodic checkpoints. A failed save is reported, and training goes on.
     const baton::v1::CheckpointSpec& ck = job.spec.checkpoint();
     if (ck.every_n_steps() > 0 && step % ck.every_n_steps() == 0 && now.status.job_id() == job.status.job_id() &&

@@ -2,7 +2,6 @@
 // (clients) on one port, plus grpc.health.v1, until SIGINT/SIGTERM.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -14,12 +13,13 @@
 #include "common/kv_store.h"
 #include "common/process.h"
 #include "common/security.h"
+#include "common/daemon_flags.h"
 #include "common/daemon_server.h"
 #include "common/file_root.h"
 #include "common/http_server.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "google/protobuf/util/json_util.h"
 #include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
 #include "controller/status_page.h"
@@ -42,69 +42,44 @@ ABSL_FLAG(std::string, checkpoint_root, "",
 ABSL_FLAG(int64_t, checkpoint_block_bytes, 1 << 20, "Checksum block of saved chunks (a resharding load reads whole blocks).");
 ABSL_FLAG(std::string, client_token_file, "",
           "File holding the token clients must send (else $BATON_CLIENT_TOKEN_FILE or $BATON_CLIENT_TOKEN).");
-ABSL_FLAG(std::string, worker_token_file, "",
-          "File holding the fleet's worker token (else $BATON_WORKER_TOKEN_FILE or $BATON_WORKER_TOKEN).");
-ABSL_FLAG(std::string, tls_ca, "", "mTLS: CA certificate (PEM) that signs every peer's certificate.");
-ABSL_FLAG(std::string, tls_cert, "", "mTLS: this daemon's certificate (PEM).");
-ABSL_FLAG(std::string, tls_key, "", "mTLS: this daemon's private key (PEM).");
-ABSL_FLAG(bool, allow_unauthenticated, false,
-          "Serve a non-loopback address without tokens (anyone who reaches the port may drive the fleet).");
 ABSL_FLAG(int64_t, forget_dead_after_ms, 600000, "A worker DEAD this long is forgotten (its name and slot freed).");
 ABSL_FLAG(int, max_threads, 512, "Most server threads; RPCs beyond get RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int64_t, drain_ms, 0,
-          "On SIGTERM, report NOT_SERVING on grpc.health.v1 for this long before shutting down (time for a load "
-          "balancer or Kubernetes to stop sending calls).");
 ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
           "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int, http_port, -1,
-          "Serve /metrics (Prometheus), the status page (/) and its JSON (/api/status) on this port of --host; "
-          "0 lets the OS choose, -1 (the default) serves no HTTP. Read-only and unauthenticated.");
 ABSL_FLAG(std::string, default_backend, "gloo",
           "Collectives backend of meshes whose request does not name one: gloo (CPU) or nccl (GPU).");
-ABSL_FLAG(std::string, log_format, "text", "Log lines on stderr: text, or json (one object per line).");
 
 namespace baton {
 namespace {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (auto s = SetLogFormat(absl::GetFlag(FLAGS_log_format), "controller"); !s.ok()) {
+  if (auto s = InitDaemonLogging("controller"); !s.ok()) {
     Logf("baton-controller: %s", s.ToString().c_str());
     return 2;
   }
   sigset_t signals = BlockTerminationSignals();
-  // Large buffers (requests, rendezvous values, Programs) are mapped and
-  // unmapped on their own, never kept in a heap: the controller's memory
-  // goes back to what it was once a burst of large requests is over.
-  mallopt(M_MMAP_THRESHOLD, 64 << 10);
-  mallopt(M_ARENA_MAX, 2);
+  UseReturningAllocation();
 
   auto client_token = LoadToken(absl::GetFlag(FLAGS_client_token_file), "BATON_CLIENT_TOKEN");
-  auto worker_token = LoadToken(absl::GetFlag(FLAGS_worker_token_file), "BATON_WORKER_TOKEN");
-  for (const auto* t : {&client_token, &worker_token}) {
-    if (!t->ok()) {
-      Logf("baton-controller: %s", t->status().ToString().c_str());
-      return 2;
-    }
+  if (!client_token.ok()) {
+    Logf("baton-controller: %s", client_token.status().ToString().c_str());
+    return 2;
   }
-  Credentials credentials;  // TLS material; the worker token for calls to workers
-  credentials.token = *worker_token;
-  if (auto s = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                       &credentials);
-      !s.ok()) {
+  // TLS material, and the worker token the controller presents to workers.
+  auto credentials = DaemonCredentials();
+  if (!credentials.ok()) {
+    Logf("baton-controller: %s", credentials.status().ToString().c_str());
+    return 2;
+  }
+  if (auto s = Authenticator::Validate(*client_token, credentials->token); !s.ok()) {
     Logf("baton-controller: %s", s.ToString().c_str());
     return 2;
   }
-  if (auto s = Authenticator::Validate(*client_token, *worker_token); !s.ok()) {
-    Logf("baton-controller: %s", s.ToString().c_str());
-    return 2;
-  }
-  const Authenticator auth(*client_token, *worker_token);
+  const Authenticator auth(*client_token, credentials->token);
   const std::string host = absl::GetFlag(FLAGS_host);
-  if (!auth.enabled() && !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
-    Logf("baton-controller: refusing to serve %s without tokens: give --client_token_file and "
-         "--worker_token_file (or pass --allow_unauthenticated)",
-         host.c_str());
+  if (auto s = CheckExposure(host, auth.enabled(), "--client_token_file and --worker_token_file"); !s.ok()) {
+    Logf("baton-controller: %s", std::string(s.message()).c_str());
     return 2;
   }
   if (!auth.enabled()) Logf("baton-controller: no tokens configured: calls are not authenticated");
@@ -125,7 +100,7 @@ int Main(int argc, char** argv) {
     Logf("baton-controller: --default_backend must be gloo or nccl, not \"%s\"", b.c_str());
     return 2;
   }
-  options.worker_credentials = credentials;
+  options.worker_credentials = *credentials;
   options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.checkpoint_block_bytes = absl::GetFlag(FLAGS_checkpoint_block_bytes);
@@ -136,7 +111,7 @@ int Main(int argc, char** argv) {
   int port = 0;
   DaemonServerConfig server_config;
   server_config.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
-  server_config.credentials = credentials;
+  server_config.credentials = *credentials;
   server_config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   server_config.max_threads = absl::GetFlag(FLAGS_max_threads);
   server_config.metrics = &metrics.registry();
@@ -149,17 +124,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   auto http = StartHttpIfAsked(
-      "controller", host, absl::GetFlag(FLAGS_http_port),
+      "controller", host, HttpPortFlag(),
       {{"/", [] { return HttpResponse{200, "text/html; charset=utf-8", StatusPageHtml()}; }},
        {"/api/status",
-        [&] {
-          HttpResponse r{200, "application/json", ""};
-          google::protobuf::util::JsonPrintOptions json;
-          json.preserve_proto_field_names = true;
-          json.always_print_primitive_fields = true;
-          (void)google::protobuf::util::MessageToJsonString(controller_service.Snapshot(true), &r.body, json);
-          return r;
-        }},
+        [&] { return HttpResponse{200, "application/json", ProtoToJson(controller_service.Snapshot(true))}; }},
        {"/metrics",
         [&] {
           metrics.Refresh(controller_service.Snapshot(false));
@@ -180,11 +148,7 @@ int Main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   // Draining: probes see NOT_SERVING while calls in flight finish.
-  server->GetHealthCheckService()->SetServingStatus(false);
-  if (absl::GetFlag(FLAGS_drain_ms) > 0) {
-    Logf("controller draining for %lld ms", static_cast<long long>(absl::GetFlag(FLAGS_drain_ms)));
-    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_drain_ms)));
-  }
+  DrainServer(*server, "controller");
   controller_service.Stop();
   http->reset();
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));

@@ -22,7 +22,6 @@
 #include "absl/synchronization/notification.h"
 #include "common/kv_store.h"
 #include "common/security.h"
-#include "controller/controller_metrics.h"
 #include "controller/dispatcher.h"
 #include "controller/event_log.h"
 #include "controller/worker_registry.h"
@@ -32,6 +31,8 @@
 #include "proto/controller.grpc.pb.h"
 
 namespace baton {
+
+class ControllerMetrics;  // controller/controller_metrics.h
 
 struct ControllerOptions {
   // How long workers may take to connect their communicators.

@@ -21,17 +21,19 @@ std::string Cut(const std::string& s, size_t limit, const char* mark) {
 }  // namespace
 
 void EventLog::Append(const std::string& kind, const std::string& worker_name, int rank, const std::string& message) {
+  baton::v1::Event e;
+  e.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  e.set_kind(kind);
+  // Bounded: a name or message someone sent is cut, not copied whole.
+  e.set_worker_name(Cut(worker_name, kMaxNameBytes, ""));
+  e.set_rank(rank);
+  e.set_message(Cut(message, kMaxMessageBytes, "..."));
+  // Logged before it is numbered: stderr is not written under the lock
+  // readers take.
+  LogEvent(kind, e.worker_name(), rank, e.message());
   {
     absl::MutexLock lock(&mu_);
-    baton::v1::Event e;
     e.set_sequence(next_sequence_++);
-    e.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
-    e.set_kind(kind);
-    // Bounded: a name or message someone sent is cut, not copied whole.
-    e.set_worker_name(Cut(worker_name, kMaxNameBytes, ""));
-    e.set_rank(rank);
-    e.set_message(Cut(message, kMaxMessageBytes, "..."));
-    LogEvent(kind, e.worker_name(), rank, e.message());
     events_.push_back(std::move(e));
     if (events_.size() > kCapacity) events_.pop_front();
   }

@@ -47,11 +47,11 @@ class RegistryService final : public baton::v1::Registry::Service {
  private:
   // Takes a blocked-wait slot, or RESOURCE_EXHAUSTED when none is left.
   grpc::Status EnterWait();
-  const Authenticator auth_;
-  std::atomic<int> blocked_waits_{0};
   WorkerRegistry* const registry_;
   KeyValueStore* const kv_;
   const absl::Duration heartbeat_interval_;
+  const Authenticator auth_;
+  std::atomic<int> blocked_waits_{0};
 };
 
 }  // namespace baton

@@ -16,6 +16,7 @@
 #include "client/step_output.h"
 #include "common/process.h"
 #include "reference/reference_trainer.h"
+#include "common/exceptions.h"
 
 ABSL_FLAG(std::string, output, "text", "Output format: text or json.");
 
@@ -67,9 +68,7 @@ int main(int argc, char** argv) {
   try {
     return baton::Main(argc, argv);
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-    std::fprintf(stderr, "baton reference: %s\n", what.c_str());
+    std::fprintf(stderr, "baton reference: %s\n", baton::FirstLine(e).c_str());
     return 1;
   }
 }

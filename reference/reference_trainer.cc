@@ -6,6 +6,7 @@
 
 #include "worker/model/adamw.h"
 #include "worker/model/init.h"
+#include "common/exceptions.h"
 
 namespace baton {
 
@@ -98,9 +99,7 @@ absl::StatusOr<baton::v1::StepMetrics> ReferenceTrainer::Step() {
     m.set_peak_logits_elements(peak_logits);
     return m;
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);  // no backtrace
-    return absl::InternalError("reference step failed: " + what);
+    return absl::InternalError("reference step failed: " + FirstLine(e));
   }
 }
 

@@ -21,6 +21,7 @@
 #include "client/client.h"
 #include "client/job.h"
 #include "common/file_root.h"
+#include "common/process.h"
 #include "proto/registry.grpc.pb.h"
 #include "strategies/job_spec.h"
 #include "tests/cluster_util.h"
@@ -45,19 +46,6 @@ Usage UsageOf(pid_t pid) {
   auto fds = testing::RunCommand({"/bin/sh", "-c", absl::StrCat("ls /proc/", pid, "/fd | wc -l")}, absl::Seconds(5));
   (void)absl::SimpleAtoi(absl::StripAsciiWhitespace(fds.output), &u.fds);
   return u;
-}
-
-int64_t MemAvailableBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  while (in >> key) {
-    if (key == "MemAvailable:") {
-      in >> kb;
-      break;
-    }
-  }
-  return kb * 1024;
 }
 
 baton::v1::JobSpec Decoder(const std::string& extra_model = "", const std::string& extra = "") {
@@ -260,9 +248,9 @@ TEST_F(BoundsTest, HostileInputsGetClearErrorsAndCostNothing) {
     d->set_vocab(2);
     return CreateTimed(j);
   });
-  if (MemAvailableBytes() > (int64_t{100} << 30)) {
+  if (AvailableMemoryBytes() > (int64_t{100} << 30)) {
     std::printf("a model larger than a worker's memory: skipped, this host has %lld bytes available\n",
-                static_cast<long long>(MemAvailableBytes()));
+                static_cast<long long>(AvailableMemoryBytes()));
   } else Case("a model larger than a worker's memory", [&] {
     auto j = Decoder();  // ~8 G parameters: 130 GB of state per rank under FSDP on 2
     j.mutable_model()->mutable_decoder()->set_vocab(1 << 20);

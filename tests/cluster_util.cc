@@ -50,9 +50,8 @@ pid_t PidOf(const LocalCluster& cluster, const std::string& name) {
 std::shared_ptr<grpc::Channel> FleetChannel(const LocalCluster& cluster, const std::string& address,
                                             const grpc::ChannelArguments& args) {
   Credentials credentials;
-  auto token = LoadToken(cluster.worker_token_file(), "BATON_UNUSED");
-  EXPECT_TRUE(token.ok()) << token.status();
-  credentials.token = token.ok() ? *token : "";
+  credentials.token = cluster.worker_token();
+  EXPECT_FALSE(credentials.token.empty()) << "no worker token in " << cluster.worker_token_file();
   return MakeChannel(address, credentials, args);
 }
 

@@ -60,8 +60,8 @@ std::string ReadToken(const std::string& file) {
 TEST(SecurityTest, EveryRpcOfEveryServiceNeedsItsToken) {
   auto cluster = testing::StartCluster(2);
   ASSERT_NE(cluster, nullptr);
-  const std::string client_token = ReadToken(cluster->client_token_file());
-  const std::string worker_token = ReadToken(cluster->worker_token_file());
+  const std::string client_token = cluster->client_token();
+  const std::string worker_token = cluster->worker_token();
   ASSERT_FALSE(client_token.empty());
   ASSERT_NE(client_token, worker_token);
   auto client = Client::Connect(cluster->controller_address());

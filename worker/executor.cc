@@ -14,6 +14,7 @@
 #include "common/program_check.h"
 #include "common/wire.h"
 #include "worker/optimizer.h"
+#include "common/exceptions.h"
 
 namespace baton {
 
@@ -63,7 +64,6 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   // on a different one: set it here, where the compute happens.
   at::set_num_threads(std::max(1, program_.threads()));
   const auto start = std::chrono::steady_clock::now();
-  const int64_t sent_before = groups_.bytes_sent();
   const std::array<int64_t, kCommOpCount> sent_by_op_before = groups_.bytes_sent_by_op();
   store_->ResetPeak();
   activations_->BeginStep(step, timeout);
@@ -78,9 +78,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     try {
       s = Execute(ins);
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-      s = absl::InternalError(what);
+      s = absl::InternalError(FirstLine(e));
     }
     op_ms[ins.op()] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start).count();
     if (!s.ok()) {
@@ -111,11 +109,11 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_step_ms(seconds * 1e3);
   m.set_tokens(activations_->tokens());
   m.set_tokens_per_s(m.tokens() / seconds);
-  m.set_comm_bytes(groups_.bytes_sent() - sent_before);
   const std::array<int64_t, kCommOpCount> sent_by_op = groups_.bytes_sent_by_op();
   for (int i = 0; i < kCommOpCount; ++i) {
     if (const int64_t sent = sent_by_op[i] - sent_by_op_before[i]; sent > 0) {
       (*m.mutable_comm_bytes_by_collective())[CommOpName(static_cast<CommOp>(i))] = sent;
+      m.set_comm_bytes(m.comm_bytes() + sent);
     }
   }
   for (const auto& [op, ms] : op_ms) {

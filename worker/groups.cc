@@ -33,12 +33,6 @@ absl::StatusOr<int> Groups::PeerInGroup(const std::string& axis, int peer) const
   return mesh_.LocalRank(axis, peer);
 }
 
-int64_t Groups::bytes_sent() const {
-  int64_t sent = 0;
-  for (const auto& [name, comm] : comms_) sent += comm->stats().bytes_sent;
-  return sent;
-}
-
 std::array<int64_t, kCommOpCount> Groups::bytes_sent_by_op() const {
   std::array<int64_t, kCommOpCount> sent{};
   for (const auto& [name, comm] : comms_) {

@@ -40,9 +40,8 @@ class Groups {
   // A global peer's rank within this rank's group along `axis`.
   absl::StatusOr<int> PeerInGroup(const std::string& axis, int peer) const;
 
-  // Bytes sent so far over every communicator.
-  int64_t bytes_sent() const;
-  // The same, by collective (indexed by CommOp).
+  // Bytes sent so far over every communicator, by collective (indexed by
+  // CommOp).
   std::array<int64_t, kCommOpCount> bytes_sent_by_op() const;
 
  private:

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/daemon_flags.h"
 #include "common/daemon_server.h"
 #include "common/http_server.h"
 #include "common/log.h"
@@ -43,41 +44,14 @@ ABSL_FLAG(int64_t, register_timeout_ms, 30000,
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Checkpoint files are read and written only under this directory (default: the working directory).");
-ABSL_FLAG(std::string, worker_token_file, "",
-          "File holding the fleet's worker token (else $BATON_WORKER_TOKEN_FILE or $BATON_WORKER_TOKEN).");
-ABSL_FLAG(std::string, tls_ca, "", "mTLS: CA certificate (PEM) that signs every peer's certificate.");
-ABSL_FLAG(std::string, tls_cert, "", "mTLS: this daemon's certificate (PEM).");
-ABSL_FLAG(std::string, tls_key, "", "mTLS: this daemon's private key (PEM).");
-ABSL_FLAG(bool, allow_unauthenticated, false,
-          "Serve a non-loopback address without a token (anyone who reaches the port may drive this worker).");
 ABSL_FLAG(std::string, data_root, "",
           "Token files a job names are opened only under this directory (default: the working directory).");
-ABSL_FLAG(int64_t, drain_ms, 0,
-          "On SIGTERM, report NOT_SERVING on grpc.health.v1 for this long before shutting down.");
-ABSL_FLAG(int, http_port, -1,
-          "Serve /metrics (Prometheus) on this port of --host; 0 lets the OS choose, -1 (the default) serves no "
-          "HTTP. Read-only and unauthenticated.");
-ABSL_FLAG(std::string, log_format, "text", "Log lines on stderr: text, or json (one object per line).");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
 namespace {
 
 constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
-
-// MemAvailable from /proc/meminfo (0 when unknown).
-int64_t AvailableMemoryBytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  int64_t kb = 0;
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    long long v;
-    if (std::sscanf(line, "MemAvailable: %lld kB", &v) == 1) kb = v;
-  }
-  std::fclose(f);
-  return kb * 1024;
-}
 
 std::string Incarnation() {
   return absl::StrCat(getpid(), "-", absl::ToUnixNanos(absl::Now()));
@@ -138,7 +112,7 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (auto s = SetLogFormat(absl::GetFlag(FLAGS_log_format), "worker"); !s.ok()) {
+  if (auto s = InitDaemonLogging("worker"); !s.ok()) {
     Logf("baton-worker: %s", s.ToString().c_str());
     return 2;
   }
@@ -153,28 +127,18 @@ int Main(int argc, char** argv) {
   UseCachingAllocation();
 
   const std::string host = absl::GetFlag(FLAGS_host);
-  auto token = LoadToken(absl::GetFlag(FLAGS_worker_token_file), "BATON_WORKER_TOKEN");
-  if (!token.ok()) {
-    Logf("baton-worker: %s", token.status().ToString().c_str());
+  auto credentials = DaemonCredentials();
+  if (!credentials.ok()) {
+    Logf("baton-worker: %s", credentials.status().ToString().c_str());
     return 2;
   }
-  Credentials credentials;
-  credentials.token = *token;
-  if (auto s = LoadTls(absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                       &credentials);
-      !s.ok()) {
-    Logf("baton-worker: %s", s.ToString().c_str());
-    return 2;
-  }
-  if (token->empty() && !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_unauthenticated)) {
-    Logf("baton-worker: refusing to serve %s without a token: give --worker_token_file (or pass "
-         "--allow_unauthenticated)",
-         host.c_str());
+  if (auto s = CheckExposure(host, !credentials->token.empty(), "--worker_token_file"); !s.ok()) {
+    Logf("baton-worker: %s", std::string(s.message()).c_str());
     return 2;
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
-  auto channel = MakeChannel(controller, credentials, args);
+  auto channel = MakeChannel(controller, *credentials, args);
   std::shared_ptr<baton::v1::Registry::Stub> registry = baton::v1::Registry::NewStub(channel);
   GrpcRendezvous rendezvous(registry);
 
@@ -200,7 +164,7 @@ int Main(int argc, char** argv) {
   int port = 0;
   DaemonServerConfig server_config;
   server_config.address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
-  server_config.credentials = credentials;
+  server_config.credentials = *credentials;
   server_config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   server_config.metrics = &metrics.registry();
   ConfigureDaemonServer(server_config, builder, &port);
@@ -208,7 +172,7 @@ int Main(int argc, char** argv) {
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
-  options.auth = Authenticator("", *token);
+  options.auth = Authenticator("", credentials->token);
   options.metrics = &metrics;
   WorkerService service(info, &rendezvous, host, options);
   builder.RegisterService(&service);
@@ -218,7 +182,7 @@ int Main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_port));
     return 1;
   }
-  auto http = StartHttpIfAsked("worker", host, absl::GetFlag(FLAGS_http_port), {{"/metrics", [&metrics] {
+  auto http = StartHttpIfAsked("worker", host, HttpPortFlag(), {{"/metrics", [&metrics] {
                                  metrics.Refresh();
                                  return MetricsResponse(metrics.registry());
                                }}});
@@ -256,12 +220,7 @@ int Main(int argc, char** argv) {
   sigwait(&signals, &sig);
   stop.Notify();
   serving.join();
-  server->GetHealthCheckService()->SetServingStatus(false);
-  if (absl::GetFlag(FLAGS_drain_ms) > 0) {
-    Logf("worker %s draining for %lld ms", info.name().c_str(),
-                 static_cast<long long>(absl::GetFlag(FLAGS_drain_ms)));
-    absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_drain_ms)));
-  }
+  DrainServer(*server, absl::StrCat("worker ", info.name()));
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   registrar.join();
   http->reset();

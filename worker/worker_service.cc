@@ -22,6 +22,8 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"
 #include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/worker_metrics.h"
+#include "common/exceptions.h"
 
 namespace baton {
 namespace {
@@ -44,9 +46,7 @@ grpc::Status Guarded(const char* rpc, F&& body) {
   try {
     return body();
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(rpc, ": ", what));
+    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(rpc, ": ", FirstLine(e)));
   }
 }
 
@@ -478,9 +478,7 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext* ctx, const baton::v1
     try {
       bytes = baton::LoadShards(mesh->executor->store(), req->reads(), options_.file_root);
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-      bytes = absl::InternalError(what);
+      bytes = absl::InternalError(FirstLine(e));
     }
     if (!bytes.ok()) {
       // Partly overwritten: the job must not run on it.

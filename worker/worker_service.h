@@ -23,12 +23,13 @@
 #include "absl/synchronization/notification.h"
 #include "common/kv_store.h"
 #include "common/security.h"
-#include "worker/worker_metrics.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/executor.h"
 
 namespace baton {
+
+class WorkerMetrics;  // worker/worker_metrics.h
 
 struct WorkerOptions {
   // Checkpoint paths in requests resolve under it (common/file_root.h).

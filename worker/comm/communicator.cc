@@ -47,15 +47,16 @@ void Communicator::Abort(const std::string& reason) {
 
 CommStats Communicator::stats() const {
   CommStats s;
-  s.bytes_sent = bytes_sent_.load();
   s.bytes_received = bytes_received_.load();
   s.operations = operations_.load();
-  for (int i = 0; i < kCommOpCount; ++i) s.bytes_sent_by_op[i] = sent_by_op_[i].load();
+  for (int i = 0; i < kCommOpCount; ++i) {
+    s.bytes_sent_by_op[i] = sent_by_op_[i].load();
+    s.bytes_sent += s.bytes_sent_by_op[i];
+  }
   return s;
 }
 
 void Communicator::ResetStats() {
-  bytes_sent_ = 0;
   bytes_received_ = 0;
   operations_ = 0;
   for (auto& sent : sent_by_op_) sent = 0;
@@ -76,7 +77,6 @@ const char* CommOpName(CommOp op) {
 
 void Communicator::CountBytes(CommOp op, int64_t sent, int64_t received) {
   sent_by_op_[static_cast<int>(op)] += sent;
-  bytes_sent_ += sent;
   bytes_received_ += received;
   operations_ += 1;
 }

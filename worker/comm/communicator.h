@@ -71,7 +71,7 @@ inline constexpr int kCommOpCount = 7;
 const char* CommOpName(CommOp op);
 
 struct CommStats {
-  int64_t bytes_sent = 0;
+  int64_t bytes_sent = 0;  // the sum of bytes_sent_by_op
   int64_t bytes_received = 0;
   int64_t operations = 0;
   std::array<int64_t, kCommOpCount> bytes_sent_by_op{};  // indexed by CommOp
@@ -179,7 +179,6 @@ class Communicator {
   const std::shared_ptr<AbortSignal>& abort_signal() const { return abort_; }
 
  private:
-  std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> operations_{0};
   std::array<std::atomic<int64_t>, kCommOpCount> sent_by_op_{};

@@ -10,11 +10,10 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "common/counter_rng.h"
+#include "common/file_root.h"
 
 namespace baton {
 namespace {
@@ -80,13 +79,9 @@ DataSource::~DataSource() {
 
 void DataSource::ReadTokens(int64_t begin, int64_t n, int64_t* out) const {
   std::vector<unsigned char> bytes(static_cast<size_t>(n * width_));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t r = ::pread(fd_, bytes.data() + done, bytes.size() - done,
-                              static_cast<off_t>(begin * width_ + static_cast<int64_t>(done)));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw std::runtime_error(absl::StrCat("token file ", path_, " is shorter than when the job opened it"));
-    done += static_cast<size_t>(r);
+  if (PreadFully(fd_, bytes.data(), static_cast<int64_t>(bytes.size()), begin * width_) !=
+      static_cast<int64_t>(bytes.size())) {
+    throw std::runtime_error(absl::StrCat("token file ", path_, " is shorter than when the job opened it"));
   }
   const int64_t vocab = model_.decoder().vocab();
   for (int64_t i = 0; i < n; ++i) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/exceptions.h"
 
 namespace baton {
 namespace {
@@ -75,9 +76,7 @@ class RendezvousStore : public c10d::Store {
 using BrokenFlag = std::shared_ptr<std::atomic<bool>>;
 
 absl::Status FromException(const std::string& op, const std::exception& e) {
-  std::string what = e.what();
-  // Keep the first line: c10 appends a C++ backtrace.
-  if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+  const std::string what = FirstLine(e);
   std::string msg = absl::StrCat("gloo ", op, " failed: ", what);
   if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout") ||
       absl::StrContains(what, "DEADLINE_EXCEEDED")) {
