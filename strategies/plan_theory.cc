@@ -209,11 +209,12 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     }
     return block;
   };
-  auto unsharded_bytes = [&](int unit) {
-    int64_t bytes = 0;
-    for (const ParamPieces& pp : units[unit]) bytes += pp.compute.numel() * elem;
-    return bytes;
+  auto unsharded_numel = [&](int unit) {
+    int64_t numel = 0;
+    for (const ParamPieces& pp : units[unit]) numel += pp.compute.numel();
+    return numel;
   };
+  auto unsharded_bytes = [&](int unit) { return unsharded_numel(unit) * elem; };
 
   RankTheory t;
   std::map<int, bool> allocated;
@@ -248,11 +249,6 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   for (const Instruction& ins : p.instructions()) {
     if (ins.op() == Instruction::FREE_GRADS) released_grads.insert(ins.unit());
   }
-  auto unsharded_numel = [&](int unit) {
-    int64_t numel = 0;
-    for (const ParamPieces& pp : units[unit]) numel += pp.compute.numel();
-    return numel;
-  };
   std::map<int, bool> grads_held;
   std::map<int, int64_t> gathering;
   int64_t live_saved = 0, grads_live = 0, dynamic_peak = 0;
