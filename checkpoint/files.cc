@@ -32,32 +32,11 @@ std::string Errno(const std::string& what, const std::string& path) {
   return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
 }
 
-absl::Status WriteAll(int fd, const char* data, int64_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 30)));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(Errno("cannot write", path));
-    }
-    data += w;
-    n -= w;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::string& path) {
   const int64_t r = PreadFully(fd, data, n, at);
   if (r < 0) return absl::InternalError(Errno("cannot read", path));
   if (r < n) return absl::DataLossError(absl::StrCat(path, " is shorter than its checkpoint metadata says"));
   return absl::OkStatus();
-}
-
-void SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 std::vector<std::string> DirectoryEntries(const std::string& dir) {
@@ -90,7 +69,12 @@ absl::StatusOr<std::unique_ptr<ChunkWriter>> ChunkWriter::Open(const std::string
 }
 
 ChunkWriter::~ChunkWriter() {
-  if (fd_ >= 0) ::close(fd_);
+  // Unfinished (a write failed, the save was abandoned): the partial file
+  // goes, so a full disk does not stay full.
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
 }
 
 absl::Status ChunkWriter::Append(const std::string& name, const std::vector<int64_t>& shape, const Piece& box,
@@ -124,7 +108,10 @@ absl::StatusOr<std::vector<baton::v1::CheckpointTensor>> ChunkWriter::Finish() {
   const bool synced = ::fsync(fd_) == 0;
   const bool closed = ::close(fd_) == 0;
   fd_ = -1;
-  if (!synced || !closed) return absl::InternalError(Errno("cannot fsync", path_));
+  if (!synced || !closed) {
+    ::unlink(path_.c_str());
+    return absl::InternalError(Errno("cannot fsync", path_));
+  }
   return std::move(written_);
 }
 
@@ -216,21 +203,7 @@ absl::Status PublishMetadata(const std::string& dir, const baton::v1::Checkpoint
   if (!google::protobuf::util::MessageToJsonString(metadata, &json, options).ok()) {
     return absl::InternalError("cannot encode checkpoint metadata");
   }
-  const std::string final_path = absl::StrCat(dir, "/", kMetadataFile);
-  const std::string tmp = absl::StrCat(final_path, ".tmp-", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return absl::PermissionDeniedError(Errno("cannot create", tmp));
-  absl::Status s = WriteAll(fd, json.data(), static_cast<int64_t>(json.size()), tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = absl::InternalError(Errno("cannot fsync", tmp));
-  ::close(fd);
-  if (s.ok() && ::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    s = absl::InternalError(Errno("cannot rename metadata into", final_path));
-  }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  SyncDirectory(dir);
+  if (auto s = WriteFileDurably(absl::StrCat(dir, "/", kMetadataFile), json); !s.ok()) return s;
   // The step directory's own entry, in its parent.
   if (const size_t slash = dir.rfind('/'); slash != std::string::npos && slash > 0) {
     SyncDirectory(dir.substr(0, slash));

@@ -31,6 +31,7 @@ class ChunkWriter {
   // Creates (or truncates) `path`; `file_name` is how the chunks name it.
   static absl::StatusOr<std::unique_ptr<ChunkWriter>> Open(const std::string& path, std::string file_name,
                                                            int64_t block_bytes);
+  // Removes the file unless Finish succeeded.
   ~ChunkWriter();
   // Appends `box` (numel x 4 bytes at `data`) of F32 tensor `name`.
   absl::Status Append(const std::string& name, const std::vector<int64_t>& shape, const Piece& box,

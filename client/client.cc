@@ -98,6 +98,64 @@ absl::StatusOr<baton::v1::StepResponse> Client::Step(const baton::v1::StepReques
   return resp;
 }
 
+absl::StatusOr<baton::v1::CreateJobResponse> Client::Submit(const baton::v1::CreateJobRequest& request,
+                                                            absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  baton::v1::CreateJobResponse resp;
+  if (auto s = FromGrpcStatus(stub_->SubmitJob(&ctx, request, &resp)); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<std::vector<baton::v1::JobStatus>> Client::Jobs(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kCallDeadline);
+  baton::v1::ListJobsRequest req;
+  req.set_job_id(job_id);
+  baton::v1::ListJobsResponse resp;
+  if (auto s = FromGrpcStatus(stub_->ListJobs(&ctx, req, &resp)); !s.ok()) return s;
+  return std::vector<baton::v1::JobStatus>(resp.jobs().begin(), resp.jobs().end());
+}
+
+absl::StatusOr<baton::v1::JobStatus> Client::GetJob(const std::string& job_id) {
+  auto jobs = Jobs(job_id);
+  if (!jobs.ok()) return jobs.status();
+  if (jobs->size() != 1) return absl::NotFoundError(absl::StrCat("unknown job \"", job_id, "\""));
+  return jobs->front();
+}
+
+absl::Status Client::Logs(const std::string& job_id, int64_t after_sequence, bool follow,
+                          const std::function<bool(const baton::v1::JobLogEntry&)>& on_entry,
+                          absl::Duration duration) {
+  grpc::ClientContext ctx;
+  if (duration != absl::InfiniteDuration()) SetDeadline(&ctx, duration);
+  baton::v1::JobLogsRequest req;
+  req.set_job_id(job_id);
+  req.set_after_sequence(after_sequence);
+  req.set_follow(follow);
+  auto reader = stub_->JobLogs(&ctx, req);
+  baton::v1::JobLogEntry e;
+  while (reader->Read(&e)) {
+    if (!on_entry(e)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpcStatus(s);
+}
+
+absl::StatusOr<baton::v1::JobStatus> Client::KeepAlive(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, kCallDeadline);
+  baton::v1::KeepAliveRequest req;
+  req.set_job_id(job_id);
+  baton::v1::KeepAliveResponse resp;
+  if (auto s = FromGrpcStatus(stub_->KeepAlive(&ctx, req, &resp)); !s.ok()) return s;
+  return resp.job();
+}
+
 absl::StatusOr<baton::v1::StopJobResponse> Client::StopJob(const std::string& job_id) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, kCallDeadline);

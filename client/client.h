@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -37,8 +38,9 @@ class Client {
                                                          const Credentials& credentials);
 
   absl::StatusOr<baton::v1::StatusResponse> Status();
+  // `backend` unspecified: the controller's --default_backend.
   absl::StatusOr<baton::v1::Mesh> CreateMesh(const std::string& spec,
-                                             baton::v1::CommBackend backend = baton::v1::GLOO,
+                                             baton::v1::CommBackend backend = baton::v1::COMM_BACKEND_UNSPECIFIED,
                                              absl::Duration deadline = absl::Seconds(60));
   absl::StatusOr<baton::v1::CheckCollectivesResponse> CheckCollectives(
       const baton::v1::CheckCollectivesRequest& request,
@@ -47,6 +49,21 @@ class Client {
                                                         absl::Duration deadline = absl::Minutes(2));
   absl::StatusOr<baton::v1::StepResponse> Step(const baton::v1::StepRequest& request,
                                                absl::Duration deadline = absl::Minutes(30));
+  // A detached job: validated and queued; the controller runs it to its
+  // last step with no client attached. Returns once it is queued.
+  absl::StatusOr<baton::v1::CreateJobResponse> Submit(const baton::v1::CreateJobRequest& request,
+                                                      absl::Duration deadline = absl::Minutes(2));
+  // Every job the controller knows, or (job_id) one of them.
+  absl::StatusOr<std::vector<baton::v1::JobStatus>> Jobs(const std::string& job_id = "");
+  absl::StatusOr<baton::v1::JobStatus> GetJob(const std::string& job_id);
+  // A job's log from `after_sequence`: `on_entry` for each entry until it
+  // returns false, the log ends (with `follow`: once the job has ended) or
+  // `duration` passed.
+  absl::Status Logs(const std::string& job_id, int64_t after_sequence, bool follow,
+                    const std::function<bool(const baton::v1::JobLogEntry&)>& on_entry,
+                    absl::Duration duration = absl::InfiniteDuration());
+  // Renews an attached job's lease without stepping it.
+  absl::StatusOr<baton::v1::JobStatus> KeepAlive(const std::string& job_id);
   absl::StatusOr<baton::v1::StopJobResponse> StopJob(const std::string& job_id);
   // Saves the job at its current step under DIR/step-N ("" = the job's
   // checkpoint.dir); async returns once the workers copied their pieces.

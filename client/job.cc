@@ -1,14 +1,48 @@
 #include "client/job.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace baton {
+namespace {
+
+bool IsEndedState(baton::v1::JobState s) {
+  return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
+}
+
+}  // namespace
+
+absl::Status Job::ExplainLostCall(Client* client, const std::string& job_id, const absl::Status& s,
+                                  absl::Duration wait) {
+  // The controller's own answers about a job name it; a transport failure
+  // (the connection reset, the controller gone) does not.
+  if (s.code() != absl::StatusCode::kUnavailable || absl::StartsWith(s.message(), "job ")) return s;
+  const absl::Time give_up = absl::Now() + wait;
+  while (absl::Now() < give_up) {
+    auto job = client->GetJob(job_id);
+    if (job.ok()) {
+      if (!IsEndedState(job->state())) return s;  // a blip: the job goes on
+      return absl::FailedPreconditionError(absl::StrCat("lost the controller during the call (", s.message(),
+                                                        "); job ", job_id, " is now ",
+                                                        baton::v1::JobState_Name(job->state()), ": ", job->error()));
+    }
+    if (job.status().code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat("lost the controller during the call (", s.message(),
+                                              "); the controller that answers now does not know job ", job_id,
+                                              " (it restarted without a --state_dir)"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  return s;
+}
 
 absl::StatusOr<std::unique_ptr<Job>> Job::Create(Client* client, const baton::v1::JobSpec& spec,
-                                                 baton::v1::CommBackend backend) {
+                                                 baton::v1::CommBackend backend, absl::Duration lease) {
   baton::v1::CreateJobRequest req;
   *req.mutable_job() = spec;
   req.set_backend(backend);
+  req.set_lease_ms(absl::ToInt64Milliseconds(lease));
   auto created = client->CreateJob(req);
   if (!created.ok()) return created.status();
   return std::unique_ptr<Job>(new Job(client, std::move(*created)));
@@ -26,7 +60,7 @@ absl::StatusOr<std::vector<baton::v1::StepMetrics>> Job::Step(int n) {
   req.set_job_id(id_);
   req.set_steps(n);
   auto resp = client_->Step(req);
-  if (!resp.ok()) return resp.status();
+  if (!resp.ok()) return ExplainLostCall(client_, id_, resp.status());
   status_ = resp->job();
   std::vector<baton::v1::StepMetrics> out(resp->metrics().begin(), resp->metrics().end());
   metrics_.insert(metrics_.end(), out.begin(), out.end());
@@ -45,6 +79,13 @@ absl::StatusOr<baton::v1::CheckpointInfo> Job::WaitForSave() {
   if (!resp.ok()) return resp.status();
   status_ = resp->job();
   return resp->checkpoint();
+}
+
+absl::Status Job::KeepAlive() {
+  auto status = client_->KeepAlive(id_);
+  if (!status.ok()) return status.status();
+  status_ = *status;
+  return absl::OkStatus();
 }
 
 absl::Status Job::Stop() {

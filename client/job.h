@@ -9,6 +9,10 @@
 //   auto tp = baton::Job::Restore(client.get(), dp2_tp2_spec, "ckpt/run");
 //   (*tp)->Step(4);                                // steps 5..8, resharded
 //
+// A call that loses the controller midway (it was killed and restarted)
+// says what became of the job: its next call is answered "FAILED: the
+// controller restarted ...".
+//
 // Not thread-safe; the Client must outlive it.
 #ifndef BATON_CLIENT_JOB_H_
 #define BATON_CLIENT_JOB_H_
@@ -26,14 +30,20 @@ namespace baton {
 
 class Job {
  public:
-  // Creates the job on the fleet (validated, planned and loaded).
-  static absl::StatusOr<std::unique_ptr<Job>> Create(Client* client, const baton::v1::JobSpec& spec,
-                                                     baton::v1::CommBackend backend = baton::v1::GLOO);
+  // Creates the job on free workers of the fleet (validated, planned and
+  // loaded); an attached job: this handle holds its lease, which every call
+  // renews (`lease` zero: the controller's default, 10 s). `backend`
+  // unspecified: the controller's --default_backend.
+  static absl::StatusOr<std::unique_ptr<Job>> Create(
+      Client* client, const baton::v1::JobSpec& spec,
+      baton::v1::CommBackend backend = baton::v1::COMM_BACKEND_UNSPECIFIED,
+      absl::Duration lease = absl::ZeroDuration());
   // A new job from `spec` (its mesh and plan) resuming the checkpoint in
   // `dir` (a checkpoint, or a directory of step-N ones: the newest):
   // parameters, optimizer state, step and data position, resharded.
-  static absl::StatusOr<std::unique_ptr<Job>> Restore(Client* client, baton::v1::JobSpec spec, const std::string& dir,
-                                                      baton::v1::CommBackend backend = baton::v1::GLOO);
+  static absl::StatusOr<std::unique_ptr<Job>> Restore(
+      Client* client, baton::v1::JobSpec spec, const std::string& dir,
+      baton::v1::CommBackend backend = baton::v1::COMM_BACKEND_UNSPECIFIED);
 
   // Runs the next `n` steps (fewer if the job ends); their metrics.
   absl::StatusOr<std::vector<baton::v1::StepMetrics>> Step(int n = 1);
@@ -42,11 +52,19 @@ class Job {
   absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& dir, bool async = false);
   absl::StatusOr<baton::v1::CheckpointInfo> WaitForSave();
   absl::Status Stop();
+  // Renews the lease while the script does something else for a while.
+  absl::Status KeepAlive();
 
   const std::string& id() const { return id_; }
   int step() const { return status_.step(); }
   const baton::v1::JobStatus& status() const { return status_; }
   const baton::v1::CreateJobResponse& created() const { return created_; }
+
+  // When `s` is a call that lost the controller (not the job's own failure),
+  // asks the controller - once it answers again, within `wait` - what became
+  // of job `job_id`, and says so; else `s` itself.
+  static absl::Status ExplainLostCall(Client* client, const std::string& job_id, const absl::Status& s,
+                                      absl::Duration wait = absl::Seconds(20));
   // Every step this handle ran, in order.
   const std::vector<baton::v1::StepMetrics>& metrics() const { return metrics_; }
 

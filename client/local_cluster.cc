@@ -1,6 +1,7 @@
 #include "client/local_cluster.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 
 #include <signal.h>
@@ -8,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -59,6 +61,12 @@ absl::StatusOr<std::string> AwaitAddressFile(const std::string& path, pid_t pid,
     absl::SleepFor(absl::Milliseconds(20));
   }
   return absl::DeadlineExceededError(absl::StrCat(name, " did not start serving in time"));
+}
+
+// rm -r, for the cluster's own state directory.
+void RemoveTree(const std::string& dir) {
+  nftw(dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+       FTW_DEPTH | FTW_PHYS);
 }
 
 }  // namespace
@@ -163,11 +171,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   if (auto s = WriteNewToken(cluster->worker_token_file_, true); !s.ok()) return s;
   if (auto s = WriteNewToken(cluster->client_token_file_, false); !s.ok()) return s;
   const std::string controller_file = cluster->dir_ + "/controller.addr";
+  cluster->state_dir_ = options.state_dir.empty() ? cluster->dir_ + "/state" : options.state_dir;
+  cluster->own_state_dir_ = options.state_dir.empty();
   std::vector<std::string> args{absl::StrCat("--host=", options.host), "--port=0",
                                 absl::StrCat("--port_file=", controller_file),
                                 absl::StrCat("--client_token_file=", cluster->client_token_file_),
-                                absl::StrCat("--worker_token_file=", cluster->worker_token_file_)};
+                                absl::StrCat("--worker_token_file=", cluster->worker_token_file_),
+                                absl::StrCat("--state_dir=", cluster->state_dir_)};
   args.insert(args.end(), options.controller_args.begin(), options.controller_args.end());
+  cluster->controller_bin_ = *controller_bin;
+  cluster->controller_args_ = args;
   auto pid = cluster->Spawn("controller", *controller_bin, args);
   if (!pid.ok()) return pid.status();
   auto address = AwaitAddressFile(controller_file, *pid, "controller", deadline);
@@ -211,6 +224,32 @@ std::vector<std::string> LocalCluster::Reap() {
   return lines;
 }
 
+bool LocalCluster::controller_exited() const {
+  for (const auto& p : processes_) {
+    if (p.name == "controller") return !p.running;
+  }
+  return true;
+}
+
+absl::Status LocalCluster::RestartController(absl::Duration timeout) {
+  auto it = std::find_if(processes_.begin(), processes_.end(), [](const Process& p) { return p.name == "controller"; });
+  if (it == processes_.end() || it->running) return absl::FailedPreconditionError("the controller is running");
+  processes_.erase(it);
+  // The same port: workers and clients find it where it was.
+  std::vector<std::string> args = controller_args_;
+  const std::string port = controller_address_.substr(controller_address_.rfind(':') + 1);
+  for (auto& a : args) {
+    if (a == "--port=0") a = absl::StrCat("--port=", port);
+  }
+  const std::string controller_file = dir_ + "/controller.addr";
+  std::remove(controller_file.c_str());
+  auto pid = Spawn("controller", controller_bin_, args);
+  if (!pid.ok()) return pid.status();
+  auto address = AwaitAddressFile(controller_file, *pid, "controller", absl::Now() + timeout);
+  if (!address.ok()) return address.status();
+  return absl::OkStatus();
+}
+
 int LocalCluster::Stop(absl::Duration grace) {
   // Workers first, so they do not spend the grace period re-registering.
   for (auto it = processes_.rbegin(); it != processes_.rend(); ++it) {
@@ -234,6 +273,7 @@ int LocalCluster::Stop(absl::Duration grace) {
     ++killed;
   }
   if (!dir_.empty()) {
+    if (own_state_dir_) RemoveTree(state_dir_);
     std::remove((dir_ + "/controller.addr").c_str());
     std::remove(worker_token_file_.c_str());
     if (client_token_file_ == dir_ + "/client.token") std::remove(client_token_file_.c_str());

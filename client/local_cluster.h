@@ -4,6 +4,11 @@
 // (PR_SET_PDEATHSIG), and Stop() ends every one of them: SIGTERM, then SIGKILL
 // after the grace period, then waitpid — no process is left behind.
 //
+// The controller keeps its job table in a state directory (the options', or
+// one of the cluster's own, removed at Stop), so a controller that died can
+// be started again on the same port (RestartController) and take its jobs
+// up; the workers find it there again by themselves.
+//
 // Not thread-safe: one owner thread.
 #ifndef BATON_CLIENT_LOCAL_CLUSTER_H_
 #define BATON_CLIENT_LOCAL_CLUSTER_H_
@@ -27,6 +32,8 @@ struct LocalClusterOptions {
   std::vector<std::string> controller_args;  // extra flags
   std::vector<std::string> worker_args;
   absl::Duration start_timeout = absl::Seconds(60);
+  // The controller's --state_dir; empty = a directory of the cluster's own.
+  std::string state_dir;
 };
 
 class LocalCluster {
@@ -53,6 +60,12 @@ class LocalCluster {
 
   // Reaps children that have exited; returns a line for each newly exited.
   std::vector<std::string> Reap();
+  // Whether the controller process has exited (after Reap).
+  bool controller_exited() const;
+  // Starts the controller again on the same address and state directory,
+  // once it has exited; returns when it serves.
+  absl::Status RestartController(absl::Duration timeout = absl::Seconds(30));
+  const std::string& state_dir() const { return state_dir_; }
   // Ends every child (SIGTERM, then SIGKILL after `grace`) and reaps it.
   // Returns how many needed SIGKILL.
   int Stop(absl::Duration grace = absl::Seconds(4));
@@ -67,6 +80,10 @@ class LocalCluster {
   static absl::Status WriteNewToken(const std::string& path, bool replace);
 
   std::string dir_;  // temporary directory for port files and tokens
+  std::string state_dir_;
+  bool own_state_dir_ = false;
+  std::string controller_bin_;
+  std::vector<std::string> controller_args_;  // as first started, --port=0 included
   std::string client_token_file_, worker_token_file_;
   std::string controller_address_;
   std::vector<Process> processes_;

@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/json.h"
+#include "common/text.h"
 #include "absl/time/clock.h"
 
 namespace baton {
@@ -26,6 +30,44 @@ std::string FormatStep(const baton::v1::StepMetrics& m, int total_steps, bool js
       "peak unsharded %10d B",
       m.step(), total_steps, m.loss(), m.tokens_per_s(), m.step_ms(), m.comm_bytes(), m.state_bytes(),
       m.peak_unsharded_param_bytes());
+}
+
+std::string FormatCheckpoint(const baton::v1::CheckpointInfo& c, bool json) {
+  if (json) return absl::StrCat("{\"checkpoint\":", ProtoToJson(c), "}");
+  return absl::StrFormat("checkpoint step %d saved to %s%s: %d bytes in %.3f s", c.step(), Printable(c.path(), 4096),
+                         c.async() ? " (async)" : "", c.bytes(), c.seconds());
+}
+
+std::string FormatCheckpointError(const std::string& why, bool json) {
+  if (json) return absl::StrCat("{\"checkpoint_error\":", JsonQuote(why), "}");
+  return absl::StrCat("checkpoint FAILED: ", Printable(why, 4096));
+}
+
+std::string FormatJobState(const baton::v1::JobStatus& job, bool json) {
+  if (json) return absl::StrCat("{\"state\":", ProtoToJson(job), "}");
+  std::string line = absl::StrCat(job.job_id(), " \"", Printable(job.name()), "\" ",
+                                  baton::v1::JobState_Name(job.state()), " at step ", job.step(), "/", job.steps());
+  if (!job.mesh_id().empty()) {
+    absl::StrAppend(&line, " on ", job.mesh_id(), " [", absl::StrJoin(job.workers(), ", "), "]");
+  }
+  if (!job.waiting_for().empty()) absl::StrAppend(&line, ": ", Printable(job.waiting_for(), 1024));
+  if (!job.error().empty()) absl::StrAppend(&line, ": ", Printable(job.error(), 4096));
+  return line;
+}
+
+std::string FormatLogEntry(const baton::v1::JobLogEntry& e, int total_steps, bool json) {
+  switch (e.entry_case()) {
+    case baton::v1::JobLogEntry::kStep:
+      return FormatStep(e.step(), total_steps, json);
+    case baton::v1::JobLogEntry::kCheckpoint:
+      return FormatCheckpoint(e.checkpoint(), json);
+    case baton::v1::JobLogEntry::kCheckpointError:
+      return FormatCheckpointError(e.checkpoint_error(), json);
+    case baton::v1::JobLogEntry::kState:
+      return FormatJobState(e.state(), json);
+    default:
+      return json ? "{}" : "(an entry this client does not know)";
+  }
 }
 
 ProgressBar::ProgressBar(int total, bool json)

@@ -126,6 +126,58 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status WriteAll(int fd, const char* data, int64_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 30)));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      return absl::Status(e == ENOSPC || e == EDQUOT ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
+                          absl::StrCat("cannot write ", path, ": ", std::strerror(e)));
+    }
+    data += w;
+    n -= w;
+  }
+  return absl::OkStatus();
+}
+
+void SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+absl::Status WriteFileDurably(const std::string& path, const std::string& bytes, int mode) {
+  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  absl::Status s = WriteAll(fd, bytes.data(), static_cast<int64_t>(bytes.size()), tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = absl::InternalError(absl::StrCat("cannot fsync ", tmp, ": ", std::strerror(errno)));
+  ::close(fd);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  const size_t slash = path.rfind('/');
+  SyncDirectory(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+  return absl::OkStatus();
+}
+
+absl::Status CheckWritableDirectory(const std::string& dir) {
+  if (auto s = MakeDirs(dir); !s.ok()) return s;
+  const std::string probe = absl::StrCat(dir, "/.baton-probe-", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot create files in ", dir, ": ", std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
 std::string RootOrWorkingDirectory(const std::string& flag_value) {
   if (!flag_value.empty()) return flag_value;
   char buf[PATH_MAX];

@@ -39,6 +39,20 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const ReadF
 // mkdir -p (mode 0755).
 absl::Status MakeDirs(const std::string& path);
 
+// Writes all of `n` bytes to `fd` through short writes and EINTR; an error
+// naming `path` (and errno: a full disk says so) otherwise.
+absl::Status WriteAll(int fd, const char* data, int64_t n, const std::string& path);
+// fsync of a directory (its entries: a rename or a new file in it).
+void SyncDirectory(const std::string& dir);
+// Replaces `path` with `bytes` so that a reader - or a process started after
+// a crash - sees the old file or the new one, never a part: a temporary name
+// beside it, fsync, rename, fsync of the directory. The temporary file is
+// removed when any step fails.
+absl::Status WriteFileDurably(const std::string& path, const std::string& bytes, int mode = 0644);
+// Whether files can be created in directory `dir` (made if missing): a
+// probe file is created and removed. The error names the path.
+absl::Status CheckWritableDirectory(const std::string& dir);
+
 // The directory a daemon's `--checkpoint_root` flag means: the flag's value,
 // or the working directory when it is empty.
 std::string RootOrWorkingDirectory(const std::string& flag_value);

@@ -4,18 +4,38 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 
 namespace baton {
 namespace {
 
-// Bounds: a scrape or a page load is small; nothing waits long.
+// Bounds: a scrape or a page load is small; nothing waits long. Connections
+// cost no thread (epoll), only a descriptor: a client that opens many and
+// sends slowly takes at most kMaxConnectionsPerClient of them and is dropped
+// after kConnectionTimeoutS of silence, so others are still answered.
 constexpr unsigned kThreads = 2;
-constexpr unsigned kConnectionTimeoutS = 10;
-constexpr unsigned kMaxConnections = 64;
+constexpr unsigned kConnectionTimeoutS = 5;
+constexpr unsigned kMaxConnections = 512;
+constexpr unsigned kMaxConnectionsPerClient = 64;
+
+// libmicrohttpd's complaints (a refused connection, a client gone), at most
+// one line a second.
+void LogHttpError(void*, const char* format, va_list args) {
+  static std::atomic<int64_t> last_ms{0};
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  int64_t last = last_ms.load();
+  if (now - last < 1000 || !last_ms.compare_exchange_strong(last, now)) return;
+  char buf[512];
+  std::vsnprintf(buf, sizeof(buf), format, args);
+  Logf("http: %s", buf);
+}
 
 }  // namespace
 
@@ -76,12 +96,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   ::freeaddrinfo(found);
 
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(routes)));
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
   if (ipv6) flags |= MHD_USE_IPv6;
   server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), nullptr, nullptr, &HttpServerAccess::Handle,
                                      server.get(), MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&addr),
                                      MHD_OPTION_THREAD_POOL_SIZE, kThreads, MHD_OPTION_CONNECTION_TIMEOUT,
-                                     kConnectionTimeoutS, MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, MHD_OPTION_END);
+                                     kConnectionTimeoutS, MHD_OPTION_CONNECTION_LIMIT, kMaxConnections,
+                                     MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxConnectionsPerClient,
+                                     MHD_OPTION_EXTERNAL_LOGGER, &LogHttpError, nullptr, MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", listen, " (in use, or not an address here)"));
   }

@@ -1,5 +1,7 @@
 #include "common/process.h"
 
+#include <sys/resource.h>
+
 #include <malloc.h>
 #include <pthread.h>
 
@@ -52,6 +54,17 @@ ProcessMemory ReadProcessMemory() {
   }
   std::fclose(f);
   return m;
+}
+
+int64_t RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+    getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  return static_cast<int64_t>(limit.rlim_cur);
 }
 
 bool ResetPeakMemory() {

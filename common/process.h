@@ -35,6 +35,11 @@ void UseCachingAllocation();
 // was once a burst of large requests is over.
 void UseReturningAllocation();
 
+// Raises the soft limit on open descriptors to the hard one: a controller
+// holds a connection per worker and per HTTP client (a thousand workers need
+// more than the usual 1024). Returns the limit now in force.
+int64_t RaiseDescriptorLimit();
+
 // MemAvailable from /proc/meminfo, in bytes (0 when unknown).
 int64_t AvailableMemoryBytes();
 

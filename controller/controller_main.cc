@@ -22,6 +22,10 @@
 #include "common/metrics.h"
 #include "controller/controller_metrics.h"
 #include "controller/controller_service.h"
+#include "controller/fleet_monitor.h"
+#include "controller/job_manager.h"
+#include "controller/job_store.h"
+#include "controller/mesh_manager.h"
 #include "controller/status_page.h"
 #include "controller/event_log.h"
 #include "controller/registry_service.h"
@@ -48,6 +52,17 @@ ABSL_FLAG(int64_t, max_message_bytes, 16 << 20,
           "Largest request accepted; larger ones get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, default_backend, "gloo",
           "Collectives backend of meshes whose request does not name one: gloo (CPU) or nccl (GPU).");
+ABSL_FLAG(std::string, state_dir, "",
+          "Keep the job table here (created if missing) and read it back at start-up: detached jobs resume from "
+          "their last checkpoint after a restart. Empty: jobs do not outlive the controller.");
+ABSL_FLAG(int64_t, lease_ms, 10000,
+          "An attached job whose client makes no call for this long is stopped and its workers freed (a client may "
+          "ask for another lease in CreateJob).");
+ABSL_FLAG(int64_t, retire_job_metrics_after_ms, 600000,
+          "A job's /metrics series are removed this long after it ended.");
+ABSL_FLAG(int64_t, max_ended_jobs, 1000, "Ended jobs kept (listed, their logs readable); the oldest are forgotten.");
+ABSL_FLAG(int, max_calls_in_flight, baton::Dispatcher::kDefaultMaxInFlight,
+          "Most worker RPCs in flight at once; more wait their turn.");
 
 namespace baton {
 namespace {
@@ -60,6 +75,7 @@ int Main(int argc, char** argv) {
   }
   sigset_t signals = BlockTerminationSignals();
   UseReturningAllocation();
+  RaiseDescriptorLimit();
 
   auto client_token = LoadToken(absl::GetFlag(FLAGS_client_token_file), "BATON_CLIENT_TOKEN");
   if (!client_token.ok()) {
@@ -84,27 +100,49 @@ int Main(int argc, char** argv) {
   }
   if (!auth.enabled()) Logf("baton-controller: no tokens configured: calls are not authenticated");
 
+  std::unique_ptr<JobStore> store;
+  if (const std::string dir = absl::GetFlag(FLAGS_state_dir); dir.empty()) {
+    store = JobStore::InMemory();
+  } else {
+    auto opened = JobStore::Open(dir);
+    if (!opened.ok()) {
+      Logf("baton-controller: --state_dir: %s", opened.status().ToString().c_str());
+      return 2;
+    }
+    store = std::move(*opened);
+  }
+  baton::v1::CommBackend default_backend = baton::v1::GLOO;
+  if (const std::string b = absl::GetFlag(FLAGS_default_backend); b == "nccl" || b == "gloo") {
+    default_backend = b == "nccl" ? baton::v1::NCCL : baton::v1::GLOO;
+  } else {
+    Logf("baton-controller: --default_backend must be gloo or nccl, not \"%s\"", b.c_str());
+    return 2;
+  }
+
   EventLog events;
   KeyValueStore kv;
   WorkerRegistry registry(absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)), &events);
   registry.set_forget_after(absl::Milliseconds(absl::GetFlag(FLAGS_forget_dead_after_ms)));
   RegistryService registry_service(&registry, &kv, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
                                    auth);
-  ControllerMetrics metrics;
-  ControllerOptions options;
-  options.auth = auth;
-  options.metrics = &metrics;
-  if (const std::string b = absl::GetFlag(FLAGS_default_backend); b == "nccl" || b == "gloo") {
-    options.default_backend = b == "nccl" ? baton::v1::NCCL : baton::v1::GLOO;
-  } else {
-    Logf("baton-controller: --default_backend must be gloo or nccl, not \"%s\"", b.c_str());
-    return 2;
-  }
-  options.worker_credentials = *credentials;
-  options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
-  options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
-  options.checkpoint_block_bytes = absl::GetFlag(FLAGS_checkpoint_block_bytes);
-  ControllerService controller_service(&registry, &kv, &events, options);
+  ControllerMetrics metrics(absl::Milliseconds(absl::GetFlag(FLAGS_retire_job_metrics_after_ms)));
+  Dispatcher dispatcher(GrpcStubFactory(*credentials), absl::GetFlag(FLAGS_max_calls_in_flight));
+  MeshOptions mesh_options;
+  mesh_options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
+  mesh_options.default_backend = default_backend;
+  mesh_options.next_epoch = [&store] { return store->NewEpoch(); };
+  MeshManager meshes(&registry, &kv, &events, &dispatcher, mesh_options);
+  JobManagerOptions job_options;
+  job_options.checkpoints.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
+  job_options.checkpoints.block_bytes = absl::GetFlag(FLAGS_checkpoint_block_bytes);
+  job_options.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  job_options.max_ended_jobs = static_cast<size_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_max_ended_jobs)));
+  JobManager jobs(&meshes, &events, &metrics, store.get(), job_options);
+  meshes.set_on_mesh_lost(
+      [&jobs](const std::string& owner, const baton::v1::Mesh& mesh, const std::string& why) { jobs.OnMeshLost(owner, mesh, why); });
+  jobs.Recover();
+  ControllerService controller_service(&registry, &meshes, &jobs, &events, auth);
+  FleetMonitor monitor(&registry, &meshes, &jobs);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -138,7 +176,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   if (*http != nullptr) controller_service.set_http_address(absl::StrCat(host, ":", (*http)->port()));
-  controller_service.Start();
+  monitor.Start();
   const std::string address = absl::StrCat(host, ":", port);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     WriteFileAtomically(absl::GetFlag(FLAGS_port_file), address);
@@ -149,7 +187,10 @@ int Main(int argc, char** argv) {
   sigwait(&signals, &sig);
   // Draining: probes see NOT_SERVING while calls in flight finish.
   DrainServer(*server, "controller");
-  controller_service.Stop();
+  monitor.Stop();
+  // Jobs stay as they are in the state directory: the next controller
+  // takes them up.
+  jobs.Shutdown();
   http->reset();
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   Logf("controller stopped");

@@ -2,6 +2,8 @@
 
 #include <set>
 
+#include "absl/time/clock.h"
+
 #include "common/metrics.h"
 #include "proto/mesh.pb.h"
 
@@ -20,8 +22,9 @@ prometheus::Labels JobLabels(const baton::v1::JobStatus& job) {
 
 }  // namespace
 
-ControllerMetrics::ControllerMetrics()
-    : workers_(Build(prometheus::BuildGauge(), "baton_workers", "Workers known to the controller, by state",
+ControllerMetrics::ControllerMetrics(absl::Duration retire_after)
+    : retire_after_(retire_after),
+      workers_(Build(prometheus::BuildGauge(), "baton_workers", "Workers known to the controller, by state",
                      registry_)),
       worker_up_(Build(prometheus::BuildGauge(), "baton_worker_up", "1 while the worker heartbeats, 0 when DEAD",
                        registry_)),
@@ -29,9 +32,10 @@ ControllerMetrics::ControllerMetrics()
                            "Time since the worker's last heartbeat", registry_)),
       restarts_(Build(prometheus::BuildCounter(), "baton_worker_restarts_total",
                       "Times a worker's name came back as a new process", registry_)),
-      mesh_ranks_(Build(prometheus::BuildGauge(), "baton_mesh_ranks", "Ranks in the current mesh (0: none)",
+      meshes_(Build(prometheus::BuildGauge(), "baton_meshes", "Meshes formed now (a job's, or idle)", registry_)),
+      mesh_ranks_(Build(prometheus::BuildGauge(), "baton_mesh_ranks", "Ranks of a formed mesh, by mesh_id and job_id",
                         registry_)),
-      mesh_epoch_(Build(prometheus::BuildGauge(), "baton_mesh_epoch", "Epoch of the current mesh", registry_)),
+      jobs_(Build(prometheus::BuildGauge(), "baton_jobs", "Jobs the controller knows, by state", registry_)),
       job_step_(Build(prometheus::BuildGauge(), "baton_job_step", "Steps the job has completed", registry_)),
       job_steps_(Build(prometheus::BuildGauge(), "baton_job_steps", "Steps the job was asked to run", registry_)),
       job_loss_(Build(prometheus::BuildGauge(), "baton_job_loss", "Loss of the job's last step", registry_)),
@@ -87,15 +91,58 @@ void ControllerMetrics::Refresh(const baton::v1::StatusResponse& status) {
     it = worker_series_.erase(it);
   }
   for (const auto& [state, n] : by_state) workers_.Add({{"state", state}}).Set(n);
-  mesh_ranks_.Add({}).Set(status.mesh().worker_names_size());
-  mesh_epoch_.Add({}).Set(static_cast<double>(status.mesh().epoch()));
-  if (!status.job().job_id().empty()) {
-    const prometheus::Labels labels = JobLabels(status.job());
-    job_step_.Add(labels).Set(status.job().step());
-    job_steps_.Add(labels).Set(status.job().steps());
-    if (status.job().last().has_loss()) job_loss_.Add(labels).Set(status.job().last().loss());
-    job_tokens_per_second_.Add(labels).Set(status.job().last().tokens_per_s());
+  meshes_.Add({}).Set(status.meshes_size());
+  std::set<std::string> formed;
+  for (const auto& m : status.meshes()) {
+    formed.insert(m.mesh_id());
+    auto& series = mesh_series_[m.mesh_id()];
+    if (series == nullptr) series = &mesh_ranks_.Add({{"mesh_id", m.mesh_id()}, {"job_id", m.job_id()}});
+    series->Set(m.worker_names_size());
   }
+  for (auto it = mesh_series_.begin(); it != mesh_series_.end();) {
+    if (formed.count(it->first)) {
+      ++it;
+      continue;
+    }
+    mesh_ranks_.Remove(it->second);
+    it = mesh_series_.erase(it);
+  }
+  std::map<std::string, int> jobs_by_state;
+  for (int s = baton::v1::JOB_PENDING; s <= baton::v1::JOB_RECOVERING; ++s) {
+    jobs_by_state[baton::v1::JobState_Name(static_cast<baton::v1::JobState>(s))] = 0;
+  }
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  for (const auto& job : status.jobs()) {
+    ++jobs_by_state[baton::v1::JobState_Name(job.state())];
+    if (retired_.count(job.job_id())) continue;
+    if (job.ended_unix_ms() > 0 && now_ms - job.ended_unix_ms() > absl::ToInt64Milliseconds(retire_after_)) {
+      RetireJob(job);
+      continue;
+    }
+    const prometheus::Labels labels = JobLabels(job);
+    job_step_.Add(labels).Set(job.step());
+    job_steps_.Add(labels).Set(job.steps());
+    if (job.last().has_loss()) job_loss_.Add(labels).Set(job.last().loss());
+    job_tokens_per_second_.Add(labels).Set(job.last().tokens_per_s());
+  }
+  for (const auto& [state, n] : jobs_by_state) jobs_.Add({{"state", state}}).Set(n);
+  // Forgotten jobs need no memory of having been retired.
+  std::set<std::string> listed_jobs;
+  for (const auto& job : status.jobs()) listed_jobs.insert(job.job_id());
+  for (auto it = retired_.begin(); it != retired_.end();) it = listed_jobs.count(*it) ? std::next(it) : retired_.erase(it);
+}
+
+void ControllerMetrics::RetireJob(const baton::v1::JobStatus& job) {
+  const prometheus::Labels labels = JobLabels(job);
+  // Add returns the series of these labels (made now if it never was).
+  job_step_.Remove(&job_step_.Add(labels));
+  job_steps_.Remove(&job_steps_.Add(labels));
+  job_loss_.Remove(&job_loss_.Add(labels));
+  job_tokens_per_second_.Remove(&job_tokens_per_second_.Add(labels));
+  job_tokens_.Remove(&job_tokens_.Add(labels));
+  job_comm_bytes_.Remove(&job_comm_bytes_.Add(labels));
+  step_seconds_.Remove(&step_seconds_.Add(labels, DurationBuckets()));
+  retired_.insert(job.job_id());
 }
 
 }  // namespace baton

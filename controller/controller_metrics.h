@@ -1,15 +1,19 @@
-// The controller's Prometheus metrics (GET /metrics): the fleet, the mesh,
-// jobs and their steps. Counters and histograms move as steps finish; the
-// fleet's gauges are read from a status snapshot at each scrape. Jobs are
-// labelled job_id and job_name (Prometheus keeps `job` for its scrape job).
+// The controller's Prometheus metrics (GET /metrics): the fleet, every mesh,
+// every job and its steps. Counters and histograms move as steps finish;
+// the gauges are read from a status snapshot at each scrape. Jobs are
+// labelled job_id and job_name (Prometheus keeps `job` for its scrape job);
+// a job's series are retired `retire_after` after it ended, a mesh's when
+// it is gone.
 #ifndef BATON_CONTROLLER_CONTROLLER_METRICS_H_
 #define BATON_CONTROLLER_CONTROLLER_METRICS_H_
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -21,23 +25,28 @@ namespace baton {
 
 class ControllerMetrics {
  public:
-  ControllerMetrics();
+  explicit ControllerMetrics(absl::Duration retire_after = absl::Minutes(10));
   prometheus::Registry& registry() { return registry_; }
 
   // One finished step of `job`: `merged` as the controller reports it,
   // `comm_bytes` sent by all ranks together.
   void ObserveStep(const baton::v1::JobStatus& job, const baton::v1::StepMetrics& merged, int64_t comm_bytes);
-  // Sets the fleet, mesh and job gauges from `status` (call before a scrape).
+  // Sets the fleet, mesh and job gauges from `status` (call before a
+  // scrape) and retires the series of jobs that ended long enough ago.
   void Refresh(const baton::v1::StatusResponse& status);
 
  private:
+  void RetireJob(const baton::v1::JobStatus& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Duration retire_after_;
   prometheus::Registry registry_;
   prometheus::Family<prometheus::Gauge>& workers_;
   prometheus::Family<prometheus::Gauge>& worker_up_;
   prometheus::Family<prometheus::Gauge>& heartbeat_age_;
   prometheus::Family<prometheus::Counter>& restarts_;
+  prometheus::Family<prometheus::Gauge>& meshes_;
   prometheus::Family<prometheus::Gauge>& mesh_ranks_;
-  prometheus::Family<prometheus::Gauge>& mesh_epoch_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& job_step_;
   prometheus::Family<prometheus::Gauge>& job_steps_;
   prometheus::Family<prometheus::Gauge>& job_loss_;
@@ -55,6 +64,9 @@ class ControllerMetrics {
     int counted_restarts = 0;
   };
   std::map<std::string, WorkerSeries> worker_series_ ABSL_GUARDED_BY(mu_);
+  // Mesh series by mesh id; jobs whose series are retired.
+  std::map<std::string, prometheus::Gauge*> mesh_series_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

@@ -1,20 +1,27 @@
-// Dispatcher: calls one RPC on many workers concurrently, each with a
-// deadline. It stops waiting early, cancelling what is still in flight, as
-// soon as one call fails (the others cannot succeed without it) or
-// `should_abort` names a reason (e.g. a worker of the mesh was declared
-// DEAD). With a Drain it first tells the workers to stop (on_failure) and
-// gives their calls a moment to return by themselves, so every worker's own
-// outcome is known. Channels are cached per address.
+// Dispatcher: calls one Worker RPC on many workers at once through gRPC's
+// callback API, each call with a deadline, and no thread per call: at most
+// `max_in_flight` calls of all fan-outs together are on the wire, the rest
+// wait their turn in order. A fan-out stops waiting early, cancelling what is
+// still in flight, as soon as one call fails (the others cannot succeed
+// without it) or `should_abort` names a reason (e.g. a worker of the mesh was
+// declared DEAD). With a Drain it first tells the workers to stop
+// (on_failure) and gives their calls a moment to return by themselves, so
+// every worker's own outcome is known.
 //
-// Thread-safe; Call() blocks the calling thread until every call returned.
+// Stubs come from a StubFactory, once per address: the real one opens a
+// channel with the fleet's credentials; tests hand in-process fake workers.
+//
+// Thread-safe; Call() blocks the calling thread (only) until every call of
+// its fan-out has returned. Completion callbacks run on gRPC's threads and
+// never block.
 #ifndef BATON_CONTROLLER_DISPATCHER_H_
 #define BATON_CONTROLLER_DISPATCHER_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -24,6 +31,52 @@
 #include "proto/worker.grpc.pb.h"
 
 namespace baton {
+
+using WorkerStub = baton::v1::Worker::StubInterface;
+// The stub for a worker's address; called once per address.
+using StubFactory = std::function<std::shared_ptr<WorkerStub>(const std::string& address)>;
+// Real stubs: a channel per address with `credentials`, reconnecting fast
+// after a worker restarts on the same address.
+StubFactory GrpcStubFactory(Credentials credentials);
+
+// One Worker RPC as the dispatcher starts it: its messages and the callback
+// form of its stub method.
+#define BATON_WORKER_RPC(Name)                                                                                   \
+  struct Name##Rpc {                                                                                             \
+    using Request = baton::v1::Name##Request;                                                                    \
+    using Response = baton::v1::Name##Response;                                                                  \
+    static constexpr const char* kName = #Name;                                                                  \
+    static void Start(WorkerStub* stub, grpc::ClientContext* ctx, const Request* req, Response* resp,          \
+                      std::function<void(grpc::Status)> done) {                                                  \
+      stub->async()->Name(ctx, req, resp, std::move(done));                                                      \
+    }                                                                                                            \
+  };
+BATON_WORKER_RPC(Configure)
+BATON_WORKER_RPC(Abort)
+BATON_WORKER_RPC(GetInfo)
+BATON_WORKER_RPC(LoadProgram)
+BATON_WORKER_RPC(RunStep)
+BATON_WORKER_RPC(SaveShards)
+BATON_WORKER_RPC(LoadShards)
+#undef BATON_WORKER_RPC
+struct CollectiveCheckRpc {
+  using Request = baton::v1::CollectiveCheckRequest;
+  using Response = baton::v1::CollectiveCheckResponse;
+  static constexpr const char* kName = "RunCollectiveCheck";
+  static void Start(WorkerStub* stub, grpc::ClientContext* ctx, const Request* req, Response* resp,
+                    std::function<void(grpc::Status)> done) {
+    stub->async()->RunCollectiveCheck(ctx, req, resp, std::move(done));
+  }
+};
+struct FinishSaveRpc {
+  using Request = baton::v1::FinishSaveRequest;
+  using Response = baton::v1::SaveShardsResponse;
+  static constexpr const char* kName = "FinishSave";
+  static void Start(WorkerStub* stub, grpc::ClientContext* ctx, const Request* req, Response* resp,
+                    std::function<void(grpc::Status)> done) {
+    stub->async()->FinishSave(ctx, req, resp, std::move(done));
+  }
+};
 
 template <typename Resp>
 struct CallResult {
@@ -42,10 +95,21 @@ struct Drain {
   absl::Duration wait;
 };
 
+struct FanOut {
+  absl::Duration deadline = absl::Seconds(10);
+  // Polled every kAbortPollInterval while calls are outstanding; "" keeps
+  // waiting, anything else is the reason to stop.
+  std::function<std::string()> should_abort;
+  const Drain* drain = nullptr;
+};
+
 class Dispatcher {
  public:
-  // Calls carry `credentials` (the fleet's worker token, TLS).
-  explicit Dispatcher(Credentials credentials = {}) : credentials_(std::move(credentials)) {}
+  // Twice the most workers a fleet may have: beyond one long call (a step) and
+  // one short one (an abort, a probe) per worker, calls wait their turn.
+  static constexpr int kDefaultMaxInFlight = 8192;
+  explicit Dispatcher(StubFactory stubs, int max_in_flight = kDefaultMaxInFlight);
+  ~Dispatcher();
 
   // How often an in-progress fan-out re-evaluates `should_abort`.
   static constexpr absl::Duration kAbortPollInterval = absl::Milliseconds(100);
@@ -55,120 +119,107 @@ class Dispatcher {
   static constexpr absl::Duration kReconnectPause = absl::Milliseconds(200);
   static bool IsConnectFailure(const grpc::Status& s);
 
-  std::shared_ptr<baton::v1::Worker::Stub> StubFor(const std::string& address);
-
-  // Calls `method(stub, ctx, request(i), &response)` for every address in
-  // `addresses`, all at once. `should_abort` returns "" to keep waiting.
-  template <typename Req, typename Resp>
-  std::vector<CallResult<Resp>> Call(
+  // Calls Rpc on every address in `addresses`, `request(i)` to the i-th,
+  // all at once (within the in-flight bound). `abort_reason` (if given)
+  // receives should_abort's reason when it stopped the fan-out.
+  template <typename Rpc>
+  std::vector<CallResult<typename Rpc::Response>> Call(
       const std::vector<std::string>& addresses,
-      const std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const Req&,
-                                       Resp*)>& method,
-      const std::function<Req(size_t)>& request, absl::Duration deadline,
-      const std::function<std::string()>& should_abort, std::string* abort_reason,
-      const Drain* drain = nullptr);
+      const std::function<typename Rpc::Request(size_t)>& request, const FanOut& options,
+      std::string* abort_reason = nullptr);
+
+  // Calls on the wire now, and the most there have been at once.
+  int in_flight() const;
+  int peak_in_flight() const;
 
  private:
-  const Credentials credentials_;
-  absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<baton::v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  struct Slot;
+  struct Batch;
+  struct Launch;
+  // Runs a fan-out whose slots know how to start their calls; returns when
+  // every call has completed.
+  void Run(Batch& batch, const FanOut& options, std::string* abort_reason);
+  // Makes `slot` ready to start (into `launches`, started once the lock is
+  // released: a call may complete on the thread that starts it, and its
+  // callback takes the lock) or queues it behind the in-flight bound.
+  void Submit(Batch* batch, size_t slot, std::vector<Launch>* launches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartLocked(Batch* batch, size_t slot, std::vector<Launch>* launches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void LaunchAll(std::vector<Launch>& launches);
+  // Marks a slot finished with `status` (under the lock).
+  static void FinishSlot(Batch* batch, Slot& slot, grpc::Status status);
+  void OnDone(Batch* batch, size_t slot, grpc::Status status);
+  void CancelBatch(Batch* batch, const std::vector<size_t>& only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<WorkerStub> StubFor(const std::string& address);
+
+  const StubFactory stubs_;
+  const int max_in_flight_;
+  absl::Mutex stubs_mu_;
+  std::map<std::string, std::shared_ptr<WorkerStub>> stub_cache_ ABSL_GUARDED_BY(stubs_mu_);
+
+  mutable absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int peak_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Calls waiting for room, oldest first.
+  std::deque<std::pair<Batch*, size_t>> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
-template <typename Req, typename Resp>
-std::vector<CallResult<Resp>> Dispatcher::Call(
-    const std::vector<std::string>& addresses,
-    const std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const Req&,
-                                     Resp*)>& method,
-    const std::function<Req(size_t)>& request, absl::Duration deadline,
-    const std::function<std::string()>& should_abort, std::string* abort_reason, const Drain* drain) {
-  const size_t n = addresses.size();
-  const absl::Time start = absl::Now();
-  std::vector<CallResult<Resp>> results(n);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-  absl::Mutex done_mu;      // guards done, failed, cancelled and contexts
+// A fan-out's calls. Each slot's `start` begins its call with the slot's
+// context; its request and response live in the typed vectors of Call().
+struct Dispatcher::Slot {
+  enum State { kQueued, kInFlight, kRetryWait, kDone };
+  std::function<void(WorkerStub*, grpc::ClientContext*, std::function<void(grpc::Status)>)> start;
+  std::shared_ptr<WorkerStub> stub;
+  std::unique_ptr<grpc::ClientContext> ctx;
+  State state = kQueued;
+  bool cancelled = false;  // asked to stop; a queued call never starts
+  int attempts = 0;
+  absl::Time retry_at;
+  grpc::Status status;
+  absl::Duration elapsed;
+};
+
+struct Dispatcher::Launch {
+  std::function<void(WorkerStub*, grpc::ClientContext*, std::function<void(grpc::Status)>)>* start;
+  WorkerStub* stub;
+  grpc::ClientContext* ctx;
+  std::function<void(grpc::Status)> done;
+};
+
+struct Dispatcher::Batch {
+  std::vector<Slot> slots;
+  absl::Time start;
+  absl::Time end;  // the fan-out's deadline
   size_t done = 0;
   bool failed = false;
-  bool cancelled = false;
-  std::vector<std::thread> threads;
-  const absl::Time end = absl::Now() + deadline;
-  const auto when = absl::ToChronoTime(end);
+  absl::CondVar changed;
+};
+
+template <typename Rpc>
+std::vector<CallResult<typename Rpc::Response>> Dispatcher::Call(
+    const std::vector<std::string>& addresses, const std::function<typename Rpc::Request(size_t)>& request,
+    const FanOut& options, std::string* abort_reason) {
+  using Req = typename Rpc::Request;
+  const size_t n = addresses.size();
+  std::vector<Req> requests;
+  requests.reserve(n);
+  for (size_t i = 0; i < n; ++i) requests.push_back(request(i));
+  std::vector<CallResult<typename Rpc::Response>> results(n);
+  Batch batch;
+  batch.slots.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    contexts[i] = std::make_unique<grpc::ClientContext>();
-    contexts[i]->set_deadline(when);
-    threads.emplace_back([&, i, stub = StubFor(addresses[i]), req = request(i)] {
-      grpc::Status s;
-      for (int attempt = 0;; ++attempt) {
-        grpc::ClientContext* ctx;
-        {
-          absl::MutexLock lock(&done_mu);
-          if (attempt > 0) {
-            if (cancelled) break;
-            contexts[i] = std::make_unique<grpc::ClientContext>();
-            contexts[i]->set_deadline(when);
-          }
-          ctx = contexts[i].get();
-        }
-        s = method(stub.get(), ctx, req, &results[i].response);
-        if (attempt > 0 || !IsConnectFailure(s) || absl::Now() + kReconnectPause >= end) break;
-        absl::SleepFor(kReconnectPause);
-      }
-      absl::MutexLock lock(&done_mu);
-      results[i].status = s;
-      results[i].elapsed = absl::Now() - start;
-      ++done;
-      failed = failed || !s.ok();
-    });
-  }
-  {
-    absl::MutexLock lock(&done_mu);
-    bool stopping = false;  // a failure was seen
-    absl::Time cancel_at = absl::InfiniteFuture();
-    auto all_done_or_failed = [&] { return done == n || (failed && !stopping); };
-    // Hands the statuses so far to the drain, without holding done_mu.
-    auto run_drain = [&](const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) {
-      std::vector<grpc::Status> so_far;
-      for (const auto& r : results) so_far.push_back(r.status);
-      done_mu.Unlock();
-      std::vector<size_t> hopeless = drain->on_failure(so_far, reason);
-      done_mu.Lock();
-      return hopeless;
+    Slot& s = batch.slots[i];
+    s.stub = StubFor(addresses[i]);
+    s.start = [req = &requests[i], resp = &results[i].response](WorkerStub* stub, grpc::ClientContext* ctx,
+                                                                   std::function<void(grpc::Status)> done) {
+      resp->Clear();
+      Rpc::Start(stub, ctx, req, resp, std::move(done));
     };
-    while (done < n) {
-      done_mu.AwaitWithTimeout(absl::Condition(&all_done_or_failed), kAbortPollInterval);
-      if (cancelled || done == n) continue;
-      if (stopping) {
-        if (absl::Now() < cancel_at) continue;
-        for (auto& ctx : contexts) ctx->TryCancel();
-        cancelled = true;
-        continue;
-      }
-      std::string reason;
-      if (!failed && should_abort) {  // (evaluated without holding done_mu)
-        done_mu.Unlock();
-        reason = should_abort();
-        done_mu.Lock();
-      }
-      if (!failed && reason.empty()) continue;
-      if (abort_reason != nullptr) *abort_reason = reason;
-      stopping = true;
-      if (drain != nullptr) {
-        const std::vector<size_t> hopeless = run_drain(reason);
-        for (size_t i : hopeless) {
-          if (i < n) contexts[i]->TryCancel();
-        }
-        cancel_at = absl::Now() + drain->wait;
-        continue;
-      }
-      for (auto& ctx : contexts) ctx->TryCancel();
-      cancelled = true;
-    }
-    if (failed && !stopping && drain != nullptr) {
-      // Everything returned before the loop saw the failure (the last call
-      // failed, or all failed at once): the workers are still told.
-      run_drain("");
-    }
   }
-  for (auto& t : threads) t.join();
+  Run(batch, options, abort_reason);
+  for (size_t i = 0; i < n; ++i) {
+    results[i].status = batch.slots[i].status;
+    results[i].elapsed = batch.slots[i].elapsed;
+  }
   return results;
 }
 

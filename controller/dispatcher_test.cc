@@ -52,18 +52,16 @@ class FakeWorker final : public baton::v1::Worker::Service {
 using Results = std::vector<CallResult<baton::v1::RunStepResponse>>;
 
 Results RunSteps(Dispatcher& d, const std::vector<std::string>& addresses, const Drain* drain) {
-  std::function<grpc::Status(baton::v1::Worker::Stub*, grpc::ClientContext*, const baton::v1::RunStepRequest&,
-                             baton::v1::RunStepResponse*)>
-      run = [](auto* stub, auto* ctx, const auto& r, auto* out) { return stub->RunStep(ctx, r, out); };
   std::string reason;
-  return d.Call<baton::v1::RunStepRequest, baton::v1::RunStepResponse>(
-      addresses, run, [](size_t) { return baton::v1::RunStepRequest(); }, absl::Seconds(30), nullptr, &reason,
-      drain);
+  FanOut fan_out;
+  fan_out.deadline = absl::Seconds(30);
+  fan_out.drain = drain;
+  return d.Call<RunStepRpc>(addresses, [](size_t) { return baton::v1::RunStepRequest(); }, fan_out, &reason);
 }
 
 TEST(DispatcherTest, EveryCallFailingAtOnceStillReachesTheDrain) {
   FakeWorker a(FakeWorker::kFail), b(FakeWorker::kFail);
-  Dispatcher d;
+  Dispatcher d(GrpcStubFactory({}));
   int drained = 0;
   const Drain drain{[&](const std::vector<grpc::Status>&, const std::string&) {
                       ++drained;
@@ -81,7 +79,7 @@ TEST(DispatcherTest, EveryCallFailingAtOnceStillReachesTheDrain) {
 
 TEST(DispatcherTest, TheOthersReturnByThemselvesOnceTold) {
   FakeWorker failing(FakeWorker::kFail), waiting(FakeWorker::kBlockUntilReleased);
-  Dispatcher d;
+  Dispatcher d(GrpcStubFactory({}));
   const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string&) {
                       EXPECT_EQ(so_far[0].error_code(), grpc::StatusCode::INTERNAL);
                       waiting.release.Notify();  // as the mesh's abort wakes a rank
@@ -100,7 +98,7 @@ TEST(DispatcherTest, TheOthersReturnByThemselvesOnceTold) {
 TEST(DispatcherTest, HopelessCallsAreCancelledAtOnceTheRestAfterTheDrain) {
   FakeWorker failing(FakeWorker::kFail), dead(FakeWorker::kBlockUntilReleased),
       stuck(FakeWorker::kBlockUntilReleased);
-  Dispatcher d;
+  Dispatcher d(GrpcStubFactory({}));
   const Drain drain{[&](const std::vector<grpc::Status>&, const std::string&) { return std::vector<size_t>{1}; },
                     absl::Seconds(1)};
   auto results = RunSteps(d, {failing.address(), dead.address(), stuck.address()}, &drain);

@@ -1,9 +1,6 @@
 #include "controller/event_log.h"
 
-#include <algorithm>
-#include <cstdio>
-
-#include "absl/time/clock.h"
+#include "absl/strings/str_cat.h"
 #include "common/log.h"
 
 namespace baton {
@@ -20,50 +17,66 @@ std::string Cut(const std::string& s, size_t limit, const char* mark) {
 
 }  // namespace
 
-void EventLog::Append(const std::string& kind, const std::string& worker_name, int rank, const std::string& message) {
-  baton::v1::Event e;
-  e.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
-  e.set_kind(kind);
-  // Bounded: a name or message someone sent is cut, not copied whole.
-  e.set_worker_name(Cut(worker_name, kMaxNameBytes, ""));
-  e.set_rank(rank);
-  e.set_message(Cut(message, kMaxMessageBytes, "..."));
+void EventLog::Append(baton::v1::Event e) {
+  e.set_worker(Cut(e.worker(), kMaxNameBytes, ""));
+  e.set_job_id(Cut(e.job_id(), kMaxNameBytes, ""));
+  e.set_mesh_id(Cut(e.mesh_id(), kMaxNameBytes, ""));
+  e.set_detail(Cut(e.detail(), kMaxMessageBytes, "..."));
+  e.set_cause(Cut(e.cause(), kMaxMessageBytes, "..."));
   // Logged before it is numbered: stderr is not written under the lock
   // readers take.
-  LogEvent(kind, e.worker_name(), rank, e.message());
-  {
-    absl::MutexLock lock(&mu_);
-    e.set_sequence(next_sequence_++);
-    events_.push_back(std::move(e));
-    if (events_.size() > kCapacity) events_.pop_front();
+  LogEvent(baton::v1::Event::Kind_Name(e.kind()), e.worker(), e.rank(), DescribeEvent(e));
+  Add(std::move(e));
+}
+
+baton::v1::Event WorkerEvent(baton::v1::Event::Kind kind, const std::string& worker, int rank,
+                             const std::string& detail) {
+  baton::v1::Event e;
+  e.set_kind(kind);
+  e.set_worker(worker);
+  e.set_rank(rank);
+  e.set_detail(detail);
+  return e;
+}
+
+baton::v1::Event MeshEvent(baton::v1::Event::Kind kind, const baton::v1::Mesh& mesh, const std::string& cause) {
+  baton::v1::Event e;
+  e.set_kind(kind);
+  e.set_rank(-1);
+  e.set_mesh_id(mesh.mesh_id());
+  e.set_job_id(mesh.job_id());
+  if (kind == baton::v1::Event::MESH_ABORTED) {
+    e.set_cause(cause);
+  } else {
+    e.set_detail(cause);
   }
-  absl::MutexLock lock(&subscribers_mu_);
-  for (const auto& [id, notify] : subscribers_) notify();
+  return e;
 }
 
-int EventLog::Subscribe(std::function<void()> notify) {
-  absl::MutexLock lock(&subscribers_mu_);
-  const int id = next_subscriber_++;
-  subscribers_[id] = std::move(notify);
-  return id;
+baton::v1::Event JobEvent(baton::v1::Event::Kind kind, const std::string& job_id, int step, const std::string& detail,
+                          const std::string& cause) {
+  baton::v1::Event e;
+  e.set_kind(kind);
+  e.set_rank(-1);
+  e.set_job_id(job_id);
+  e.set_step(step);
+  e.set_detail(detail);
+  e.set_cause(cause);
+  return e;
 }
 
-void EventLog::Unsubscribe(int id) {
-  absl::MutexLock lock(&subscribers_mu_);
-  subscribers_.erase(id);
-}
-
-std::vector<baton::v1::Event> EventLog::After(int64_t after, absl::Duration timeout, size_t limit) {
-  absl::MutexLock lock(&mu_);
-  auto has_new = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_sequence_ - 1 > after; };
-  mu_.AwaitWithTimeout(absl::Condition(&has_new), timeout);
-  std::vector<baton::v1::Event> out;
-  // The newest `limit` of those after `after`.
-  auto first = std::partition_point(events_.begin(), events_.end(),
-                                    [after](const baton::v1::Event& e) { return e.sequence() <= after; });
-  if (static_cast<size_t>(events_.end() - first) > limit) first = events_.end() - static_cast<std::ptrdiff_t>(limit);
-  out.assign(first, events_.end());
-  return out;
+std::string DescribeEvent(const baton::v1::Event& e) {
+  std::string s;
+  auto field = [&](const char* name, const std::string& value) {
+    if (!value.empty()) absl::StrAppend(&s, s.empty() ? "" : " ", name, "=", value);
+  };
+  field("worker", e.worker());
+  field("job", e.job_id());
+  field("mesh", e.mesh_id());
+  if (e.step() > 0) field("step", absl::StrCat(e.step()));
+  if (!e.detail().empty()) absl::StrAppend(&s, s.empty() ? "" : ": ", e.detail());
+  if (!e.cause().empty()) absl::StrAppend(&s, s.empty() ? "" : " ", "(cause: ", e.cause(), ")");
+  return s;
 }
 
 }  // namespace baton

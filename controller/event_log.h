@@ -1,48 +1,41 @@
 // EventLog: what happened in the fleet, in order (registrations, deaths,
-// meshes, checks), for `Watch` streams and for explaining failures.
+// meshes, checks, jobs, checkpoints), as typed events (proto EventKind with
+// structured fields) for `Watch` streams, the status page and for explaining
+// failures. Each event is also written to the controller's log.
 // Thread-safe; keeps the most recent kCapacity events.
 #ifndef BATON_CONTROLLER_EVENT_LOG_H_
 #define BATON_CONTROLLER_EVENT_LOG_H_
 
-#include <deque>
-#include <functional>
-#include <map>
 #include <string>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
+#include "controller/sequenced_log.h"
 #include "proto/controller.pb.h"
+#include "proto/mesh.pb.h"
 
 namespace baton {
 
-class EventLog {
+class EventLog : public SequencedLog<baton::v1::Event> {
  public:
   static constexpr size_t kCapacity = 10000;
-  // Per event: at most 10000 x ~1.2 KiB held.
+  // Per event: at most 10000 x ~2.5 KiB held.
   static constexpr size_t kMaxMessageBytes = 1024;
   static constexpr size_t kMaxNameBytes = 128;
 
-  void Append(const std::string& kind, const std::string& worker_name, int rank,
-              const std::string& message);
-  // Events with sequence > after, at most `limit` (the newest of them);
-  // waits up to `timeout` when there are none.
-  std::vector<baton::v1::Event> After(int64_t after, absl::Duration timeout, size_t limit = kCapacity);
+  EventLog() : SequencedLog(kCapacity) {}
 
-  // `notify` runs after every Append (on the appending thread, never under
-  // the log's lock, never after Unsubscribe returned). It must not block.
-  int Subscribe(std::function<void()> notify);
-  void Unsubscribe(int id);
-
- private:
-  absl::Mutex mu_;
-  absl::Mutex subscribers_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  std::map<int, std::function<void()>> subscribers_ ABSL_GUARDED_BY(subscribers_mu_);
-  int next_subscriber_ ABSL_GUARDED_BY(subscribers_mu_) = 1;
-  std::deque<baton::v1::Event> events_ ABSL_GUARDED_BY(mu_);
-  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  // Bounds every string of `e` (a name or cause someone sent is cut at a
+  // UTF-8 boundary, not copied whole), logs it, numbers and keeps it.
+  void Append(baton::v1::Event e);
 };
+
+// Events about a worker, a mesh and a job; `rank` is the worker's fleet rank.
+baton::v1::Event WorkerEvent(baton::v1::Event::Kind kind, const std::string& worker, int rank, const std::string& detail);
+baton::v1::Event MeshEvent(baton::v1::Event::Kind kind, const baton::v1::Mesh& mesh, const std::string& cause);
+baton::v1::Event JobEvent(baton::v1::Event::Kind kind, const std::string& job_id, int step, const std::string& detail,
+                          const std::string& cause = "");
+
+// "KIND worker=W job=J mesh=M step=S: DETAIL (cause: C)", for logs.
+std::string DescribeEvent(const baton::v1::Event& e);
 
 }  // namespace baton
 

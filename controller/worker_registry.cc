@@ -62,7 +62,7 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
   }
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(info.name());
-  std::string kind = "worker_registered";
+  baton::v1::Event::Kind kind = baton::v1::Event::WORKER_REGISTERED;
   int rank;
   if (it == workers_.end()) {
     if (workers_.size() >= kMaxWorkers) {
@@ -80,7 +80,7 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
   } else {
     rank = it->second.info.rank();
     if (it->second.info.state() == baton::v1::DEAD) {
-      kind = "worker_rejoined";
+      kind = baton::v1::Event::WORKER_REJOINED;
     } else if (it->second.info.incarnation() == info.incarnation() &&
                it->second.info.address() != info.address()) {
       // The same instance does not move while alive: someone else is
@@ -105,7 +105,7 @@ absl::StatusOr<int> WorkerRegistry::Register(const baton::v1::WorkerInfo& info) 
   r.info.set_state(baton::v1::REGISTERED);
   r.last_heartbeat = clock_();
   if (events_ != nullptr) {
-    events_->Append(kind, info.name(), rank, absl::StrCat("at ", info.address(), " pid ", info.pid()));
+    events_->Append(WorkerEvent(kind, info.name(), rank, absl::StrCat("at ", info.address(), " pid ", info.pid())));
   }
   return rank;
 }
@@ -128,8 +128,8 @@ std::vector<std::string> WorkerRegistry::SweepDead() {
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (it->second.info.state() == baton::v1::DEAD && now - it->second.last_heartbeat > heartbeat_timeout_ + forget_after_) {
       if (events_ != nullptr) {
-        events_->Append("worker_forgotten", it->first, it->second.info.rank(),
-                        absl::StrCat("dead for more than ", absl::FormatDuration(forget_after_)));
+        events_->Append(WorkerEvent(baton::v1::Event::WORKER_FORGOTTEN, it->first, it->second.info.rank(),
+                                    absl::StrCat("dead for more than ", absl::FormatDuration(forget_after_))));
       }
       it = workers_.erase(it);
     } else {
@@ -142,10 +142,11 @@ std::vector<std::string> WorkerRegistry::SweepDead() {
       r.info.set_state(baton::v1::DEAD);
       dead.push_back(name);
       if (events_ != nullptr) {
-        events_->Append("worker_dead", name, r.info.rank(),
-                        absl::StrFormat("no heartbeat for %.1f s (timeout %.1f s)",
-                                        absl::ToDoubleSeconds(now - r.last_heartbeat),
-                                        absl::ToDoubleSeconds(heartbeat_timeout_)));
+        baton::v1::Event e = WorkerEvent(baton::v1::Event::WORKER_DEAD, name, r.info.rank(), "");
+        e.set_cause(absl::StrFormat("no heartbeat for %.1f s (timeout %.1f s)",
+                                    absl::ToDoubleSeconds(now - r.last_heartbeat),
+                                    absl::ToDoubleSeconds(heartbeat_timeout_)));
+        events_->Append(std::move(e));
       }
     }
   }

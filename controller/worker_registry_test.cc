@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
+
 namespace baton {
 namespace {
 
@@ -94,9 +96,11 @@ TEST_F(WorkerRegistryTest, EventsRecordTheLifecycle) {
   registry_.Register(Worker("w-a", "i2"));
   auto events = events_.After(0, absl::ZeroDuration());
   ASSERT_EQ(events.size(), 3u);
-  EXPECT_EQ(events[0].kind(), "worker_registered");
-  EXPECT_EQ(events[1].kind(), "worker_dead");
-  EXPECT_EQ(events[2].kind(), "worker_rejoined");
+  EXPECT_EQ(events[0].kind(), baton::v1::Event::WORKER_REGISTERED);
+  EXPECT_EQ(events[1].kind(), baton::v1::Event::WORKER_DEAD);
+  EXPECT_EQ(events[1].worker(), "w-a");
+  EXPECT_TRUE(absl::StrContains(events[1].cause(), "no heartbeat for 5.0 s")) << events[1].cause();
+  EXPECT_EQ(events[2].kind(), baton::v1::Event::WORKER_REJOINED);
 }
 
 }  // namespace

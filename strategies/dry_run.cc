@@ -12,11 +12,13 @@
 
 namespace baton {
 
-absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
-  const baton::v1::JobSpec job = WithDefaults(spec);
-  auto compiled = CompileJob(job, "plan");  // validates the job first
+namespace {
+
+// PlanJob, keeping the model layout for the presentation.
+absl::StatusOr<JobPlan> Plan(const baton::v1::JobSpec& job, const std::string& job_id, ModelLayout* model) {
+  auto compiled = CompileJob(job, job_id);  // validates the job first
   if (!compiled.ok()) return compiled.status();
-  DryRun plan;
+  JobPlan plan;
   plan.programs = std::move(compiled->programs);
   // What every worker will check before it runs its Program: a plan that
   // fails here is the planner's bug, refused before any worker is touched.
@@ -31,8 +33,32 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
   plan.theory = std::move(*theory);
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();
-  const ModelLayout& model = compiled->model;
   plan.pipeline = std::move(compiled->pipeline);
+  if (plan.pipeline.enabled) plan.timeline = std::move(compiled->timeline);
+  for (int rank = 0; rank < mesh->size(); ++rank) {
+    plan.idle_fraction.push_back(
+        plan.timeline ? plan.timeline->idle_fraction[*mesh->LocalRank(plan.pipeline.axis, rank)] : 0.0);
+    plan.max_idle_fraction = std::max(plan.max_idle_fraction, plan.idle_fraction.back());
+  }
+  if (model != nullptr) *model = std::move(compiled->model);
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<JobPlan> PlanJob(const baton::v1::JobSpec& spec, const std::string& job_id) {
+  return Plan(WithDefaults(spec), job_id, nullptr);
+}
+
+absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
+  const baton::v1::JobSpec job = WithDefaults(spec);
+  ModelLayout model;
+  auto planned = Plan(job, "plan", &model);
+  if (!planned.ok()) return planned.status();
+  DryRun plan;
+  static_cast<JobPlan&>(plan) = std::move(*planned);
+  auto mesh = ToDeviceMesh(job.mesh());
+  if (!mesh.ok()) return mesh.status();
   for (int c = 0; c < plan.pipeline.chunks(); ++c) {
     std::vector<std::string> units;
     for (int s : plan.pipeline.StagesOf(c)) {
@@ -42,7 +68,6 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
     plan.chunks.push_back(absl::StrJoin(units, ", "));
   }
   if (plan.pipeline.enabled) {
-    plan.timeline = std::move(compiled->timeline);
     plan.bubble_formula = BubbleFraction(plan.pipeline.size, plan.pipeline.virtual_stages, job.data().microbatches());
   }
   for (int rank = 0; rank < mesh->size(); ++rank) {
@@ -50,9 +75,6 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
     std::vector<std::string> parts;
     for (int a = 0; a < mesh->ndim(); ++a) parts.push_back(absl::StrCat(mesh->axes()[a].name, "=", coords[a]));
     plan.coordinates.push_back(absl::StrJoin(parts, ","));
-    plan.idle_fraction.push_back(
-        plan.timeline ? plan.timeline->idle_fraction[*mesh->LocalRank(plan.pipeline.axis, rank)] : 0.0);
-    plan.max_idle_fraction = std::max(plan.max_idle_fraction, plan.idle_fraction.back());
   }
   return plan;
 }

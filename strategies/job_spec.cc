@@ -1,5 +1,6 @@
 #include "strategies/job_spec.h"
 
+#include <set>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +64,7 @@ JobSpec WithDefaults(JobSpec job) {
   if (data->source_case() == baton::v1::DataSpec::SOURCE_NOT_SET) data->mutable_synthetic();
   if (!data->has_microbatches()) data->set_microbatches(1);
   if (!job.has_threads_per_rank()) job.set_threads_per_rank(1);
+  if (!job.checkpoint().has_max_failures()) job.mutable_checkpoint()->set_max_failures(kDefaultCheckpointMaxFailures);
   return job;
 }
 
@@ -138,11 +140,27 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (ck.every_n_steps() < 0 || ck.keep_last() < 0) {
     return Invalid("checkpoint.every_n_steps and checkpoint.keep_last must not be negative");
   }
+  if (ck.has_max_failures() && (ck.max_failures() < 1 || ck.max_failures() > kMaxCheckpointFailures)) {
+    return Invalid(absl::StrCat("checkpoint.max_failures must be in [1, ", kMaxCheckpointFailures, "]"));
+  }
   if ((ck.every_n_steps() > 0 || ck.keep_last() > 0 || ck.async()) && ck.dir().empty()) {
     return Invalid("checkpoint.dir is missing (where the checkpoints go)");
   }
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
+  if (job.workers_size() > 0) {
+    std::set<std::string> named;
+    if (job.workers_size() != MeshSize(job)) {
+      return Invalid(absl::StrCat("workers names ", job.workers_size(), " workers but the mesh has ", MeshSize(job),
+                                  " ranks"));
+    }
+    for (int i = 0; i < job.workers_size(); ++i) {
+      if (job.workers(i).empty() || job.workers(i).size() > kMaxNameBytes) {
+        return Invalid(absl::StrCat("workers[", i, "] must be a worker name of 1 to ", kMaxNameBytes, " bytes"));
+      }
+      if (!named.insert(job.workers(i)).second) return Invalid(absl::StrCat("workers names ", job.workers(i), " twice"));
+    }
+  }
   const auto mode = job.plan().mode();
   // proto3 enums are open: a number no name stands for must not slip through.
   if (!baton::v1::ParallelMode_IsValid(mode)) {

@@ -22,6 +22,8 @@ inline constexpr int kMaxStyleRules = 1024;
 inline constexpr int kMaxSplitEntries = 4096;
 inline constexpr int kMaxSteps = 1000000000;
 inline constexpr int kMaxThreadsPerRank = 256;
+inline constexpr int kDefaultCheckpointMaxFailures = 3;
+inline constexpr int kMaxCheckpointFailures = 1000000;
 
 // Parses text (JSON when `json`, else textproto), applies defaults and
 // validates.

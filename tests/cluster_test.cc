@@ -386,14 +386,14 @@ TEST(ClusterTest, WatchStreamsFleetEvents) {
   auto s = (*client)->Watch(
       0,
       [&](const baton::v1::Event& e) {
-        kinds[e.kind()]++;
+        kinds[baton::v1::Event::Kind_Name(e.kind())]++;
         last_sequence = e.sequence();
-        return kinds["mesh_created"] == 0;
+        return kinds["MESH_CREATED"] == 0;
       },
       absl::Seconds(10));
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(kinds["worker_registered"], 2);
-  EXPECT_EQ(kinds["mesh_created"], 1);
+  EXPECT_EQ(kinds["WORKER_REGISTERED"], 2);
+  EXPECT_EQ(kinds["MESH_CREATED"], 1);
   // A stream that waits gets the next event as it happens.
   std::string live;
   absl::Time seen;
@@ -401,7 +401,7 @@ TEST(ClusterTest, WatchStreamsFleetEvents) {
     auto w = (*client)->Watch(
         last_sequence,  // after every event so far
         [&](const baton::v1::Event& e) {
-          live = e.kind();
+          live = baton::v1::Event::Kind_Name(e.kind());
           seen = absl::Now();
           return false;
         },
@@ -414,14 +414,14 @@ TEST(ClusterTest, WatchStreamsFleetEvents) {
   watcher.join();
   std::printf("live event %s arrived %.3f s after CreateMesh began\n", live.c_str(),
               absl::ToDoubleSeconds(seen - formed));
-  EXPECT_EQ(live, "mesh_aborted");  // the dp=2 mesh makes way for dp=1
+  EXPECT_EQ(live, "MESH_ABORTED");  // the idle dp=2 mesh makes way for dp=1
   // The CLI prints the same stream.
   auto watch = RunCommand({Baton(), "watch", "--controller=" + cluster->controller_address(), "--seconds=1"},
                           absl::Seconds(20));
   std::printf("baton watch:\n%s", watch.output.c_str());
   EXPECT_EQ(watch.exit_code, 0);
-  EXPECT_TRUE(absl::StrContains(watch.output, "worker_registered")) << watch.output;
-  EXPECT_TRUE(absl::StrContains(watch.output, "mesh_created")) << watch.output;
+  EXPECT_TRUE(absl::StrContains(watch.output, "WORKER_REGISTERED")) << watch.output;
+  EXPECT_TRUE(absl::StrContains(watch.output, "MESH_CREATED")) << watch.output;
   ExpectAllGone(*cluster);
 }
 

@@ -181,8 +181,8 @@ TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
   ASSERT_TRUE(client.ok());
   auto status = (*client)->Status();
   ASSERT_TRUE(status.ok());
-  EXPECT_FALSE(status->has_mesh());
-  EXPECT_FALSE(status->has_job());
+  EXPECT_EQ(status->meshes_size(), 0);
+  EXPECT_EQ(status->jobs_size(), 0);
   for (const auto& w : status->workers()) EXPECT_EQ(w.state(), baton::v1::REGISTERED) << w.name();
   StopAndExpectAllGone(*cluster);
 }
@@ -198,14 +198,15 @@ TEST(JobTest, HostileProgramsAreRefusedAndTheWorkerKeepsServing) {
   ASSERT_EQ(first.exit_code, 0) << first.output;
   auto client = Client::Connect(cluster->controller_address());
   ASSERT_TRUE(client.ok());
-  auto status = (*client)->Status();
-  ASSERT_TRUE(status.ok() && status->has_mesh());
+  // A job's mesh goes with it: the Programs go to a mesh formed for them.
+  auto mesh = (*client)->CreateMesh("dp=2");
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
   auto job = ParseJobSpec(testing::ReadFile(file), false);
   ASSERT_TRUE(job.ok()) << job.status();
   auto programs = CompilePrograms(*job, "hostile");
   ASSERT_TRUE(programs.ok());
   const baton::v1::Program good = (*programs)[0];
-  auto worker = baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, status->mesh().worker_addresses(0)));
+  auto worker = baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, mesh->worker_addresses(0)));
   struct Case {
     std::string what, expect;
     std::function<void(baton::v1::Program*)> mutate;
@@ -231,7 +232,7 @@ TEST(JobTest, HostileProgramsAreRefusedAndTheWorkerKeepsServing) {
   };
   for (const Case& c : cases) {
     baton::v1::LoadProgramRequest req;
-    req.set_epoch(status->mesh().epoch());
+    req.set_epoch(mesh->epoch());
     *req.mutable_program() = good;
     c.mutate(req.mutable_program());
     grpc::ClientContext ctx;
@@ -294,7 +295,9 @@ TEST(JobTest, WorkerKilledMidJobFailsTheRunNamingIt) {
   ASSERT_TRUE(client.ok());
   auto status = (*client)->Status();
   ASSERT_TRUE(status.ok());
-  EXPECT_EQ(status->job().state(), baton::v1::JOB_FAILED) << status->job().DebugString();
+  ASSERT_GT(status->jobs_size(), 0);
+  const baton::v1::JobStatus& job = status->jobs(status->jobs_size() - 1);
+  EXPECT_EQ(job.state(), baton::v1::JOB_FAILED) << job.DebugString();
   StopAndExpectAllGone(*cluster);
 }
 

@@ -38,7 +38,9 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Prog
                        "this worker's communicator along \"", axis.name, "\" serves"));
     }
   }
-  auto data = DataSource::Open(program.data(), program.model(), program.seed());
+  // The data stream: a resumed job reads on where the saved run stopped.
+  auto data = DataSource::Open(program.data(), program.model(),
+                               program.has_data_seed() ? program.data_seed() : program.seed());
   if (!data.ok()) return data.status();
   std::unique_ptr<Executor> e(new Executor(program, Groups(*mesh, program.rank(), std::move(comms))));
   try {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -42,6 +43,9 @@ ABSL_FLAG(int64_t, heartbeat_interval_ms, 500, "Heartbeat period.");
 ABSL_FLAG(int64_t, register_timeout_ms, 30000,
           "Give up (exit 1) if the controller cannot be reached for this long.");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "Largest gRPC message accepted.");
+ABSL_FLAG(int64_t, controller_reconnect_max_ms, 1000,
+          "Longest pause between attempts to reach a controller that went away: a restarted controller has its "
+          "workers back within about this long plus one heartbeat (gRPC's own backoff grows to minutes).");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Checkpoint files are read and written only under this directory (default: the working directory).");
 ABSL_FLAG(std::string, data_root, "",
@@ -138,6 +142,10 @@ int Main(int argc, char** argv) {
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_message_bytes)));
+  const int reconnect_max_ms = static_cast<int>(std::max<int64_t>(100, absl::GetFlag(FLAGS_controller_reconnect_max_ms)));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, reconnect_max_ms));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, reconnect_max_ms));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, reconnect_max_ms);
   auto channel = MakeChannel(controller, *credentials, args);
   std::shared_ptr<baton::v1::Registry::Stub> registry = baton::v1::Registry::NewStub(channel);
   GrpcRendezvous rendezvous(registry);

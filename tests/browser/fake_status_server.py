@@ -64,31 +64,31 @@ class State:
             })
         events = [
             {"sequence": str(i + 1), "time_unix_ms": str(int((self.t0 - 30 + i) * 1000)),
-             "kind": "worker_registered", "worker_name": n, "rank": i,
-             "message": "registered at 127.0.0.1:%d" % (50051 + i)}
+             "kind": "WORKER_REGISTERED", "worker": n, "rank": i,
+             "detail": "at 127.0.0.1:%d" % (50051 + i)}
             for i, n in enumerate(names)
         ]
         events.append({"sequence": str(len(events) + 1),
                        "time_unix_ms": str(int((self.t0 - 5) * 1000)),
-                       "kind": "mesh_created", "worker_name": "", "rank": 0,
-                       "message": "mesh m-1 dp=%d,tp=%d" % (dp, tp)})
+                       "kind": "MESH_CREATED", "worker": "", "rank": -1, "mesh_id": "m-1",
+                       "job_id": "job-1", "detail": "dp=%d,tp=%d" % (dp, tp)})
         # Markup in data must show as text, not become elements.
         events.append({"sequence": str(len(events) + 1),
                        "time_unix_ms": str(int(self.t0 * 1000)),
-                       "kind": "job_created", "worker_name": "", "rank": 0,
-                       "message": "job <b>demo</b> & <img src=x> created"})
+                       "kind": "JOB_STARTED", "worker": "", "rank": -1, "job_id": "job-1",
+                       "detail": "job <b>demo</b> & <img src=x> started"})
         return {
             "workers": workers,
-            "mesh": {"mesh_id": "m-1", "epoch": "1",
-                     "axes": [{"name": "dp", "size": dp}, {"name": "tp", "size": tp}],
-                     "worker_names": names,
-                     "worker_addresses": [w["address"] for w in workers]},
+            "meshes": [{"mesh_id": "m-1", "epoch": "1", "job_id": "job-1",
+                        "axes": [{"name": "dp", "size": dp}, {"name": "tp", "size": tp}],
+                        "worker_names": names,
+                        "worker_addresses": [w["address"] for w in workers]}],
             "heartbeat_timeout_ms": "3000",
-            "job": {"job_id": "job-1", "name": "demo <llama>", "state":
-                    "JOB_RUNNING" if step < self.total_steps else "JOB_FINISHED",
-                    "step": step, "steps": self.total_steps, "error": "",
-                    "last": history[-1], "start_step": 0},
-            "history": history,
+            "jobs": [{"job_id": "job-1", "name": "demo <llama>", "state":
+                      "JOB_RUNNING" if step < self.total_steps else "JOB_FINISHED",
+                      "step": step, "steps": self.total_steps, "error": "", "detached": True,
+                      "mesh_id": "m-1", "workers": names, "last": history[-1], "start_step": 0}],
+            "histories": [{"job_id": "job-1", "steps": history}],
             "events": events[-50:],
         }
 

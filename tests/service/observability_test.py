@@ -128,7 +128,8 @@ def wait_job_running(fleet, at_least_step, run):
     while time.time() < DEADLINE:
         if run.poll() is not None:
             raise RuntimeError("baton run ended (exit %d) before step %d" % (run.returncode, at_least_step))
-        job = fleet.status().get("job") or {}
+        jobs = fleet.status().get("jobs") or [{}]
+        job = jobs[-1]
         if int(field(job, "step") or 0) >= at_least_step:
             return job
         time.sleep(0.2)
@@ -178,7 +179,7 @@ def prometheus_part(fleet, tmp, example):
         finally:
             stop_proc(job)
         check(job.returncode == 0, "the 20-step job ran (exit %s)" % job.returncode)
-        st = fleet.status()["job"]
+        st = fleet.status()["jobs"][-1]
         job_id = field(st, "job_id", "jobId")
         step = int(field(st, "step"))
         comm = int(field(st, "comm_bytes_total", "commBytesTotal") or 0)

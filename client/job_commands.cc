@@ -1,0 +1,252 @@
+// `baton plan | run | submit | logs | jobs | stop`: jobs, attached (run:
+// this process steps it and holds its lease) or detached (submit: the
+// controller runs it; logs follows it).
+#include <signal.h>
+
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/cli.h"
+#include "client/job.h"
+#include "client/plan_output.h"
+#include "client/step_output.h"
+#include "common/json.h"
+#include "common/process.h"
+#include "common/text.h"
+#include "strategies/dry_run.h"
+
+namespace baton {
+namespace {
+
+// A Step call's own deadline (a step is minutes at most; the collective
+// timeout ends a hung one long before).
+constexpr absl::Duration kStepCallDeadline = absl::Minutes(30);
+// `logs --follow` across a controller restart: how long it waits for the
+// controller to answer again.
+constexpr absl::Duration kReconnectWait = absl::Seconds(60);
+
+bool Ended(baton::v1::JobState s) {
+  return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
+}
+
+// The request of `run` and `submit`.
+std::optional<baton::v1::CreateJobRequest> JobRequest(const std::string& command, const std::string& path) {
+  auto job = LoadJobOrExplain(command, path);
+  if (!job) return std::nullopt;
+  if (!absl::GetFlag(FLAGS_resume).empty()) job->set_resume_from(absl::GetFlag(FLAGS_resume));
+  baton::v1::CreateJobRequest create;
+  *create.mutable_job() = *job;
+  auto backend = BackendFromFlag();
+  if (!backend.ok()) {
+    std::fprintf(stderr, "baton %s: %s\n", command.c_str(), std::string(backend.status().message()).c_str());
+    return std::nullopt;
+  }
+  create.set_backend(*backend);
+  create.set_lease_ms(absl::GetFlag(FLAGS_lease_ms));
+  return create;
+}
+
+void PrintTheory(const baton::v1::CreateJobResponse& created) {
+  std::fprintf(stderr,
+               "%s \"%s\": %lld parameters, %d ranks; theory per rank: comm %lld B/step, state %lld B, peak "
+               "unsharded %lld B\n",
+               created.job().job_id().c_str(), Printable(created.job().name()).c_str(),
+               static_cast<long long>(created.parameters()), created.job().workers_needed(),
+               static_cast<long long>(created.expected_comm_bytes()),
+               static_cast<long long>(created.expected_state_bytes()),
+               static_cast<long long>(created.expected_peak_unsharded_param_bytes()));
+}
+
+}  // namespace
+
+// The dry run: compiles the job as the controller would and prints what it
+// predicts, without starting any worker.
+int Plan(const std::string& path) {
+  auto job = LoadJobOrExplain("plan", path);
+  if (!job) return kUsage;
+  auto plan = PlanDryRun(*job);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "baton plan: %s\n", plan.status().ToString().c_str());
+    return kUsage;
+  }
+  if (JsonOutput()) {
+    std::printf("%s\n", FormatPlanJson(*job, *plan).c_str());
+  } else {
+    std::printf("%s", FormatPlan(*job, *plan, absl::GetFlag(FLAGS_explain)).c_str());
+  }
+  return 0;
+}
+
+int Run(const std::string& path) {
+  // A bad job file fails here, before any worker is touched.
+  auto create = JobRequest("run", path);
+  if (!create) return kUsage;
+  // Ctrl-C stops the job after the step in flight instead of orphaning it.
+  sigset_t signals = BlockTerminationSignals();
+  const bool json = JsonOutput();
+  auto client = ConnectFromFlag();
+  if (!client.ok()) return Fail("run", client.status());
+  auto created = (*client)->CreateJob(*create);
+  if (!created.ok()) return Fail("run", created.status());
+  const std::string job_id = created->job().job_id();
+  const int steps = create->job().steps();
+  std::fprintf(stderr, "%s on %s [%s]\n", job_id.c_str(), created->job().mesh_id().c_str(),
+               absl::StrJoin(created->job().workers(), ", ").c_str());
+  PrintTheory(*created);
+  if (created->has_restored()) {
+    const auto& r = created->restored();
+    if (json) {
+      std::printf("{\"restored\":%s}\n", ProtoToJson(r).c_str());
+    } else {
+      std::printf("restored %s: step %d, %lld bytes read in %.3f s\n", r.path().c_str(), r.step(),
+                  static_cast<long long>(r.bytes()), r.seconds());
+    }
+  }
+  ProgressBar progress(steps, json);
+  baton::v1::StepMetrics last;
+  int failed_saves = 0;
+  for (int step = created->job().step() + 1; step <= steps; ++step) {
+    timespec no_wait{0, 0};
+    if (int sig = sigtimedwait(&signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
+      progress.Finish();
+      auto stopped = (*client)->StopJob(job_id);
+      std::fprintf(stderr, "baton run: interrupted; job %s %s\n", job_id.c_str(),
+                   stopped.ok() ? "stopped" : stopped.status().ToString().c_str());
+      return 1;
+    }
+    baton::v1::StepRequest req;
+    req.set_job_id(job_id);
+    req.set_steps(1);
+    req.set_timeout_ms(absl::GetFlag(FLAGS_step_timeout_ms));
+    auto resp = (*client)->Step(req, kStepCallDeadline);
+    if (!resp.ok()) {
+      progress.Finish();
+      const absl::Status why = Job::ExplainLostCall(client->get(), job_id, resp.status());
+      std::fprintf(stderr, "baton run: %s\n", why.ToString().c_str());
+      std::printf("run FAILED at step %d: %s\n", step, why.ToString().c_str());
+      return 1;
+    }
+    for (const auto& m : resp->metrics()) {
+      progress.Finish();
+      std::printf("%s\n", FormatStep(m, steps, json).c_str());
+      last = m;
+    }
+    for (const auto& c : resp->checkpoints()) std::printf("%s\n", FormatCheckpoint(c, json).c_str());
+    for (const auto& e : resp->checkpoint_errors()) {
+      std::printf("%s\n", FormatCheckpointError(e, json).c_str());
+      ++failed_saves;
+    }
+    std::fflush(stdout);
+    progress.Update(step, last);
+  }
+  progress.Finish();
+  if (create->job().checkpoint().async()) {
+    // The last async save is published before the run ends.
+    auto waited = (*client)->WaitCheckpoint(job_id);
+    if (!waited.ok()) {
+      std::printf("%s\n", FormatCheckpointError(std::string(waited.status().message()), json).c_str());
+      ++failed_saves;
+    } else if (waited->checkpoint().step() > 0) {
+      std::printf("%s\n", FormatCheckpoint(waited->checkpoint(), json).c_str());
+    }
+  }
+  if (last.step() > 0) {
+    std::printf("%s%s", FormatMeasuredVsPredicted(*created, last, json).c_str(), json ? "\n" : "");
+  }
+  if (failed_saves > 0) {
+    std::fprintf(stderr, "baton run: the job ran to its end but %d checkpoint saves failed\n", failed_saves);
+    return 1;
+  }
+  return 0;
+}
+
+int Submit(const std::string& path) {
+  auto create = JobRequest("submit", path);
+  if (!create) return kUsage;
+  auto client = ConnectFromFlag();
+  if (!client.ok()) return Fail("submit", client.status());
+  auto submitted = (*client)->Submit(*create);
+  if (!submitted.ok()) return Fail("submit", submitted.status());
+  if (JsonOutput()) {
+    std::printf("%s\n", ProtoToJson(*submitted).c_str());
+  } else {
+    PrintTheory(*submitted);
+    std::printf("%s\n", submitted->job().job_id().c_str());
+  }
+  return 0;
+}
+
+int Logs(const std::string& job_id) {
+  auto client = ConnectFromFlag();
+  if (!client.ok()) return Fail("logs", client.status());
+  auto job = (*client)->GetJob(job_id);
+  if (!job.ok()) return Fail("logs", job.status());
+  const bool json = JsonOutput(), follow = absl::GetFlag(FLAGS_follow);
+  int64_t after = 0;
+  baton::v1::JobState last_state = job->state();
+  // Followed across a controller that restarts: the stream is taken up
+  // again after the last entry printed.
+  absl::Time give_up = absl::Now() + kReconnectWait;
+  while (true) {
+    absl::Status s = (*client)->Logs(job_id, after, follow, [&](const baton::v1::JobLogEntry& e) {
+      std::printf("%s\n", FormatLogEntry(e, job->steps(), json).c_str());
+      std::fflush(stdout);
+      after = e.sequence();
+      if (e.has_state()) last_state = e.state().state();
+      give_up = absl::Now() + kReconnectWait;
+      return true;
+    });
+    if (s.ok() || !follow || Ended(last_state)) {
+      if (!s.ok()) return Fail("logs", s);
+      break;
+    }
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > give_up) return Fail("logs", s);
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  if (!follow) return 0;
+  auto final_status = (*client)->GetJob(job_id);
+  if (final_status.ok()) last_state = final_status->state();
+  return last_state == baton::v1::JOB_FINISHED ? 0 : 1;
+}
+
+int Jobs() {
+  auto client = ConnectFromFlag();
+  if (!client.ok()) return Fail("jobs", client.status());
+  auto jobs = (*client)->Jobs();
+  if (!jobs.ok()) return Fail("jobs", jobs.status());
+  if (JsonOutput()) {
+    baton::v1::ListJobsResponse list;
+    for (const auto& j : *jobs) *list.add_jobs() = j;
+    std::printf("%s\n", ProtoToJson(list).c_str());
+    return 0;
+  }
+  std::printf("%-12s %-24s %-11s %-11s %-9s %-12s %-9s %s\n", "ID", "NAME", "STATE", "STEP", "KIND", "MESH", "SPEC",
+              "WORKERS");
+  for (const auto& j : *jobs) {
+    std::string spec;
+    for (const auto& a : j.mesh()) absl::StrAppend(&spec, spec.empty() ? "" : ",", Printable(a.name(), 16), "=", a.size());
+    std::printf("%-12s %-24s %-11s %-11s %-9s %-12s %-9s %s\n", j.job_id().c_str(),
+                absl::StrCat("\"", Printable(j.name(), 22), "\"").c_str(),
+                baton::v1::JobState_Name(j.state()).substr(4).c_str(), absl::StrCat(j.step(), "/", j.steps()).c_str(),
+                j.detached() ? "detached" : "attached", j.mesh_id().empty() ? "-" : j.mesh_id().c_str(), spec.c_str(),
+                j.workers().empty() ? "-" : absl::StrJoin(j.workers(), ",").c_str());
+    if (!j.error().empty()) std::printf("             %s\n", Printable(j.error(), 1024).c_str());
+  }
+  return 0;
+}
+
+int StopCommand(const std::string& job_id) {
+  auto client = ConnectFromFlag();
+  if (!client.ok()) return Fail("stop", client.status());
+  auto stopped = (*client)->StopJob(job_id);
+  if (!stopped.ok()) return Fail("stop", stopped.status());
+  std::printf("%s %s after %d of %d steps\n", stopped->job().job_id().c_str(),
+              baton::v1::JobState_Name(stopped->job().state()).c_str(), stopped->job().step(), stopped->job().steps());
+  return 0;
+}
+
+}  // namespace baton

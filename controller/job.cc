@@ -1,0 +1,243 @@
+#include "controller/job.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+
+namespace baton {
+
+using baton::v1::JobState;
+
+bool IsEnded(JobState s) {
+  return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
+}
+
+Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
+    : id_(record.status().job_id()),
+      spec_(std::move(*record.mutable_spec())),
+      detached_(record.status().detached()),
+      plan_(std::move(plan)),
+      status_(std::move(*record.mutable_status())) {
+  target_step_ = status_.step();
+  last_call_ = absl::Now();
+}
+
+baton::v1::JobStatus Job::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+JobState Job::state() const {
+  absl::MutexLock lock(&mu_);
+  return status_.state();
+}
+
+int Job::step() const {
+  absl::MutexLock lock(&mu_);
+  return status_.step();
+}
+
+bool Job::ended() const { return IsEnded(state()); }
+
+baton::v1::JobRecord Job::Record() const {
+  baton::v1::JobRecord record;
+  *record.mutable_spec() = spec_;
+  absl::MutexLock lock(&mu_);
+  *record.mutable_status() = status_;
+  return record;
+}
+
+void Job::LogState() {
+  baton::v1::JobLogEntry entry;
+  *entry.mutable_state() = status_;
+  entry.mutable_state()->clear_last();
+  log_.Add(std::move(entry));
+}
+
+bool Job::Enter(JobState to, const std::string& cause) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (IsEnded(status_.state())) return false;
+    const int64_t now = absl::ToUnixMillis(absl::Now());
+    status_.set_state(to);
+    if (to != baton::v1::JOB_PENDING) status_.clear_waiting_for();
+    if (to == baton::v1::JOB_RUNNING) status_.set_started_unix_ms(now);
+    if (to == baton::v1::JOB_FAILED || to == baton::v1::JOB_STOPPED) status_.set_error(cause);
+    if (to == baton::v1::JOB_PENDING && !cause.empty()) status_.set_waiting_for(cause);
+    if (IsEnded(to)) {
+      status_.set_ended_unix_ms(now);
+      status_.set_checkpoint_in_flight_step(0);
+    }
+    LogState();
+  }
+  if (IsEnded(to)) log_.Close();
+  return true;
+}
+
+void Job::SetMesh(const baton::v1::Mesh& mesh) {
+  absl::MutexLock lock(&mu_);
+  status_.set_mesh_id(mesh.mesh_id());
+  *status_.mutable_workers() = mesh.worker_names();
+}
+
+void Job::SetWaitingFor(const std::string& what) {
+  absl::MutexLock lock(&mu_);
+  status_.set_waiting_for(what);
+}
+
+void Job::SetStart(int step, uint64_t data_seed, const baton::v1::CheckpointInfo& restored) {
+  absl::MutexLock lock(&mu_);
+  *status_.mutable_restored() = restored;
+  status_.set_step(step);
+  status_.set_start_step(step);
+  status_.set_data_seed(data_seed);
+  target_step_ = detached_ ? status_.steps() : step;
+}
+
+void Job::RecordStep(const baton::v1::StepMetrics& m, int64_t comm_bytes) {
+  baton::v1::JobLogEntry entry;
+  *entry.mutable_step() = m;
+  {
+    absl::MutexLock lock(&mu_);
+    status_.set_step(m.step());
+    step_running_ = false;  // with the count, so no caller sees both
+    *status_.mutable_last() = m;
+    status_.set_comm_bytes_total(status_.comm_bytes_total() + comm_bytes);
+    status_.set_tokens_total(status_.tokens_total() + m.tokens());
+    // Logged under the lock: the log's order is the steps' order.
+    log_.Add(std::move(entry));
+  }
+}
+
+void Job::RecordCheckpoint(const baton::v1::CheckpointInfo& info) {
+  baton::v1::JobLogEntry entry;
+  *entry.mutable_checkpoint() = info;
+  absl::MutexLock lock(&mu_);
+  *status_.mutable_last_checkpoint() = info;
+  status_.clear_checkpoint_error();
+  status_.set_checkpoint_failures(0);
+  log_.Add(std::move(entry));
+}
+
+int Job::RecordCheckpointFailure(const std::string& why) {
+  baton::v1::JobLogEntry entry;
+  entry.set_checkpoint_error(why);
+  absl::MutexLock lock(&mu_);
+  status_.set_checkpoint_error(why);
+  status_.set_checkpoint_failures(status_.checkpoint_failures() + 1);
+  status_.set_checkpoint_failures_total(status_.checkpoint_failures_total() + 1);
+  log_.Add(std::move(entry));
+  return status_.checkpoint_failures();
+}
+
+void Job::SetCheckpointInFlight(int step) {
+  absl::MutexLock lock(&mu_);
+  status_.set_checkpoint_in_flight_step(step);
+}
+
+void Job::RequestStop(const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ == Interrupt::kNone) {
+    interrupt_ = Interrupt::kStop;
+    interrupt_cause_ = cause;
+  }
+}
+
+void Job::NoteMeshLost(const std::string& mesh_id, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ == Interrupt::kNone && !mesh_id.empty() && mesh_id == status_.mesh_id()) {
+    interrupt_ = Interrupt::kMeshLost;
+    interrupt_cause_ = why;
+  }
+}
+
+void Job::RequestShutdown() {
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ == Interrupt::kNone) {
+    interrupt_ = Interrupt::kShutdown;
+    interrupt_cause_ = "the controller is shutting down";
+  }
+}
+
+Job::Interrupt Job::interrupt(std::string* why) const {
+  absl::MutexLock lock(&mu_);
+  if (why != nullptr) *why = interrupt_cause_;
+  return interrupt_;
+}
+
+int Job::RequestSteps(int n) {
+  absl::MutexLock lock(&mu_);
+  const int base = status_.step() + (step_running_ ? 1 : 0);
+  target_step_ = std::min(status_.steps(), std::max(target_step_, base + std::max(n, 0)));
+  return target_step_;
+}
+
+void Job::WithdrawSteps() {
+  absl::MutexLock lock(&mu_);
+  if (!detached_) target_step_ = std::min(target_step_, status_.step() + (step_running_ ? 1 : 0));
+}
+
+Job::Interrupt Job::AwaitWork(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return interrupt_ != Interrupt::kNone || target_step_ > status_.step();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (interrupt_ != Interrupt::kNone) return interrupt_;
+  return Interrupt::kNone;
+}
+
+bool Job::HasWork() const {
+  absl::MutexLock lock(&mu_);
+  return target_step_ > status_.step();
+}
+
+void Job::SetStepRunning(bool running) {
+  absl::MutexLock lock(&mu_);
+  step_running_ = running;
+}
+
+bool Job::AwaitStep(int step, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return status_.step() >= step || IsEnded(status_.state());
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  return status_.step() >= step;
+}
+
+void Job::AwaitPlaced(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto placed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.state() != baton::v1::JOB_PENDING; };
+  mu_.AwaitWithDeadline(absl::Condition(&placed), deadline);
+}
+
+void Job::BeginCall(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ++calls_in_flight_;
+  last_call_ = now;
+}
+
+void Job::EndCall(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  --calls_in_flight_;
+  last_call_ = now;
+}
+
+bool Job::LeaseLapsed(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  if (detached_ || IsEnded(status_.state()) || calls_in_flight_ > 0) return false;
+  return now - last_call_ > absl::Milliseconds(status_.lease_ms());
+}
+
+int64_t Job::collective_timeout_ms() const {
+  absl::MutexLock lock(&mu_);
+  return collective_timeout_ms_;
+}
+
+void Job::set_collective_timeout_ms(int64_t ms) {
+  absl::MutexLock lock(&mu_);
+  collective_timeout_ms_ = ms;
+}
+
+}  // namespace baton

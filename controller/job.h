@@ -1,0 +1,151 @@
+// Job: one job the controller owns. What it is (its spec and compiled plan)
+// never changes; what it does (its status, its state, its log, its lease and
+// the steps asked of it) changes under its own mutex, so jobs never wait on
+// each other.
+//
+// States (JobStatus.state):
+//
+//   JOB_PENDING ──placed and loaded──> JOB_RUNNING ──last step──> JOB_FINISHED
+//      │  ^                              │    │  ^
+//      │  └──── controller restarted ────┘    │  └── JOB_RECOVERING (restored,
+//      │        (detached: requeued)          │      goes on; supervision)
+//      │                                      │
+//      ├────────── stop / lease lapsed ───────┴──> JOB_STOPPED
+//      └────────── failure ───────────────────────> JOB_FAILED
+//
+// FINISHED, STOPPED and FAILED are final. Every state change and every
+// completed step is an entry of the job's log: the log is what counts, so a
+// step is counted everywhere (status, metrics, Step's answer, `baton logs`)
+// or nowhere.
+//
+// Thread-safety: every method may be called from any thread. The job's
+// runner (controller/job_runner.h) advances it; RPC threads read it, ask
+// for steps and wait for them, renew its lease and ask it to stop.
+#ifndef BATON_CONTROLLER_JOB_H_
+#define BATON_CONTROLLER_JOB_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "controller/sequenced_log.h"
+#include "proto/controller.pb.h"
+#include "proto/controller_state.pb.h"
+#include "strategies/dry_run.h"
+
+namespace baton {
+
+bool IsEnded(baton::v1::JobState state);
+
+class Job {
+ public:
+  // Entries of a job's log kept in memory (the newest).
+  static constexpr size_t kLogCapacity = 10000;
+  using Log = SequencedLog<baton::v1::JobLogEntry>;
+
+  // `record`: the spec (defaults applied) and the status to start from;
+  // `plan`: its Programs (with its id), compiled once.
+  Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan);
+
+  const std::string& id() const { return id_; }
+  const baton::v1::JobSpec& spec() const { return spec_; }
+  const JobPlan& plan() const { return *plan_; }
+  bool detached() const { return detached_; }
+  int steps() const { return spec_.steps(); }
+
+  baton::v1::JobStatus status() const ABSL_LOCKS_EXCLUDED(mu_);
+  baton::v1::JobState state() const ABSL_LOCKS_EXCLUDED(mu_);
+  int step() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool ended() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What the job store keeps of it.
+  baton::v1::JobRecord Record() const ABSL_LOCKS_EXCLUDED(mu_);
+  Log& log() { return log_; }
+
+  // Moves to `to` (with `cause` as the error of FAILED and STOPPED) and logs
+  // the change; false, changing nothing, once the job has ended.
+  bool Enter(baton::v1::JobState to, const std::string& cause = "") ABSL_LOCKS_EXCLUDED(mu_);
+  // Placed on `mesh`, or (an empty mesh) off it.
+  void SetMesh(const baton::v1::Mesh& mesh) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetWaitingFor(const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where a (re)placed job starts: the restored step and its data seed.
+  void SetStart(int step, uint64_t data_seed, const baton::v1::CheckpointInfo& restored) ABSL_LOCKS_EXCLUDED(mu_);
+  // A completed step (comm_bytes: all ranks together): counted and logged.
+  void RecordStep(const baton::v1::StepMetrics& m, int64_t comm_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // A published save; and a failed one, returning how many failed in a row.
+  void RecordCheckpoint(const baton::v1::CheckpointInfo& info) ABSL_LOCKS_EXCLUDED(mu_);
+  int RecordCheckpointFailure(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetCheckpointInFlight(int step) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Why the runner should stop working on it ("" while it should go on).
+  enum class Interrupt { kNone, kStop, kMeshLost, kShutdown };
+  // Asks it to stop (StopJob, a lapsed lease); the first cause is kept.
+  void RequestStop(const std::string& cause) ABSL_LOCKS_EXCLUDED(mu_);
+  // Mesh `mesh_id` was aborted under it (a worker died); ignored unless it
+  // is the job's mesh now.
+  void NoteMeshLost(const std::string& mesh_id, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // The controller is shutting down: the runner leaves it as it is (a
+  // restarted controller takes it up again).
+  void RequestShutdown() ABSL_LOCKS_EXCLUDED(mu_);
+  Interrupt interrupt(std::string* why = nullptr) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The steps asked of it. Detached jobs ask for all of them; an attached
+  // job's client asks for `n` more (after the one running, if any) and gets
+  // the step to wait for, and withdraws what is not started yet when it
+  // stops waiting.
+  int RequestSteps(int n) ABSL_LOCKS_EXCLUDED(mu_);
+  void WithdrawSteps() ABSL_LOCKS_EXCLUDED(mu_);
+  // The runner: waits until a step is asked for or it is interrupted (or
+  // `timeout`); returns the interrupt, kNone when there is a step to run.
+  Interrupt AwaitWork(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a step is asked for that has not run yet.
+  bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks the next step started (true) or not running any more.
+  void SetStepRunning(bool running) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until `step` is completed, the job ended or the deadline; whether
+  // the step was completed.
+  bool AwaitStep(int step, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the job left PENDING (placed, or ended) or the deadline.
+  void AwaitPlaced(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Attached jobs' lease: every call of its client renews it; calls in
+  // flight hold it. Lapsed once no call is in flight and the last one ended
+  // more than the lease ago.
+  void BeginCall(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndCall(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  bool LeaseLapsed(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The per-collective timeout its steps run with (a Step call's, or the
+  // default).
+  int64_t collective_timeout_ms() const ABSL_LOCKS_EXCLUDED(mu_);
+  void set_collective_timeout_ms(int64_t ms) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Held while a step or a save of this job runs: one at a time.
+  absl::Mutex& work_mu() { return work_mu_; }
+
+ private:
+  void LogState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string id_;
+  const baton::v1::JobSpec spec_;
+  const bool detached_;
+  const std::shared_ptr<const JobPlan> plan_;
+  Log log_{kLogCapacity};
+  absl::Mutex work_mu_;
+
+  mutable absl::Mutex mu_;
+  baton::v1::JobStatus status_ ABSL_GUARDED_BY(mu_);
+  Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
+  std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);
+  int target_step_ ABSL_GUARDED_BY(mu_) = 0;
+  bool step_running_ ABSL_GUARDED_BY(mu_) = false;
+  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_call_ ABSL_GUARDED_BY(mu_);
+  int64_t collective_timeout_ms_ ABSL_GUARDED_BY(mu_) = 30000;
+};
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_JOB_H_

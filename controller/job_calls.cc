@@ -1,0 +1,117 @@
+// JobManager: the calls an attached job's client makes (Step, KeepAlive)
+// and checkpoints on demand (Save, AwaitSave).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "controller/job_manager.h"
+
+namespace baton {
+namespace {
+
+// Its client's call, for the lease: held while the call runs.
+class CallScope {
+ public:
+  explicit CallScope(Job& job) : job_(job) { job_.BeginCall(absl::Now()); }
+  ~CallScope() { job_.EndCall(absl::Now()); }
+
+ private:
+  Job& job_;
+};
+
+absl::Status NotRunning(const baton::v1::JobStatus& s) {
+  return absl::FailedPreconditionError(absl::StrCat("job ", s.job_id(), " is ", baton::v1::JobState_Name(s.state()),
+                                                    s.error().empty() ? "" : ": " + s.error()));
+}
+
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+
+}  // namespace
+
+absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, int n, int64_t collective_timeout_ms,
+                                                         absl::Time deadline, const std::function<bool()>& cancelled) {
+  auto found = Find(id);
+  if (!found.ok()) return found.status();
+  Job& job = **found;
+  if (job.detached()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is detached: the controller steps it; follow it with `baton logs --follow ", id, "`"));
+  }
+  CallScope call(job);
+  if (job.ended()) return NotRunning(job.status());
+  job.set_collective_timeout_ms(collective_timeout_ms);
+  const int64_t seen = job.log().last_sequence();
+  const int target = job.RequestSteps(n);
+  bool reached = false;
+  while (!(reached = job.AwaitStep(target, std::min(deadline, absl::Now() + kCancelPoll)))) {
+    if (job.ended() || absl::Now() >= deadline || (cancelled && cancelled())) break;
+  }
+  const int running = job.step() + 1;
+  if (!reached) job.WithdrawSteps();  // what has not started yet
+  StepOutcome out;
+  for (const auto& e : job.log().After(seen)) {
+    if (e.has_step()) out.metrics.push_back(e.step());
+    if (e.has_checkpoint()) out.checkpoints.push_back(e.checkpoint());
+    if (e.entry_case() == baton::v1::JobLogEntry::kCheckpointError) out.checkpoint_errors.push_back(e.checkpoint_error());
+  }
+  out.status = job.status();
+  if (reached || out.status.state() == baton::v1::JOB_FINISHED) return out;
+  if (out.status.state() == baton::v1::JOB_FAILED) {
+    return absl::UnavailableError(absl::StrCat("job ", id, " FAILED: ", out.status.error()));
+  }
+  if (IsEnded(out.status.state())) return NotRunning(out.status);
+  if (cancelled && cancelled()) {
+    return absl::CancelledError(absl::StrCat("the call was cancelled; step ", running, " of job ", id,
+                                             " completes on its own and is counted then"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("the call's deadline passed at step ", running, " of job ", id,
+                                                  "; a step already running completes on its own and is counted then"));
+}
+
+absl::StatusOr<baton::v1::JobStatus> JobManager::KeepAlive(const std::string& id) {
+  auto job = Find(id);
+  if (!job.ok()) return job.status();
+  CallScope call(**job);
+  const baton::v1::JobStatus status = (*job)->status();
+  if (IsEnded(status.state())) return NotRunning(status);
+  return status;
+}
+
+absl::StatusOr<baton::v1::CheckpointInfo> JobManager::Save(const std::string& id, const std::string& dir, bool async) {
+  auto job = Find(id);
+  if (!job.ok()) return job.status();
+  CallScope call(**job);
+  std::shared_ptr<JobRunner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = runners_.find(id); it != runners_.end()) runner = it->second;
+  }
+  if (runner == nullptr || (*job)->state() != baton::v1::JOB_RUNNING) {
+    const baton::v1::JobStatus s = (*job)->status();
+    if (s.state() == baton::v1::JOB_FAILED) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", id, " FAILED: its state is not trustworthy to save"));
+    }
+    return NotRunning(s);
+  }
+  return runner->Save(dir.empty() ? (*job)->spec().checkpoint().dir() : dir, async);
+}
+
+absl::StatusOr<baton::v1::JobStatus> JobManager::AwaitSave(const std::string& id, absl::Duration timeout) {
+  auto job = Find(id);
+  if (!job.ok()) return job.status();
+  CallScope call(**job);
+  std::shared_ptr<JobRunner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = runners_.find(id); it != runners_.end()) runner = it->second;
+  }
+  if (runner != nullptr) {
+    if (auto s = runner->AwaitSave(timeout); !s.ok()) return s;
+  }
+  const baton::v1::JobStatus status = (*job)->status();
+  if (!status.checkpoint_error().empty()) return absl::UnavailableError(status.checkpoint_error());
+  return status;
+}
+
+}  // namespace baton

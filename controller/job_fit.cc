@@ -1,0 +1,49 @@
+#include "controller/job_fit.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace baton {
+
+absl::Status CheckFits(const baton::v1::JobSpec& job, const PlanTheory& theory,
+                       const std::vector<baton::v1::WorkerInfo>& chosen,
+                       const std::vector<baton::v1::WorkerInfo>& fleet) {
+  // Per rank: the most its worker process grows by (state, gathered
+  // parameters, activations autograd holds, temporaries).
+  const int64_t predicted = theory.memory_bytes;
+  const int worst_rank = theory.ranks.empty()
+                             ? 0
+                             : static_cast<int>(std::max_element(theory.ranks.begin(), theory.ranks.end(),
+                                                                 [](const RankTheory& a, const RankTheory& b) {
+                                                                   return a.memory < b.memory;
+                                                                 }) -
+                                                theory.ranks.begin());
+  auto host_of = [](const baton::v1::WorkerInfo& w) { return w.address().substr(0, w.address().rfind(':')); };
+  std::map<std::string, int> per_host;
+  for (const auto& w : fleet) {
+    if (w.state() != baton::v1::DEAD) per_host[host_of(w)]++;
+  }
+  for (const auto& w : chosen) {
+    const int sharing = std::max(1, per_host[host_of(w)]);
+    const int64_t memory = w.memory_bytes() / sharing;
+    if (w.cpu_cores() > 0 && job.threads_per_rank() > w.cpu_cores()) {
+      return absl::InvalidArgumentError(absl::StrCat("threads_per_rank ", job.threads_per_rank(), " exceeds the ",
+                                                     w.cpu_cores(), " cores worker ", w.name(), " has"));
+    }
+    if (memory > 0 && predicted > memory) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "job \"%s\" needs about %d bytes on rank %d (%.2f GiB: parameters, gradients, optimizer state, gathered "
+          "parameters, activations held for backward and temporaries) but worker %s has %d bytes available (%.2f GiB%s)",
+          job.name().substr(0, 128), predicted, worst_rank, predicted / 1073741824.0, w.name(), memory,
+          memory / 1073741824.0,
+          sharing > 1 ? absl::StrCat(", its share of a host it shares with ", sharing - 1, " other workers") : ""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,342 @@
+// JobManager: admission (Prepare, Submit, Create), the queue and its
+// schedule, stopping, the monitor's tick, recovery at start-up. The calls
+// an attached job's client makes are in job_calls.cc.
+#include "controller/job_manager.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "controller/job_fit.h"
+#include "strategies/job_spec.h"
+
+namespace baton {
+
+JobManager::JobManager(MeshManager* meshes, EventLog* events, ControllerMetrics* metrics, JobStore* store,
+                       JobManagerOptions options)
+    : meshes_(meshes), events_(events), metrics_(metrics), store_(store), options_(std::move(options)) {}
+
+JobManager::~JobManager() { Shutdown(); }
+
+absl::StatusOr<JobManager::Prepared> JobManager::Compile(baton::v1::JobRecord record, const std::string& resume_from) {
+  const std::string id = record.status().job_id();
+  auto plan = PlanJob(record.spec(), id);
+  if (!plan.ok()) return plan.status();
+  auto restore = PlanRestore(options_.checkpoints.file_root, record.spec(), plan->programs, resume_from);
+  if (!restore.ok()) return restore.status();
+  // Where it starts once placed: the restored step, or step 0.
+  const int start = restore->info.path().empty() || restore->metadata.step() < 0 ? 0 : restore->metadata.step();
+  record.mutable_status()->set_data_seed(restore->data_seed);
+  record.mutable_status()->set_step(restore->optimizer ? start : 0);
+  record.mutable_status()->set_start_step(restore->optimizer ? start : 0);
+  Prepared prepared;
+  prepared.job = std::make_shared<Job>(std::move(record), std::make_shared<const JobPlan>(std::move(*plan)));
+  prepared.restore = std::move(*restore);
+  return prepared;
+}
+
+absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::CreateJobRequest& req, bool detached) {
+  // Everything that can be checked without a worker is checked first.
+  const baton::v1::JobSpec spec = WithDefaults(req.job());
+  if (auto s = ValidateJobSpec(spec); !s.ok()) return s;
+  const baton::v1::CommBackend backend = req.backend() == baton::v1::COMM_BACKEND_UNSPECIFIED
+                                             ? meshes_->options().default_backend
+                                             : req.backend();
+  if (!baton::v1::CommBackend_IsValid(backend)) return absl::InvalidArgumentError("unknown backend");
+  // NCCL's send blocks its stream until the peer receives: one rank's
+  // "send activation k, receive gradient j" against its neighbour's "send
+  // gradient j, receive activation k" (1F1B's steady state) waits in a
+  // circle. It needs the pair posted as one group, which the NCCL backend
+  // does not do yet; GPipe's sends never meet in a circle.
+  if (backend == baton::v1::NCCL && spec.plan().has_pipeline_parallel() &&
+      spec.plan().pipeline_parallel().schedule() != baton::v1::PipelineParallel::GPIPE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline schedule ", baton::v1::PipelineParallel::Schedule_Name(spec.plan().pipeline_parallel().schedule()),
+        " is not supported on NCCL yet (its send and receive would have to be posted as one group); use GPIPE or the "
+        "gloo backend"));
+  }
+  absl::Duration lease = absl::ZeroDuration();
+  if (!detached) {
+    lease = req.lease_ms() == 0 ? options_.default_lease : absl::Milliseconds(req.lease_ms());
+    if (lease < kMinLease || lease > kMaxLease) {
+      return absl::InvalidArgumentError(absl::StrCat("lease_ms ", req.lease_ms(), " outside [",
+                                                     absl::ToInt64Milliseconds(kMinLease), ", ",
+                                                     absl::ToInt64Milliseconds(kMaxLease), "]"));
+    }
+  }
+  // Saves must be able to land: refused now, not at the first crash.
+  if (auto s = CheckCheckpointDir(options_.checkpoints.file_root, spec); !s.ok()) return s;
+  baton::v1::JobRecord record;
+  *record.mutable_spec() = spec;
+  baton::v1::JobStatus* status = record.mutable_status();
+  status->set_job_id(store_->NewJobId());
+  status->set_name(spec.name());
+  status->set_state(baton::v1::JOB_PENDING);
+  status->set_steps(spec.steps());
+  status->set_detached(detached);
+  status->set_lease_ms(absl::ToInt64Milliseconds(lease));
+  status->set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  status->set_backend(backend);
+  status->set_workers_needed(MeshSize(spec));
+  *status->mutable_mesh() = spec.mesh();
+  auto prepared = Compile(std::move(record), "");
+  if (!prepared.ok()) return prepared.status();
+  // What one rank needs against what the workers said they have: the ones
+  // it names, or the first live ones.
+  std::vector<baton::v1::WorkerInfo> fleet = meshes_->Workers(), chosen;
+  for (const auto& w : fleet) {
+    const bool named = std::find(spec.workers().begin(), spec.workers().end(), w.name()) != spec.workers().end();
+    if (w.state() != baton::v1::DEAD && (spec.workers().empty() || named)) chosen.push_back(w);
+  }
+  if (static_cast<int>(chosen.size()) > MeshSize(spec)) chosen.resize(MeshSize(spec));
+  if (auto s = CheckFits(spec, prepared->job->plan().theory, chosen, fleet); !s.ok()) return s;
+  return prepared;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobManager::Submit(const baton::v1::CreateJobRequest& req) {
+  auto prepared = Prepare(req, /*detached=*/true);
+  if (!prepared.ok()) return prepared.status();
+  std::shared_ptr<Job> job = prepared->job;
+  {
+    absl::MutexLock lock(&mu_);
+    jobs_[job->id()] = job;
+    order_.push_back(job->id());
+    queue_.push_back(job->id());
+    restores_[job->id()] = std::move(prepared->restore);
+  }
+  events_->Append(JobEvent(baton::v1::Event::JOB_SUBMITTED, job->id(), job->step(),
+                           absl::StrCat("\"", job->spec().name(), "\", detached, needs ", MeshSize(job->spec()),
+                                        " workers")));
+  Persist(*job);
+  Schedule();
+  return job;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobManager::Create(const baton::v1::CreateJobRequest& req, absl::Time deadline) {
+  auto prepared = Prepare(req, /*detached=*/false);
+  if (!prepared.ok()) return prepared.status();
+  std::shared_ptr<Job> job = prepared->job;
+  const baton::v1::JobSpec& spec = job->spec();
+  auto reserved = meshes_->Reserve(job->id(), MeshSize(spec), {spec.workers().begin(), spec.workers().end()});
+  if (!reserved.ok()) {
+    return absl::Status(reserved.status().code(),
+                        absl::StrCat("job \"", spec.name().substr(0, 128), "\" ", reserved.status().message(),
+                                     "; wait for a job to end, or submit it detached to queue it"));
+  }
+  if (auto s = CheckFits(spec, job->plan().theory, *reserved, meshes_->Workers()); !s.ok()) {
+    meshes_->Release(job->id(), "does not fit");
+    return s;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    jobs_[job->id()] = job;
+    order_.push_back(job->id());
+    StartRunner(job, std::move(prepared->restore));
+  }
+  events_->Append(JobEvent(baton::v1::Event::JOB_SUBMITTED, job->id(), job->step(),
+                           absl::StrCat("\"", spec.name(), "\", attached, on ", MeshSize(spec), " workers")));
+  Persist(*job);
+  job->AwaitPlaced(deadline);
+  const baton::v1::JobStatus status = job->status();
+  if (status.state() == baton::v1::JOB_PENDING) {
+    Stop(job->id(), "CreateJob's deadline passed while it was being placed").IgnoreError();
+    return absl::DeadlineExceededError(absl::StrCat("job ", job->id(), " was not placed before the call's deadline"));
+  }
+  if (IsEnded(status.state()) && status.state() != baton::v1::JOB_FINISHED) {
+    return absl::UnavailableError(absl::StrCat("job ", job->id(), " not created: ", status.error()));
+  }
+  return job;
+}
+
+void JobManager::StartRunner(const std::shared_ptr<Job>& job, RestorePlan restore) {
+  RunnerContext context;
+  context.meshes = meshes_;
+  context.events = events_;
+  context.metrics = metrics_;
+  context.checkpoints = options_.checkpoints;
+  context.persist = [this](Job& j) { Persist(j); };
+  context.on_end = [this](Job& j) { OnEnd(j); };
+  job->set_collective_timeout_ms(options_.collective_timeout_ms);
+  auto runner = std::make_shared<JobRunner>(job, std::move(restore), std::move(context));
+  runner->Start();
+  runners_[job->id()] = std::move(runner);
+}
+
+void JobManager::Schedule() {
+  std::vector<std::pair<std::shared_ptr<Job>, std::pair<baton::v1::JobState, std::string>>> ends;
+  {
+    absl::MutexLock lock(&mu_);
+    while (!shutting_down_ && !queue_.empty()) {
+      const std::string id = queue_.front();
+      auto it = jobs_.find(id);
+      std::shared_ptr<Job> job = it == jobs_.end() ? nullptr : it->second;
+      std::string cause;
+      if (job == nullptr || job->ended() || job->interrupt(&cause) == Job::Interrupt::kStop) {
+        queue_.pop_front();
+        restores_.erase(id);
+        if (job != nullptr && !job->ended()) ends.push_back({job, {baton::v1::JOB_STOPPED, cause}});
+        continue;
+      }
+      if (auto nb = not_before_.find(id); nb != not_before_.end() && absl::Now() < nb->second) break;
+      const baton::v1::JobSpec& spec = job->spec();
+      auto reserved = meshes_->Reserve(id, MeshSize(spec), {spec.workers().begin(), spec.workers().end()});
+      if (!reserved.ok()) {
+        job->SetWaitingFor(std::string(reserved.status().message()));
+        break;  // first come, first served: the ones behind it wait too
+      }
+      queue_.pop_front();
+      not_before_.erase(id);
+      RestorePlan restore = std::move(restores_[id]);
+      restores_.erase(id);
+      if (auto s = CheckFits(spec, job->plan().theory, *reserved, meshes_->Workers()); !s.ok()) {
+        meshes_->Release(id, "does not fit");
+        ends.push_back({job, {baton::v1::JOB_FAILED, std::string(s.message())}});
+        continue;
+      }
+      StartRunner(job, std::move(restore));
+    }
+  }
+  for (auto& [job, end] : ends) EndPending(*job, end.first, end.second);
+}
+
+void JobManager::EndPending(Job& job, baton::v1::JobState state, const std::string& cause) {
+  if (!job.Enter(state, cause)) return;
+  events_->Append(JobEvent(state == baton::v1::JOB_STOPPED ? baton::v1::Event::JOB_STOPPED : baton::v1::Event::JOB_FAILED, job.id(),
+                           job.step(), "", cause));
+  Persist(job);
+}
+
+void JobManager::OnEnd(Job& job) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = runners_.find(job.id());
+    if (it != runners_.end()) {
+      if (job.state() == baton::v1::JOB_PENDING && !shutting_down_) {
+        // Placing it failed for the fleet's sake: first in line again, after
+        // a pause.
+        queue_.push_front(job.id());
+        not_before_[job.id()] = absl::Now() + options_.retry_backoff;
+        restores_[job.id()] = it->second->restore();
+      }
+      finished_runners_.push_back(std::move(it->second));
+      runners_.erase(it);
+    }
+  }
+  Schedule();
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobManager::Find(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError("no such job");
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Job>> JobManager::Jobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Job>> out;
+  for (const auto& id : order_) out.push_back(jobs_.at(id));
+  return out;
+}
+
+absl::StatusOr<baton::v1::JobStatus> JobManager::Stop(const std::string& id, const std::string& cause) {
+  auto job = Find(id);
+  if (!job.ok()) return job.status();
+  bool queued = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find(queue_.begin(), queue_.end(), id);
+    if (it != queue_.end()) {
+      queue_.erase(it);
+      restores_.erase(id);
+      not_before_.erase(id);
+      queued = true;
+    }
+  }
+  if (queued) {
+    EndPending(**job, baton::v1::JOB_STOPPED, cause);
+    Schedule();  // the ones behind it may fit now
+  } else if (!(*job)->ended()) {
+    (*job)->RequestStop(cause);
+    (*job)->AwaitStep(std::numeric_limits<int>::max(), absl::Now() + kStopWait);  // returns once it ended
+  }
+  return (*job)->status();
+}
+
+void JobManager::Tick(absl::Time now) {
+  std::vector<std::shared_ptr<Job>> lapsed;
+  std::vector<std::shared_ptr<JobRunner>> reaped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, runner] : runners_) {
+      if (runner->job().LeaseLapsed(now)) lapsed.push_back(jobs_.at(id));
+    }
+    for (auto it = finished_runners_.begin(); it != finished_runners_.end();) {
+      if ((*it)->finished()) {
+        reaped.push_back(std::move(*it));
+        it = finished_runners_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    Forget();
+  }
+  reaped.clear();  // joined here, outside the lock
+  for (const auto& job : lapsed) {
+    const baton::v1::JobStatus s = job->status();
+    job->RequestStop(absl::StrFormat("its lease lapsed: its client made no call for %.1f s (lease %d ms)",
+                                     absl::ToDoubleMilliseconds(absl::Milliseconds(s.lease_ms())) / 1e3, s.lease_ms()));
+  }
+  Schedule();
+}
+
+void JobManager::Forget() {
+  size_t ended = 0;
+  for (const auto& id : order_) ended += jobs_.at(id)->ended();
+  for (auto it = order_.begin(); it != order_.end() && ended > options_.max_ended_jobs;) {
+    auto job = jobs_.find(*it);
+    if (!job->second->ended() || runners_.count(*it)) {
+      ++it;
+      continue;
+    }
+    store_->Remove(*it).IgnoreError();
+    jobs_.erase(job);
+    it = order_.erase(it);
+    --ended;
+  }
+}
+
+void JobManager::OnMeshLost(const std::string& owner, const baton::v1::Mesh& mesh, const std::string& why) {
+  auto job = Find(owner);
+  if (job.ok()) (*job)->NoteMeshLost(mesh.mesh_id(), why);
+}
+
+void JobManager::Shutdown() {
+  std::vector<std::shared_ptr<JobRunner>> runners;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    for (auto& [id, runner] : runners_) {
+      runner->job().RequestShutdown();
+      runners.push_back(runner);
+    }
+    runners_.clear();
+    for (auto& r : finished_runners_) runners.push_back(std::move(r));
+    finished_runners_.clear();
+  }
+  runners.clear();  // each joins its thread
+}
+
+void JobManager::Persist(Job& job) {
+  absl::MutexLock lock(&persist_mu_);
+  if (auto s = store_->Write(job.Record()); !s.ok()) Logf("job store: %s", s.ToString().c_str());
+  int64_t& written = persisted_[job.id()];
+  for (const auto& e : job.log().After(written)) {
+    if (auto s = store_->AppendLog(job.id(), e); !s.ok()) Logf("job store: %s", s.ToString().c_str());
+    written = e.sequence();
+  }
+}
+
+}  // namespace baton

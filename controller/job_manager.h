@@ -1,0 +1,161 @@
+// JobManager: the job table (job_manager.cc; the calls an attached job's
+// client makes in job_calls.cc, recovery at start-up in job_recovery.cc). Jobs by id (each a Job with its own lock and
+// state machine), the queue of detached jobs waiting for workers, a runner
+// per placed job, attached jobs' leases, and the job store behind them.
+//
+//   SubmitJob ──> PENDING, queued ──Schedule: first in line, workers free──┐
+//   CreateJob ──> workers reserved at once, or RESOURCE_EXHAUSTED ─────────┤
+//                                                                          v
+//              JobRunner (form mesh, load, restore, steps, saves) ──> ended
+//
+// The queue is first come, first served: the job at its head waits until
+// enough workers are free (those its spec names, or any), and the ones
+// behind it wait for it. An attached job takes free workers at once or is
+// refused, naming how many it needs and how many are free.
+//
+// Thread-safety: every method may be called from any thread. `mu_` guards
+// the tables; it is never held across an RPC, a runner's work or a wait on
+// a job.
+#ifndef BATON_CONTROLLER_JOB_MANAGER_H_
+#define BATON_CONTROLLER_JOB_MANAGER_H_
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/checkpoint_coordinator.h"
+#include "controller/job.h"
+#include "controller/job_runner.h"
+#include "controller/job_store.h"
+#include "controller/mesh_manager.h"
+
+namespace baton {
+
+class ControllerMetrics;
+
+struct JobManagerOptions {
+  CheckpointOptions checkpoints;
+  // Attached jobs: how long their client may be silent (CreateJob's lease_ms
+  // when given, within [kMinLease, kMaxLease]).
+  absl::Duration default_lease = absl::Seconds(10);
+  // Ended jobs kept (listed, their logs readable); the oldest are forgotten.
+  size_t max_ended_jobs = 1000;
+  // A detached job whose placement failed for the fleet's sake waits this
+  // long before it is tried again.
+  absl::Duration retry_backoff = absl::Seconds(1);
+  // The per-collective timeout of detached jobs' steps.
+  int64_t collective_timeout_ms = 30000;
+};
+
+class JobManager {
+ public:
+  static constexpr absl::Duration kMinLease = absl::Milliseconds(100);
+  static constexpr absl::Duration kMaxLease = absl::Hours(24);
+  // StopJob waits this long for a running job to reach STOPPED.
+  static constexpr absl::Duration kStopWait = absl::Seconds(15);
+
+  JobManager(MeshManager* meshes, EventLog* events, ControllerMetrics* metrics, JobStore* store,
+             JobManagerOptions options);
+  ~JobManager();  // Shutdown()
+
+  // Reads the job table the store holds: ended jobs as they were; detached
+  // jobs that were pending or running go back to PENDING, resuming from
+  // their last complete checkpoint (or from step 0); attached ones FAIL
+  // with "the controller restarted" (their client's next call says so).
+  void Recover() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A detached job, validated (nothing is touched when it is invalid) and
+  // queued.
+  absl::StatusOr<std::shared_ptr<Job>> Submit(const baton::v1::CreateJobRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
+  // An attached job: placed on free workers at once and loaded (by
+  // `deadline`); RESOURCE_EXHAUSTED when too few are free.
+  absl::StatusOr<std::shared_ptr<Job>> Create(const baton::v1::CreateJobRequest& req, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<std::shared_ptr<Job>> Find(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::shared_ptr<Job>> Jobs() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Stops a job: a pending one at once, a running one once its step in
+  // flight is aborted (waits up to kStopWait). Its workers are free after.
+  absl::StatusOr<baton::v1::JobStatus> Stop(const std::string& id, const std::string& cause) ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct StepOutcome {
+    std::vector<baton::v1::StepMetrics> metrics;
+    std::vector<baton::v1::CheckpointInfo> checkpoints;
+    std::vector<std::string> checkpoint_errors;
+    baton::v1::JobStatus status;
+  };
+  // Asks an attached job for `n` more steps and waits for them until
+  // `deadline` (or `cancelled` says the caller left). A step running then
+  // completes on its own and is counted; steps not started are withdrawn.
+  absl::StatusOr<StepOutcome> Step(const std::string& id, int n, int64_t collective_timeout_ms, absl::Time deadline,
+                                   const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+  // Renews an attached job's lease.
+  absl::StatusOr<baton::v1::JobStatus> KeepAlive(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& id, const std::string& dir, bool async)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits up to `timeout` for the job's async save; its status after.
+  absl::StatusOr<baton::v1::JobStatus> AwaitSave(const std::string& id, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The monitor, a few times a second: lapsed leases stop their jobs,
+  // pending jobs are placed, runners of ended jobs are joined, the oldest
+  // ended jobs forgotten.
+  void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // MeshManager's report: `owner`'s mesh was aborted under it.
+  void OnMeshLost(const std::string& owner, const baton::v1::Mesh& mesh, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops every runner, leaving the jobs as they are for the next
+  // controller.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Validated, compiled and its restore planned; not yet in the table.
+  struct Prepared {
+    std::shared_ptr<Job> job;
+    RestorePlan restore;
+  };
+  absl::StatusOr<Prepared> Prepare(const baton::v1::CreateJobRequest& req, bool detached);
+  // Compiles `record`'s job and plans what it restores (`resume_from`
+  // overriding the spec's).
+  absl::StatusOr<Prepared> Compile(baton::v1::JobRecord record, const std::string& resume_from);
+  // Places queued jobs, first in line first, while workers allow.
+  void Schedule() ABSL_LOCKS_EXCLUDED(mu_);
+  void StartRunner(const std::shared_ptr<Job>& job, RestorePlan restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A runner's job ended or went back to PENDING.
+  void OnEnd(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes the job's record and its new log entries to the store.
+  void Persist(Job& job) ABSL_LOCKS_EXCLUDED(persist_mu_);
+  void EndPending(Job& job, baton::v1::JobState state, const std::string& cause);
+  void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  MeshManager* const meshes_;
+  EventLog* const events_;
+  ControllerMetrics* const metrics_;
+  JobStore* const store_;
+  const JobManagerOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // ids, oldest first
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);   // pending detached jobs, first in line first
+  std::map<std::string, RestorePlan> restores_ ABSL_GUARDED_BY(mu_);  // of queued jobs
+  std::map<std::string, absl::Time> not_before_ ABSL_GUARDED_BY(mu_);
+  // Shared: a client's Save holds its runner while it saves.
+  std::map<std::string, std::shared_ptr<JobRunner>> runners_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<JobRunner>> finished_runners_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, int64_t> persisted_ ABSL_GUARDED_BY(persist_mu_);  // log sequence written
+};
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_JOB_MANAGER_H_

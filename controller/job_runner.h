@@ -1,0 +1,93 @@
+// JobRunner: takes one job from its placement to its end on a thread of its
+// own (one per placed job, none per worker). It forms the job's mesh on the
+// workers the job was given, loads its Programs and the checkpoint it
+// restores, then runs the steps asked of it - all of them for a detached
+// job, its client's for an attached one - each a RunStep on every rank at
+// once, taking periodic checkpoints as the spec says. It ends the job
+// (FINISHED, or STOPPED / FAILED with the first cause) and gives its workers
+// back; when the controller shuts down it leaves the job as it is, for the
+// next controller to take up.
+//
+//   Start ─> Place (form mesh, LoadProgram, LoadShards) ─> RUNNING
+//              │ fails: detached and the fleet's fault ─> PENDING again
+//              v
+//     ┌──> AwaitWork ──step asked──> RunStep ──> record, periodic save ──┐
+//     └───────────────────────────────────────────────────────────────────┘
+//          stop / mesh lost / failure / last step ─> End ─> workers freed
+//
+// Thread-safety: the runner's thread owns the job's mesh while it runs;
+// Save (a client's SaveCheckpoint) runs on an RPC thread under the job's
+// work lock, between steps.
+#ifndef BATON_CONTROLLER_JOB_RUNNER_H_
+#define BATON_CONTROLLER_JOB_RUNNER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "controller/checkpoint_coordinator.h"
+#include "controller/job.h"
+#include "controller/mesh_manager.h"
+
+namespace baton {
+
+class ControllerMetrics;  // controller/controller_metrics.h
+
+struct RunnerContext {
+  MeshManager* meshes = nullptr;
+  EventLog* events = nullptr;
+  ControllerMetrics* metrics = nullptr;  // nullptr: none
+  CheckpointOptions checkpoints;
+  // Writes the job's record and new log entries to the job store.
+  std::function<void(Job&)> persist;
+  // After the job ended (or went back to PENDING) and its workers are free.
+  std::function<void(Job&)> on_end;
+};
+
+class JobRunner {
+ public:
+  // A step is many collectives and much compute; its RPC deadline is the
+  // larger of these (a failing collective or a dead worker ends it long
+  // before).
+  static constexpr int kStepDeadlineInTimeouts = 4;
+  static constexpr absl::Duration kMinStepDeadline = absl::Minutes(10);
+  // How long the other ranks of a failed step get to return once their
+  // mesh is aborted (they return within milliseconds: their waits are woken).
+  static constexpr absl::Duration kStepDrain = absl::Seconds(10);
+  static constexpr absl::Duration kLoadDeadline = absl::Seconds(60);
+
+  // `job` holds its workers (MeshManager::Reserve) already.
+  JobRunner(std::shared_ptr<Job> job, RestorePlan restore, RunnerContext context);
+  ~JobRunner();  // joins the thread
+
+  void Start();
+  bool finished() const { return finished_.load(); }
+  Job& job() { return *job_; }
+  const RestorePlan& restore() const { return restore_; }
+
+  // A save the client asked for, between steps.
+  absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& dir, bool async);
+  absl::Status AwaitSave(absl::Duration timeout) { return checkpoints_.AwaitInFlight(timeout); }
+
+ private:
+  void Run();
+  absl::Status Place();
+  absl::Status RunStep(int step);
+  // Gives the workers back and ends the job in `state` (unless it is only
+  // leaving for a shutdown, or going back to PENDING).
+  void End(baton::v1::JobState state, const std::string& cause);
+
+  const std::shared_ptr<Job> job_;
+  const RestorePlan restore_;
+  const RunnerContext context_;
+  CheckpointCoordinator checkpoints_;
+  baton::v1::Mesh mesh_;  // the runner thread's; Save reads it under the work lock
+  std::atomic<bool> finished_{false};
+  std::thread thread_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_JOB_RUNNER_H_

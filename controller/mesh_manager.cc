@@ -1,0 +1,351 @@
+#include "controller/mesh_manager.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/wire.h"
+#include "mesh/device_mesh.h"
+
+namespace baton {
+
+std::string WorkerLabel(const baton::v1::Mesh& mesh, int rank) {
+  return absl::StrCat("worker ", mesh.worker_names(rank), " (rank ", rank, ", ", mesh.worker_addresses(rank), ")");
+}
+
+MeshManager::MeshManager(WorkerRegistry* registry, KeyValueStore* kv, EventLog* events, Dispatcher* dispatcher,
+                         MeshOptions options)
+    : registry_(registry), kv_(kv), events_(events), dispatcher_(dispatcher), options_(std::move(options)) {}
+
+void MeshManager::set_on_mesh_lost(MeshLost on_lost) {
+  absl::MutexLock lock(&mu_);
+  on_lost_ = std::move(on_lost);
+}
+
+std::vector<std::string> MeshManager::Addresses(const baton::v1::Mesh& mesh) {
+  return {mesh.worker_addresses().begin(), mesh.worker_addresses().end()};
+}
+
+int64_t MeshManager::NewEpoch() {
+  if (options_.next_epoch) return options_.next_epoch();
+  return ++epoch_counter_;
+}
+
+std::vector<baton::v1::WorkerInfo> MeshManager::Workers() const {
+  std::vector<baton::v1::WorkerInfo> workers = registry_->List();
+  absl::MutexLock lock(&mu_);
+  for (auto& w : workers) {
+    auto it = held_by_.find(w.name());
+    if (it != held_by_.end()) w.set_held_by(it->second);
+  }
+  return workers;
+}
+
+std::vector<baton::v1::WorkerInfo> MeshManager::FreeWorkers() const {
+  std::vector<baton::v1::WorkerInfo> free;
+  for (auto& w : Workers()) {
+    if (w.state() != baton::v1::DEAD && w.held_by().empty()) free.push_back(std::move(w));
+  }
+  return free;
+}
+
+absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const std::string& owner, int need,
+                                                                        const std::vector<std::string>& named) {
+  const std::vector<baton::v1::WorkerInfo> fleet = registry_->List();
+  absl::MutexLock lock(&mu_);
+  if (reserved_.count(owner)) return absl::FailedPreconditionError(absl::StrCat(owner, " already holds workers"));
+  std::vector<baton::v1::WorkerInfo> chosen;
+  int free = 0, dead = 0, held = 0;
+  for (const auto& w : fleet) {
+    if (w.state() == baton::v1::DEAD) {
+      ++dead;
+    } else if (held_by_.count(w.name())) {
+      ++held;
+    } else {
+      ++free;
+    }
+  }
+  auto counts = [&] {
+    return absl::StrCat(free, " of ", fleet.size(), " registered are free (", held, " held by other jobs or checks, ",
+                        dead, " DEAD)");
+  };
+  if (!named.empty()) {
+    for (const std::string& name : named) {
+      auto it = std::find_if(fleet.begin(), fleet.end(), [&](const auto& w) { return w.name() == name; });
+      std::string why;
+      if (it == fleet.end()) {
+        why = "is not registered";
+      } else if (it->state() == baton::v1::DEAD) {
+        why = "is DEAD";
+      } else if (auto h = held_by_.find(name); h != held_by_.end()) {
+        why = absl::StrCat("is held by ", h->second);
+      }
+      if (!why.empty()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("needs workers [", absl::StrJoin(named, ", "), "] but worker ", name.substr(0, 128), " ", why));
+      }
+      chosen.push_back(*it);
+    }
+  } else {
+    for (const auto& w : fleet) {
+      if (static_cast<int>(chosen.size()) == need) break;
+      if (w.state() != baton::v1::DEAD && !held_by_.count(w.name())) chosen.push_back(w);
+    }
+    if (static_cast<int>(chosen.size()) < need) {
+      return absl::ResourceExhaustedError(absl::StrCat("needs ", need, " workers but ", counts()));
+    }
+  }
+  auto& names = reserved_[owner];
+  for (const auto& w : chosen) {
+    held_by_[w.name()] = owner;
+    names.push_back(w.name());
+  }
+  return chosen;
+}
+
+baton::v1::Mesh MeshManager::Unform(int64_t epoch) {
+  auto it = formed_.find(epoch);
+  if (it == formed_.end()) return baton::v1::Mesh();
+  baton::v1::Mesh mesh = std::move(it->second.mesh);
+  formed_.erase(it);
+  return mesh;
+}
+
+absl::StatusOr<baton::v1::Mesh> MeshManager::Form(const std::string& owner,
+                                                  const std::vector<baton::v1::MeshAxis>& axes,
+                                                  baton::v1::CommBackend backend) {
+  std::vector<MeshAxisSpec> specs;
+  for (const auto& a : axes) specs.push_back({a.name(), a.size()});
+  auto device_mesh = DeviceMesh::Create(specs);
+  if (!device_mesh.ok()) return device_mesh.status();
+  if (backend == baton::v1::COMM_BACKEND_UNSPECIFIED) backend = options_.default_backend;
+  std::vector<baton::v1::Mesh> replaced;
+  baton::v1::Mesh mesh;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = reserved_.find(owner);
+    if (it == reserved_.end() || static_cast<int>(it->second.size()) != device_mesh->size()) {
+      return absl::FailedPreconditionError(absl::StrCat(owner, " holds ", it == reserved_.end() ? 0 : it->second.size(),
+                                                        " workers; mesh ", FormatMeshSpec(specs), " needs ",
+                                                        device_mesh->size()));
+    }
+    const std::vector<std::string>& names = it->second;
+    // An idle mesh (or the owner's previous one) on any of these workers
+    // makes way.
+    std::vector<int64_t> epochs;
+    for (const auto& [epoch, f] : formed_) {
+      const bool mine = f.mesh.job_id() == owner;
+      const bool overlaps = std::any_of(f.mesh.worker_names().begin(), f.mesh.worker_names().end(),
+                                        [&](const std::string& n) {
+                                          return std::find(names.begin(), names.end(), n) != names.end();
+                                        });
+      if (mine || (overlaps && f.mesh.job_id().empty())) epochs.push_back(epoch);
+    }
+    for (int64_t e : epochs) replaced.push_back(Unform(e));
+    mesh.set_epoch(NewEpoch());
+    mesh.set_mesh_id(absl::StrCat("mesh-", mesh.epoch()));
+    mesh.set_job_id(owner);
+    *mesh.mutable_axes() = {axes.begin(), axes.end()};
+    Formed f;
+    for (const std::string& name : names) {
+      auto info = registry_->Get(name);
+      mesh.add_worker_names(name);
+      mesh.add_worker_addresses(info.ok() ? info->address() : "");
+      f.incarnations.push_back(info.ok() ? info->incarnation() : "");
+    }
+    // Known before its rendezvous: a worker that dies meanwhile aborts it.
+    f.mesh = mesh;
+    formed_[mesh.epoch()] = std::move(f);
+  }
+  for (const auto& old : replaced) AbortFormed(old, absl::StrCat("replaced by ", mesh.mesh_id(), " ", FormatMeshSpec(specs)));
+  std::string abort_reason;
+  FanOut fan_out;
+  fan_out.deadline = options_.rendezvous_timeout + options_.rpc_slack;
+  fan_out.should_abort = [&]() -> std::string {
+    // A rank that failed already dooms the rendezvous: release the others.
+    std::string dead_worker = DeadWorkerIn(mesh);
+    if (!dead_worker.empty()) kv_->AbortPrefix(absl::StrCat("mesh/", mesh.epoch(), "/"), dead_worker);
+    return dead_worker;
+  };
+  auto results = dispatcher_->Call<ConfigureRpc>(
+      Addresses(mesh),
+      [&](size_t r) {
+        baton::v1::ConfigureRequest req;
+        *req.mutable_mesh() = mesh;
+        req.set_rank(static_cast<int>(r));
+        req.set_backend(backend);
+        req.set_timeout_ms(absl::ToInt64Milliseconds(options_.rendezvous_timeout));
+        return req;
+      },
+      fan_out, &abort_reason);
+  if (const std::string why = AbortOnFailure(mesh, results, abort_reason); !why.empty()) {
+    return absl::UnavailableError(absl::StrCat("forming mesh ", FormatMeshSpec(specs), " failed: ", why));
+  }
+  if (!Intact(mesh)) {
+    return absl::UnavailableError(absl::StrCat("mesh ", mesh.mesh_id(), " was aborted while it formed"));
+  }
+  SetState(mesh, baton::v1::CONFIGURED);
+  events_->Append(MeshEvent(baton::v1::Event::MESH_CREATED, mesh,
+                            absl::StrCat(FormatMeshSpec(specs), " on [",
+                                         absl::StrJoin(mesh.worker_names().begin(), mesh.worker_names().end(), ", "),
+                                         "]")));
+  return mesh;
+}
+
+void MeshManager::Release(const std::string& owner, const std::string& reason, bool keep_formed) {
+  std::vector<baton::v1::Mesh> aborted;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<int64_t> epochs;
+    for (auto& [epoch, f] : formed_) {
+      if (f.mesh.job_id() != owner) continue;
+      if (keep_formed) {
+        f.mesh.set_job_id("");
+      } else {
+        epochs.push_back(epoch);
+      }
+    }
+    for (int64_t e : epochs) aborted.push_back(Unform(e));
+  }
+  // Aborted before the workers are free again: a new mesh never meets the
+  // old one's abort.
+  for (const auto& mesh : aborted) AbortFormed(mesh, reason);
+  absl::MutexLock lock(&mu_);
+  auto it = reserved_.find(owner);
+  if (it == reserved_.end()) return;
+  for (const std::string& name : it->second) {
+    auto h = held_by_.find(name);
+    if (h != held_by_.end() && h->second == owner) held_by_.erase(h);
+  }
+  reserved_.erase(it);
+}
+
+void MeshManager::Abort(const baton::v1::Mesh& mesh, const std::string& reason) {
+  baton::v1::Mesh formed;
+  MeshLost on_lost;
+  {
+    absl::MutexLock lock(&mu_);
+    formed = Unform(mesh.epoch());
+    on_lost = on_lost_;
+  }
+  if (formed.epoch() == 0) return;  // aborted already
+  AbortFormed(formed, reason);
+  if (!formed.job_id().empty() && on_lost) on_lost(formed.job_id(), formed, reason);
+}
+
+void MeshManager::OnWorkersDead(const std::vector<std::string>& names) {
+  std::vector<std::pair<baton::v1::Mesh, std::string>> lost;
+  MeshLost on_lost;
+  {
+    absl::MutexLock lock(&mu_);
+    on_lost = on_lost_;
+    std::vector<int64_t> epochs;
+    for (const auto& [epoch, f] : formed_) {
+      for (int r = 0; r < f.mesh.worker_names_size(); ++r) {
+        if (std::find(names.begin(), names.end(), f.mesh.worker_names(r)) == names.end()) continue;
+        epochs.push_back(epoch);
+        lost.emplace_back(f.mesh, absl::StrCat(WorkerLabel(f.mesh, r), " is DEAD (missed heartbeats)"));
+        break;
+      }
+    }
+    for (int64_t e : epochs) Unform(e);
+  }
+  for (const auto& [mesh, why] : lost) {
+    AbortFormed(mesh, why);
+    if (!mesh.job_id().empty() && on_lost) on_lost(mesh.job_id(), mesh, why);
+  }
+}
+
+void MeshManager::AbortFormed(const baton::v1::Mesh& mesh, const std::string& reason) {
+  kv_->AbortPrefix(absl::StrCat("mesh/", mesh.epoch(), "/"), reason);
+  events_->Append(MeshEvent(baton::v1::Event::MESH_ABORTED, mesh, reason));
+  std::vector<std::string> live;
+  std::vector<std::string> names;
+  for (int r = 0; r < mesh.worker_names_size(); ++r) {
+    auto info = registry_->Get(mesh.worker_names(r));
+    if (info.ok() && info->state() != baton::v1::DEAD) {
+      live.push_back(mesh.worker_addresses(r));
+      names.push_back(mesh.worker_names(r));
+    }
+  }
+  registry_->SetState(names, baton::v1::REGISTERED);
+  baton::v1::AbortRequest req;
+  req.set_epoch(mesh.epoch());
+  req.set_reason(reason);
+  FanOut fan_out;
+  fan_out.deadline = kAbortDeadline;
+  dispatcher_->Call<AbortRpc>(live, [&](size_t) { return req; }, fan_out);
+}
+
+std::vector<baton::v1::Mesh> MeshManager::Meshes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<baton::v1::Mesh> out;
+  for (const auto& [epoch, f] : formed_) out.push_back(f.mesh);
+  return out;
+}
+
+bool MeshManager::Intact(const baton::v1::Mesh& mesh) const {
+  absl::MutexLock lock(&mu_);
+  return formed_.count(mesh.epoch()) > 0;
+}
+
+void MeshManager::SetState(const baton::v1::Mesh& mesh, baton::v1::WorkerState state) {
+  registry_->SetState({mesh.worker_names().begin(), mesh.worker_names().end()}, state);
+}
+
+std::string MeshManager::DeadWorkerIn(const baton::v1::Mesh& mesh) const {
+  const std::vector<size_t> dead = DeadRanksIn(mesh);
+  if (dead.empty()) return "";
+  const int r = static_cast<int>(dead.front());
+  auto info = registry_->Get(mesh.worker_names(r));
+  return absl::StrFormat("%s is DEAD: no heartbeat for %.1f s", WorkerLabel(mesh, r),
+                         info.ok() ? info->heartbeat_age_s() : 0.0);
+}
+
+std::vector<size_t> MeshManager::DeadRanksIn(const baton::v1::Mesh& mesh) const {
+  std::vector<size_t> dead;
+  for (int r = 0; r < mesh.worker_names_size(); ++r) {
+    auto info = registry_->Get(mesh.worker_names(r));
+    if (!info.ok() || info->state() == baton::v1::DEAD) dead.push_back(static_cast<size_t>(r));
+  }
+  return dead;
+}
+
+std::string MeshManager::ExplainFailure(const baton::v1::Mesh& mesh, const std::vector<grpc::Status>& statuses) {
+  // A dead worker explains everything else; then one that does not answer
+  // now (a crashed worker refuses connections at once, while the survivors
+  // only report that a collective failed); then whatever a worker reported.
+  std::string dead = DeadWorkerIn(mesh);
+  if (!dead.empty()) return dead;
+  FanOut fan_out;
+  fan_out.deadline = kProbeDeadline;
+  auto probes = dispatcher_->Call<GetInfoRpc>(Addresses(mesh), [](size_t) { return baton::v1::GetInfoRequest(); },
+                                              fan_out);
+  for (size_t r = 0; r < probes.size(); ++r) {
+    if (probes[r].status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return absl::StrCat(WorkerLabel(mesh, static_cast<int>(r)), " is unreachable (",
+                          probes[r].status.error_message(), ")");
+    }
+  }
+  std::vector<std::string> other;
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    const grpc::Status& s = statuses[r];
+    // Calls we cancelled after another failed explain nothing.
+    if (s.ok() || s.error_code() == grpc::StatusCode::CANCELLED) continue;
+    other.push_back(absl::StrCat(WorkerLabel(mesh, static_cast<int>(r)), ": ", s.error_message()));
+  }
+  if (!other.empty()) {
+    return absl::StrCat(other.front(), other.size() > 1 ? absl::StrCat(" (and ", other.size() - 1, " more)") : "");
+  }
+  return "unknown failure";
+}
+
+std::string MeshManager::AbortWith(const baton::v1::Mesh& mesh, const std::vector<grpc::Status>& statuses,
+                                   const std::string& abort_reason) {
+  const std::string why = abort_reason.empty() ? ExplainFailure(mesh, statuses) : abort_reason;
+  Abort(mesh, why);
+  return why;
+}
+
+}  // namespace baton
