@@ -14,6 +14,8 @@
 #   ./dev.sh bench-tp  install what is missing, run bench/tp.sh (FSDP vs TP)
 #   ./dev.sh bench-checkpoint  install what is missing, run bench/checkpoint.sh
 #   ./dev.sh fuzz SECONDS  install what is missing, run bench/fuzz.sh (libFuzzer targets)
+#   ./dev.sh bench-dispatch  install what is missing, run bench/dispatch.sh
+#                   (the controller driving 8 .. 1,024 fake workers)
 # Installing is idempotent: apt is not called when every package is present.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -139,5 +141,6 @@ case "${1:-}" in
   bench-tp) install_missing; shift; bench/tp.sh "$@"; bazel shutdown ;;
   bench-checkpoint) install_missing; shift; bench/checkpoint.sh "$@"; bazel shutdown ;;
   fuzz) install_missing; shift; bench/fuzz.sh "$@"; bazel shutdown ;;
-  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|fuzz" >&2; exit 2 ;;
+  bench-dispatch) install_missing; shift; status=0; bench/dispatch.sh "$@" || status=$?; bazel shutdown; exit $status ;;
+  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|bench-dispatch|fuzz" >&2; exit 2 ;;
 esac

@@ -157,6 +157,9 @@ int Run(const std::string& path) {
   if (last.step() > 0) {
     std::printf("%s%s", FormatMeasuredVsPredicted(*created, last, json).c_str(), json ? "\n" : "");
   }
+  // FINISHED, it holds its workers until its client lets go (it could still
+  // be saved): let go now rather than when the lease lapses.
+  (*client)->StopJob(job_id).IgnoreError();
   if (failed_saves > 0) {
     std::fprintf(stderr, "baton run: the job ran to its end but %d checkpoint saves failed\n", failed_saves);
     return 1;

@@ -184,7 +184,7 @@ void CheckpointCoordinator::Record(const absl::StatusOr<baton::v1::CheckpointInf
     return;
   }
   const std::string why = std::string(outcome.status().message());
-  if (periodic) job_->RecordCheckpointFailure(why);
+  job_->RecordCheckpointFailure(why, periodic);
   events_->Append(JobEvent(baton::v1::Event::CHECKPOINT_FAILED, job_->id(), step, "", why));
 }
 

@@ -119,12 +119,12 @@ void Job::RecordCheckpoint(const baton::v1::CheckpointInfo& info) {
   log_.Add(std::move(entry));
 }
 
-int Job::RecordCheckpointFailure(const std::string& why) {
+int Job::RecordCheckpointFailure(const std::string& why, bool periodic) {
   baton::v1::JobLogEntry entry;
   entry.set_checkpoint_error(why);
   absl::MutexLock lock(&mu_);
   status_.set_checkpoint_error(why);
-  status_.set_checkpoint_failures(status_.checkpoint_failures() + 1);
+  if (periodic) status_.set_checkpoint_failures(status_.checkpoint_failures() + 1);
   status_.set_checkpoint_failures_total(status_.checkpoint_failures_total() + 1);
   log_.Add(std::move(entry));
   return status_.checkpoint_failures();
@@ -226,7 +226,9 @@ void Job::EndCall(absl::Time now) {
 
 bool Job::LeaseLapsed(absl::Time now) const {
   absl::MutexLock lock(&mu_);
-  if (detached_ || IsEnded(status_.state()) || calls_in_flight_ > 0) return false;
+  // An ended attached job may still hold its workers (FINISHED, for a last
+  // save): its lease frees them too.
+  if (detached_ || calls_in_flight_ > 0) return false;
   return now - last_call_ > absl::Milliseconds(status_.lease_ms());
 }
 

@@ -74,9 +74,10 @@ class Job {
   void SetStart(int step, uint64_t data_seed, const baton::v1::CheckpointInfo& restored) ABSL_LOCKS_EXCLUDED(mu_);
   // A completed step (comm_bytes: all ranks together): counted and logged.
   void RecordStep(const baton::v1::StepMetrics& m, int64_t comm_bytes) ABSL_LOCKS_EXCLUDED(mu_);
-  // A published save; and a failed one, returning how many failed in a row.
+  // A published save; and a failed one (a periodic one counts towards
+  // checkpoint.max_failures), returning how many failed in a row.
   void RecordCheckpoint(const baton::v1::CheckpointInfo& info) ABSL_LOCKS_EXCLUDED(mu_);
-  int RecordCheckpointFailure(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  int RecordCheckpointFailure(const std::string& why, bool periodic) ABSL_LOCKS_EXCLUDED(mu_);
   void SetCheckpointInFlight(int step) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Why the runner should stop working on it ("" while it should go on).

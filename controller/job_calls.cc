@@ -87,7 +87,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> JobManager::Save(const std::string& id
     absl::MutexLock lock(&mu_);
     if (auto it = runners_.find(id); it != runners_.end()) runner = it->second;
   }
-  if (runner == nullptr || (*job)->state() != baton::v1::JOB_RUNNING) {
+  if (runner == nullptr) {
     const baton::v1::JobStatus s = (*job)->status();
     if (s.state() == baton::v1::JOB_FAILED) {
       return absl::FailedPreconditionError(absl::StrCat("job ", id, " FAILED: its state is not trustworthy to save"));

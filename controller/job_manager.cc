@@ -258,9 +258,20 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::Stop(const std::string& id, con
   if (queued) {
     EndPending(**job, baton::v1::JOB_STOPPED, cause);
     Schedule();  // the ones behind it may fit now
-  } else if (!(*job)->ended()) {
-    (*job)->RequestStop(cause);
-    (*job)->AwaitStep(std::numeric_limits<int>::max(), absl::Now() + kStopWait);  // returns once it ended
+    return (*job)->status();
+  }
+  // Running, or FINISHED and still holding its workers: its runner ends it
+  // and frees them.
+  (*job)->RequestStop(cause);
+  const absl::Time give_up = absl::Now() + kStopWait;
+  while (absl::Now() < give_up) {
+    bool holding;
+    {
+      absl::MutexLock lock(&mu_);
+      holding = runners_.count(id) > 0;
+    }
+    if (!holding && ((*job)->ended() || (*job)->state() == baton::v1::JOB_PENDING)) break;
+    absl::SleepFor(absl::Milliseconds(10));
   }
   return (*job)->status();
 }

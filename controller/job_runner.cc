@@ -136,7 +136,14 @@ void JobRunner::Run() {
                                                      status.checkpoint_error()));
     }
   }
-  End(baton::v1::JOB_FINISHED, "");
+  if (job_->detached()) return End(baton::v1::JOB_FINISHED, "");
+  // An attached job that ran its last step is FINISHED, and keeps its
+  // workers (its state) while its client holds it: the client may still
+  // save it. They are freed when the client stops it or its lease lapses.
+  if (!Conclude(baton::v1::JOB_FINISHED, "")) return Release("");
+  while (job_->AwaitWork(absl::Seconds(1)) == Job::Interrupt::kNone) {
+  }
+  Release(absl::StrCat("job ", job_->id(), " FINISHED and released by its client"));
 }
 
 absl::Status JobRunner::RunStep(int step) {
@@ -199,7 +206,8 @@ absl::Status JobRunner::RunStep(int step) {
 
 absl::StatusOr<baton::v1::CheckpointInfo> JobRunner::Save(const std::string& dir, bool async) {
   absl::MutexLock work(&job_->work_mu());
-  if (job_->state() != baton::v1::JOB_RUNNING) {
+  const baton::v1::JobState state = job_->state();
+  if ((state != baton::v1::JOB_RUNNING && state != baton::v1::JOB_FINISHED) || !context_.meshes->Intact(mesh_)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_->id(), " is ",
                                                       baton::v1::JobState_Name(job_->state()), ": nothing to save"));
   }
@@ -208,7 +216,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> JobRunner::Save(const std::string& dir
   return saved;
 }
 
-void JobRunner::End(baton::v1::JobState state, const std::string& cause) {
+bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
   // The last async save is published (or fails) while the workers still
   // hold its pieces.
   checkpoints_.AwaitInFlight(CheckpointCoordinator::kSaveDeadline).IgnoreError();
@@ -220,15 +228,6 @@ void JobRunner::End(baton::v1::JobState state, const std::string& cause) {
     why = absl::StrCat(status.checkpoint_failures(), " checkpoint saves failed in a row; the last: ",
                        status.checkpoint_error());
   }
-  const bool shutdown = state == baton::v1::JOB_PENDING && cause.empty();
-  context_.meshes->Release(job_->id(), shutdown ? "the controller is shutting down"
-                                                : absl::StrCat("job ", job_->id(), " ",
-                                                               baton::v1::JobState_Name(state)));
-  job_->SetMesh(baton::v1::Mesh());
-  if (shutdown) {
-    context_.persist(*job_);  // as it is: the next controller takes it up
-    return;
-  }
   job_->Enter(state, why);
   const baton::v1::Event::Kind kind = state == baton::v1::JOB_FINISHED  ? baton::v1::Event::JOB_FINISHED
                                       : state == baton::v1::JOB_STOPPED ? baton::v1::Event::JOB_STOPPED
@@ -238,7 +237,31 @@ void JobRunner::End(baton::v1::JobState state, const std::string& cause) {
                                    state == baton::v1::JOB_FINISHED ? absl::StrCat("after ", job_->step(), " steps") : "",
                                    why));
   context_.persist(*job_);
+  return state == baton::v1::JOB_FINISHED;
+}
+
+void JobRunner::Release(const std::string& reason) {
+  checkpoints_.AwaitInFlight(CheckpointCoordinator::kSaveDeadline).IgnoreError();
+  context_.meshes->Release(job_->id(), reason.empty() ? absl::StrCat("job ", job_->id(), " ",
+                                                                     baton::v1::JobState_Name(job_->state()))
+                                                      : reason);
+  job_->SetMesh(baton::v1::Mesh());
+  context_.persist(*job_);
   context_.on_end(*job_);
+}
+
+void JobRunner::End(baton::v1::JobState state, const std::string& cause) {
+  if (state == baton::v1::JOB_PENDING && cause.empty()) {
+    // The controller is shutting down: the job stays as it is, for the next
+    // controller to take up.
+    checkpoints_.AwaitInFlight(CheckpointCoordinator::kSaveDeadline).IgnoreError();
+    context_.meshes->Release(job_->id(), "the controller is shutting down");
+    job_->SetMesh(baton::v1::Mesh());
+    context_.persist(*job_);
+    return;
+  }
+  Conclude(state, cause);
+  Release("");
 }
 
 }  // namespace baton

@@ -67,7 +67,8 @@ class JobRunner {
   Job& job() { return *job_; }
   const RestorePlan& restore() const { return restore_; }
 
-  // A save the client asked for, between steps.
+  // A save the client asked for, between steps (or after the last one,
+  // while the job still holds its workers).
   absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& dir, bool async);
   absl::Status AwaitSave(absl::Duration timeout) { return checkpoints_.AwaitInFlight(timeout); }
 
@@ -75,9 +76,15 @@ class JobRunner {
   void Run();
   absl::Status Place();
   absl::Status RunStep(int step);
-  // Gives the workers back and ends the job in `state` (unless it is only
-  // leaving for a shutdown, or going back to PENDING).
+  // Ends the job in `state` (JOB_PENDING: back in line) and gives its
+  // workers back; JOB_PENDING without a cause: the controller is shutting
+  // down and the job stays as it is.
   void End(baton::v1::JobState state, const std::string& cause);
+  // The job's new state (FINISHED turns FAILED when its saves failed),
+  // logged, persisted; whether it FINISHED.
+  bool Conclude(baton::v1::JobState state, const std::string& cause);
+  // Frees the job's workers and tells the manager.
+  void Release(const std::string& reason);
 
   const std::shared_ptr<Job> job_;
   const RestorePlan restore_;

@@ -57,9 +57,14 @@ absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const st
   if (reserved_.count(owner)) return absl::FailedPreconditionError(absl::StrCat(owner, " already holds workers"));
   std::vector<baton::v1::WorkerInfo> chosen;
   int free = 0, dead = 0, held = 0;
+  std::vector<std::string> dead_workers;
   for (const auto& w : fleet) {
     if (w.state() == baton::v1::DEAD) {
       ++dead;
+      if (dead_workers.size() < 8) {
+        dead_workers.push_back(absl::StrFormat("worker %s (rank %d), last heartbeat %.1f s ago", w.name(), w.rank(),
+                                               w.heartbeat_age_s()));
+      }
     } else if (held_by_.count(w.name())) {
       ++held;
     } else {
@@ -68,7 +73,7 @@ absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const st
   }
   auto counts = [&] {
     return absl::StrCat(free, " of ", fleet.size(), " registered are free (", held, " held by other jobs or checks, ",
-                        dead, " DEAD)");
+                        dead, " DEAD", dead_workers.empty() ? "" : ": ", absl::StrJoin(dead_workers, "; "), ")");
   };
   if (!named.empty()) {
     for (const std::string& name : named) {

@@ -218,7 +218,9 @@ TEST(ClusterTest, BadInputGetsClearErrorsAndDaemonsKeepServing) {
   std::printf("mesh too big: %s", too_big.output.c_str());
   EXPECT_EQ(too_big.exit_code, 1);
   EXPECT_TRUE(absl::StrContains(too_big.output, "needs 16 workers")) << too_big.output;
-  EXPECT_TRUE(absl::StrContains(too_big.output, "FAILED_PRECONDITION")) << too_big.output;
+  // Not enough free workers: RESOURCE_EXHAUSTED with the counts.
+  EXPECT_TRUE(absl::StrContains(too_big.output, "RESOURCE_EXHAUSTED")) << too_big.output;
+  EXPECT_TRUE(absl::StrContains(too_big.output, "2 of 2 registered are free")) << too_big.output;
 
   auto unknown_axis = run({"--mesh=dp=2", "--axes=tp"});
   EXPECT_EQ(unknown_axis.exit_code, 1);

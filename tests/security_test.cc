@@ -98,7 +98,15 @@ TEST(SecurityTest, EveryRpcOfEveryServiceNeedsItsToken) {
   std::printf("%d RPCs of 3 services: %d UNAUTHENTICATED without a token, %d PERMISSION_DENIED with a wrong one, "
               "%d PERMISSION_DENIED with the other role's token\n",
               rpcs, unauthenticated, wrong_denied, other_role_denied);
-  EXPECT_EQ(rpcs, 9 + 8 + 9);
+  EXPECT_EQ(rpcs, 13 + 8 + 9);
+  // gRPC reflection is off: it would describe the API to strangers before
+  // any token is checked.
+  for (const auto& address : {cluster->controller_address(), worker_address}) {
+    const grpc::Status reflection =
+        CallWithToken(address, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "");
+    std::printf("reflection on %s without a token: %s\n", address.c_str(), reflection.error_message().c_str());
+    EXPECT_EQ(reflection.error_code(), grpc::StatusCode::UNIMPLEMENTED) << reflection.error_message();
+  }
   const grpc::Status create = CallWithToken(cluster->controller_address(), "/baton.v1.Controller/CreateJob",
                                             worker_token);
   const grpc::Status reg = CallWithToken(cluster->controller_address(), "/baton.v1.Registry/Register", client_token);

@@ -1,0 +1,142 @@
+"""Driver of bench/dispatch.sh: one controller and one fake fleet per size."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def threads(pid):
+    for line in open("/proc/%d/status" % pid):
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def wait_file(path, proc, what, timeout=120):
+    end = time.time() + timeout
+    while time.time() < end:
+        if os.path.exists(path) and open(path).read().strip():
+            return open(path).read().strip()
+        if proc.poll() is not None:
+            raise RuntimeError("%s exited with %s" % (what, proc.returncode))
+        time.sleep(0.05)
+    raise RuntimeError("%s not ready in %d s" % (what, timeout))
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))]
+
+
+def run_size(bin_dir, n, steps, tmp):
+    procs = []
+    try:
+        port_file = os.path.join(tmp, "controller-%d.addr" % n)
+        ctl = subprocess.Popen([os.path.join(bin_dir, "controller/baton-controller"), "--port=0",
+                                "--port_file=" + port_file, "--heartbeat_interval_ms=2000",
+                                "--heartbeat_timeout_ms=30000", "--checkpoint_root=" + tmp,
+                                "--state_dir=" + os.path.join(tmp, "state-%d" % n)],
+                               stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "ctl-%d.log" % n), "w"))
+        procs.append(ctl)
+        addr = wait_file(port_file, ctl, "baton-controller")
+        ready = os.path.join(tmp, "fleet-%d.ready" % n)
+        fleet = subprocess.Popen([os.path.join(bin_dir, "bench/fake_worker_fleet"), "--controller=" + addr,
+                                  "--workers=%d" % n, "--ready_file=" + ready],
+                                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "fleet-%d.log" % n), "w"))
+        procs.append(fleet)
+        wait_file(ready, fleet, "fake_worker_fleet", timeout=300)
+        job = os.path.join(tmp, "dispatch-%d.textproto" % n)
+        with open(job, "w") as f:
+            f.write('name: "dispatch-%d"\nmodel { mlp { d_model: 8 blocks: 1 } }\nmesh { name: "dp" size: %d }\n'
+                    'plan { mode: DDP }\noptimizer { lr: 0.01 }\ndata { synthetic {} batch_size: %d }\n'
+                    'steps: %d\nseed: 1\n' % (n, n, n, steps))
+        env = dict(os.environ)
+        env.pop("BATON_TOKEN_FILE", None)
+        run = subprocess.Popen([os.path.join(bin_dir, "client/baton"), "run", "--controller=" + addr, job,
+                                "--output=json"], stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "run-%d.log" % n), "w"),
+                               env=env, text=True)
+        procs.append(run)
+        most_threads = [0]
+        sampling = [True]
+
+        def sample():
+            while sampling[0]:
+                most_threads[0] = max(most_threads[0], threads(ctl.pid))
+                time.sleep(0.02)
+
+        sampler = threading.Thread(target=sample)
+        dispatch = []
+        t0 = c0 = None
+        for line in run.stdout:
+            if not line.startswith('{"step":'):
+                continue
+            m = json.loads(line)
+            if t0 is None:  # from the first step on: placement and loading excluded
+                t0, c0 = time.time(), cpu_seconds(ctl.pid)
+                sampler.start()
+                continue
+            dispatch.append(float(m["step_ms"]))
+        t1, c1 = time.time(), cpu_seconds(ctl.pid)
+        sampling[0] = False
+        if sampler.is_alive():
+            sampler.join()
+        run.wait(timeout=60)
+        if run.returncode != 0 or not dispatch:
+            raise RuntimeError("baton run exited %s (log %s)" % (run.returncode, os.path.join(tmp, "run-%d.log" % n)))
+        k = len(dispatch)
+        return {"workers": n, "p50": pct(dispatch, 50), "p99": pct(dispatch, 99), "step": (t1 - t0) / k * 1e3,
+                "cpu": (c1 - c0) / k * 1e3, "threads": most_threads[0], "steps": k}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="bazel-bin")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("sizes", type=int, nargs="+")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="baton-dispatch-")
+    rows = []
+    try:
+        for n in args.sizes:
+            r = run_size(args.bin, n, args.steps, tmp)
+            rows.append(r)
+            print("%5d workers: dispatch p50 %7.2f ms  p99 %7.2f ms  step %7.2f ms  controller CPU/step %6.2f ms  "
+                  "threads %3d  (%d steps)" % (r["workers"], r["p50"], r["p99"], r["step"], r["cpu"], r["threads"],
+                                               r["steps"]), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    big = [r for r in rows if r["workers"] == 1024]
+    if big:
+        r = big[0]
+        ok = r["p50"] <= 10.0 and r["threads"] <= 64
+        print("at 1024 workers: p50 %.2f ms (target <= 10), controller threads %d (target <= 64): %s"
+              % (r["p50"], r["threads"], "targets met" if ok else "TARGET MISSED"))
+        return 0 if ok else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The controller's dispatch at scale: a controller driving 8, 64, 256 and
+# 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering
+# LoadProgram and RunStep at once, so only the controller's own work is
+# measured). For each size, a DDP job of a tiny MLP on a mesh of all of them
+# runs STEPS steps through `baton run`; printed per size:
+#   dispatch p50 / p99   the controller's wall time of one RunStep fan-out
+#                        (StepMetrics.step_ms)
+#   step                 the client's wall time per step (a Step RPC each)
+#   CPU/step             the controller's user+system CPU per step
+#   threads              the most threads the controller had during the steps
+# Targets at 1,024 workers: p50 <= 10 ms and threads <= 64; exit 1 if missed.
+#
+#   bench/dispatch.sh [STEPS] [SIZES...]    (default 40; 8 64 256 1024)
+#
+# Runs through ./dev.sh bench-dispatch, which installs what is missing first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${1:-40}
+shift || true
+SIZES=("$@")
+[ ${#SIZES[@]} -gt 0 ] || SIZES=(8 64 256 1024)
+targets=(//client:baton //controller:baton-controller //bench:fake_worker_fleet)
+bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
+exec /usr/bin/python3 bench/dispatch.py --bin bazel-bin --steps "$STEPS" "${SIZES[@]}"
