@@ -126,13 +126,17 @@ int StatusCommand() {
                 absl::StrJoin(m.worker_names(), ", ").c_str(),
                 m.job_id().empty() ? "(idle)" : absl::StrCat("(", m.job_id(), ")").c_str());
   }
-  int ended = 0;
+  // Every job not ended, and the newest few that are.
+  constexpr int kEndedShown = 5;
+  int ended = 0, shown_ended = 0;
   for (const auto& job : status->jobs()) {
-    if (job.state() == baton::v1::JOB_FINISHED || job.state() == baton::v1::JOB_STOPPED ||
-        job.state() == baton::v1::JOB_FAILED) {
-      ++ended;
-      continue;
-    }
+    ended += job.state() == baton::v1::JOB_FINISHED || job.state() == baton::v1::JOB_STOPPED ||
+             job.state() == baton::v1::JOB_FAILED;
+  }
+  for (const auto& job : status->jobs()) {
+    const bool is_ended = job.state() == baton::v1::JOB_FINISHED || job.state() == baton::v1::JOB_STOPPED ||
+                          job.state() == baton::v1::JOB_FAILED;
+    if (is_ended && ++shown_ended <= ended - kEndedShown) continue;
     std::printf("job: %s \"%s\" %s step %d/%d%s\n", job.job_id().c_str(), Printable(job.name()).c_str(),
                 baton::v1::JobState_Name(job.state()).c_str(), job.step(), job.steps(),
                 job.mesh_id().empty() ? "" : absl::StrCat(" on ", job.mesh_id()).c_str());

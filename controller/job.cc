@@ -19,6 +19,7 @@ Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
       plan_(std::move(plan)),
       status_(std::move(*record.mutable_status())) {
   target_step_ = status_.step();
+  settled_step_ = status_.step();
   last_call_ = absl::Now();
 }
 
@@ -92,6 +93,7 @@ void Job::SetStart(int step, uint64_t data_seed, const baton::v1::CheckpointInfo
   status_.set_start_step(step);
   status_.set_data_seed(data_seed);
   target_step_ = detached_ ? status_.steps() : step;
+  settled_step_ = step;
 }
 
 void Job::RecordStep(const baton::v1::StepMetrics& m, int64_t comm_bytes) {
@@ -197,10 +199,15 @@ void Job::SetStepRunning(bool running) {
   step_running_ = running;
 }
 
+void Job::SettleStep(int step) {
+  absl::MutexLock lock(&mu_);
+  settled_step_ = std::max(settled_step_, step);
+}
+
 bool Job::AwaitStep(int step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return status_.step() >= step || IsEnded(status_.state());
+    return settled_step_ >= step || IsEnded(status_.state());
   };
   mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   return status_.step() >= step;

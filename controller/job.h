@@ -105,8 +105,10 @@ class Job {
   bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
   // Marks the next step started (true) or not running any more.
   void SetStepRunning(bool running) ABSL_LOCKS_EXCLUDED(mu_);
-  // Waits until `step` is completed, the job ended or the deadline; whether
-  // the step was completed.
+  // The runner: everything of `step` is done (its periodic save too).
+  void SettleStep(int step) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until `step` is done (SettleStep), the job ended or the deadline;
+  // whether the step was completed.
   bool AwaitStep(int step, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until the job left PENDING (placed, or ended) or the deadline.
   void AwaitPlaced(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
@@ -142,6 +144,7 @@ class Job {
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);
   int target_step_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_running_ ABSL_GUARDED_BY(mu_) = false;
+  int settled_step_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_call_ ABSL_GUARDED_BY(mu_);
   int64_t collective_timeout_ms_ ABSL_GUARDED_BY(mu_) = 30000;

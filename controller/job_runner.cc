@@ -130,6 +130,7 @@ void JobRunner::Run() {
     }
     context_.persist(*job_);
     const baton::v1::JobStatus status = job_->status();
+    if (status.checkpoint_failures() < max_failures) job_->SettleStep(status.step());
     if (status.checkpoint_failures() >= max_failures) {
       return End(baton::v1::JOB_FAILED, absl::StrCat(status.checkpoint_failures(), " checkpoint saves failed in a row "
                                                      "(checkpoint.max_failures ", max_failures, "); the last: ",

@@ -134,7 +134,9 @@ TEST(JobManagerTest, StoppingOneJobLeavesTheOtherRunning) {
   EXPECT_EQ((*b)->step(), 30);
   for (const auto& e : h.EventsOf(baton::v1::Event::MESH_ABORTED)) {
     // Released when it finished; never before.
-    if (e.mesh_id() == b_mesh) EXPECT_EQ(e.cause(), absl::StrCat("job ", (*b)->id(), " JOB_FINISHED"));
+    if (e.mesh_id() == b_mesh) {
+      EXPECT_EQ(e.cause(), absl::StrCat("job ", (*b)->id(), " JOB_FINISHED"));
+    }
   }
 }
 

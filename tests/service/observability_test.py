@@ -54,15 +54,15 @@ def http_get(url, timeout=5):
 
 
 class Fleet:
-    """`baton up` with 4 workers and HTTP on; stopped by pid."""
+    """`baton up` (4 workers unless told) with HTTP on; stopped by pid."""
 
-    def __init__(self, baton, controller_bin, worker_bin, tmp):
+    def __init__(self, baton, controller_bin, worker_bin, tmp, workers=4):
         self.baton = baton
         self.env = dict(os.environ, BATON_TOKEN_FILE=os.path.join(tmp, "client.token"))
         addr_file = os.path.join(tmp, "controller.addr")
         self.log = open(os.path.join(tmp, "up.log"), "w")
         self.proc = subprocess.Popen(
-            [baton, "up", "--workers=4", "--http_port=0", "--address_file=" + addr_file,
+            [baton, "up", "--workers=%d" % workers, "--http_port=0", "--address_file=" + addr_file,
              "--controller_bin=" + controller_bin, "--worker_bin=" + worker_bin],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         while not os.path.exists(addr_file) or not open(addr_file).read():

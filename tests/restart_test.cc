@@ -1,0 +1,186 @@
+// A controller that dies and comes back: `baton up` with its job table in a
+// state directory; the controller SIGKILLed during a detached job that
+// checkpoints every 5 steps and an attached `baton run`. `baton up` starts
+// it again on the same port; the workers re-register within 3 s; the
+// detached job resumes from its last checkpoint and finishes, its losses
+// after the resume bit-identical to an uninterrupted run; the attached
+// client's run ends naming the controller restart.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "tests/cluster_util.h"
+#include "tests/process_util.h"
+#include "tests/step_lines.h"
+
+namespace baton {
+namespace {
+
+using testing::Field;
+using testing::JsonLines;
+using testing::ReadFile;
+using testing::RunCommand;
+using testing::Runfile;
+
+std::string Baton() { return testing::BatonBinary(); }
+
+std::string WriteJob(const std::string& dir, const std::string& name, int steps, const std::string& checkpoint) {
+  std::string text = ReadFile(Runfile("examples/decoder_fsdp2.textproto"));
+  text.replace(text.find("name: \"decoder_fsdp2\""), 21, absl::StrCat("name: \"", name, "\""));
+  text.replace(text.find("steps: 20"), 9, absl::StrCat("steps: ", steps));
+  if (!checkpoint.empty()) absl::StrAppend(&text, "\ncheckpoint { dir: \"", checkpoint, "\" every_n_steps: 5 }\n");
+  const std::string path = absl::StrCat(dir, "/", name, ".textproto");
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return path;
+}
+
+// step -> loss of the step lines of `output`; a step seen twice keeps its
+// last line (a resumed job runs again the steps after its checkpoint).
+std::map<int, double> StepLosses(const std::string& output) {
+  std::map<int, double> out;
+  for (const auto& line : JsonLines(output)) out[static_cast<int>(Field(line, "step"))] = Field(line, "loss");
+  return out;
+}
+
+pid_t PidIn(const std::string& up_log, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(up_log, '\n')) {
+    if (absl::StartsWith(line, name + ": pid ")) {
+      int pid = 0;
+      if (absl::SimpleAtoi(line.substr(name.size() + 6), &pid)) return pid;
+    }
+  }
+  return 0;
+}
+
+TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
+  const std::string dir = testing::TempDir("restart");
+  const std::string root = dir + "/root";
+  ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
+  setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
+  auto up = testing::StartBackground(
+      {Baton(), "up", "--workers=4", "--address_file=" + dir + "/addr", "--checkpoint_root=" + root, "--http_port=-1",
+       "--controller_bin=" + Runfile("controller/baton-controller"), "--worker_bin=" + Runfile("worker/baton-worker")},
+      dir + "/up.log");
+  const std::string addr = testing::AwaitLine(dir + "/addr", absl::Seconds(60));
+  ASSERT_FALSE(addr.empty()) << ReadFile(dir + "/up.log");
+  const pid_t controller = PidIn(ReadFile(dir + "/up.log"), "controller");
+  ASSERT_GT(controller, 0) << ReadFile(dir + "/up.log");
+  auto cli = [&](std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
+    args.insert(args.begin(), Baton());
+    args.push_back("--controller=" + addr);
+    return RunCommand(args, timeout);
+  };
+  auto id_of = [](const testing::CommandResult& r) {
+    std::vector<std::string> lines = absl::StrSplit(r.output, '\n', absl::SkipEmpty());
+    return lines.empty() ? std::string() : lines.back();
+  };
+
+  // The uninterrupted run, detached, to compare with.
+  const int kSteps = 120;
+  const std::string straight = id_of(cli({"submit", WriteJob(dir, "straight", kSteps, "straight")}));
+  auto straight_log = cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(180));
+  ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;
+  const std::map<int, double> uninterrupted = StepLosses(straight_log.output);
+  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
+
+  // The same job again, and an attached run beside it.
+  const std::string detached = id_of(cli({"submit", WriteJob(dir, "detached", kSteps, "detached")}));
+  auto attached = testing::StartBackground(
+      {Baton(), "run", "--controller=" + addr, WriteJob(dir, "attached", 100000, "")}, dir + "/attached.log");
+  auto client = Client::Connect(addr);
+  ASSERT_TRUE(client.ok());
+  auto step_of = [&](const std::string& id) {
+    auto job = (*client)->GetJob(id);
+    return job.ok() ? job->step() : -1;
+  };
+  const absl::Time wait_until = absl::Now() + absl::Seconds(60);
+  while ((step_of(detached) < 12 || !absl::StrContains(ReadFile(dir + "/attached.log"), "step    2/")) &&
+         absl::Now() < wait_until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const int killed_at = step_of(detached);
+  ASSERT_GE(killed_at, 12);
+  ASSERT_LT(killed_at, kSteps) << "the job ended before the kill";
+
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(controller, SIGKILL), 0);
+  // `baton up` starts it again on the same address.
+  // Fresh connections, so the time is the controller's, not a channel's
+  // backoff.
+  auto answers = [&] {
+    auto c = Client::Connect(addr, absl::Milliseconds(200));
+    return c.ok() && (*c)->Status().ok();
+  };
+  while (!answers() && absl::Now() - killed < absl::Seconds(30)) absl::SleepFor(absl::Milliseconds(20));
+  const absl::Time answered = absl::Now();
+  auto again = Client::Connect(addr, absl::Seconds(5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  int registered = 0;
+  while (absl::Now() - answered < absl::Seconds(15)) {
+    auto status = (*again)->Status();
+    registered = 0;
+    if (status.ok()) {
+      for (const auto& w : status->workers()) registered += w.state() != baton::v1::DEAD;
+    }
+    if (registered == 4) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const double back_s = absl::ToDoubleSeconds(absl::Now() - answered);
+  std::printf("controller SIGKILLed at step %d of %s; answering again %.2f s later; all 4 workers re-registered %.2f s "
+              "after that (limit 3.0 s)\n",
+              killed_at, detached.c_str(), absl::ToDoubleSeconds(answered - killed), back_s);
+  EXPECT_EQ(registered, 4);
+  EXPECT_LE(back_s, 3.0);
+  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/up.log"), '\n')) {
+    if (absl::StrContains(line, "controller") && !absl::StartsWith(line, "event")) std::printf("  up: %s\n", std::string(line).c_str());
+  }
+
+  // The detached job resumes from its last checkpoint and finishes.
+  auto resumed = cli({"logs", detached, "--follow", "--output=json"}, absl::Seconds(180));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  const size_t requeued = resumed.output.find("\"resumes\":1");
+  ASSERT_NE(requeued, std::string::npos) << resumed.output;
+  const std::map<int, double> after = StepLosses(resumed.output.substr(requeued));
+  ASSERT_FALSE(after.empty());
+  int identical = 0;
+  for (const auto& [step, loss] : after) identical += uninterrupted.count(step) && uninterrupted.at(step) == loss;
+  std::printf("%s resumed from step %d (checkpoint every 5, killed at step %d): steps %d-%d, %d of %zu losses "
+              "bit-identical to the uninterrupted run\n",
+              detached.c_str(), after.begin()->first - 1, killed_at, after.begin()->first, after.rbegin()->first,
+              identical, after.size());
+  EXPECT_EQ(after.begin()->first - 1, killed_at / 5 * 5);
+  EXPECT_EQ(after.rbegin()->first, kSteps);
+  EXPECT_EQ(identical, static_cast<int>(after.size()));
+
+  // The attached client: its run ends, naming the restart.
+  bool timed_out = false;
+  const int code = testing::WaitBackground(attached, absl::Seconds(40), &timed_out);
+  const std::string attached_log = ReadFile(dir + "/attached.log");
+  std::printf("attached baton run: exit %d%s: %s", code, timed_out ? " (timed out)" : "",
+              attached_log.substr(attached_log.rfind("baton run:") == std::string::npos ? 0 : attached_log.rfind("baton run:"))
+                  .c_str());
+  EXPECT_FALSE(timed_out);
+  EXPECT_NE(code, 0);
+  EXPECT_TRUE(absl::StrContains(attached_log, "controller restarted")) << attached_log;
+
+  kill(up.pid, SIGTERM);
+  EXPECT_EQ(testing::WaitBackground(up, absl::Seconds(20)), 0);
+  const std::string up_log = ReadFile(dir + "/up.log");
+  for (const std::string name : {"worker-0", "worker-1", "worker-2", "worker-3"}) {
+    EXPECT_TRUE(testing::ProcessGone(PidIn(up_log, name))) << name << " left behind";
+  }
+  EXPECT_TRUE(absl::StrContains(up_log, "controller restarted on " + addr)) << up_log;
+}
+
+}  // namespace
+}  // namespace baton

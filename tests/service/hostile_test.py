@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""Hostile clients against a local fleet (`baton up`, 2 workers, HTTP on):
+
+1. A gRPC client that is not ours (python3-grpcio) with a valid token sends
+   Step, StopJob and ListJobs for a 15 MiB job id of NUL bytes: each is
+   answered within 1 s, with a bounded message.
+2. `baton plan` of /dev/zero, of a FIFO and of a 5 MiB file: refused within
+   1 s each.
+3. 200 slow HTTP connections (a header byte every 2 s) held for 30 s from
+   127.0.0.1, while /api/status is probed from 127.0.0.2 every 0.5 s: every
+   probe is answered.
+4. A job named with terminal escapes, CR and LF: `baton jobs`, `baton status`
+   and `baton watch` print it escaped (no raw control byte reaches the
+   terminal).
+
+Usage: hostile_test.py BATON CONTROLLER_BIN WORKER_BIN EXAMPLE_JOB
+Every process it starts is ended by pid; every wait is bounded.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from observability_test import Fleet, check, failures, field  # noqa: E402
+
+SLOW_CONNECTIONS = 200
+SLOW_SECONDS = 30
+
+
+def varint(n):
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def string_field(number, value):
+    return varint(number << 3 | 2) + varint(len(value)) + value
+
+
+def grpc_part(fleet):
+    import grpc
+    token = open(fleet.env["BATON_TOKEN_FILE"]).read().strip()
+    huge = b"\0" * (15 << 20)
+    options = [("grpc.max_send_message_length", 32 << 20), ("grpc.max_receive_message_length", 32 << 20)]
+    with grpc.insecure_channel(fleet.address, options=options) as channel:
+        for method, request in (("Step", string_field(1, huge)), ("StopJob", string_field(1, huge)),
+                                ("ListJobs", string_field(1, huge)), ("KeepAlive", string_field(1, huge))):
+            rpc = channel.unary_unary("/baton.v1.Controller/" + method, request_serializer=lambda b: b,
+                                      response_deserializer=lambda b: b)
+            start = time.time()
+            try:
+                rpc(request, timeout=10, metadata=[("authorization", "Bearer " + token)])
+                code, message = "OK", ""
+            except grpc.RpcError as e:
+                code, message = e.code().name, e.details() or ""
+            took = time.time() - start
+            check(took < 1.0 and code == "INVALID_ARGUMENT" and len(message) < 512,
+                  "%s with a 15 MiB job id of NULs: %s in %.3f s, message of %d bytes: %r"
+                  % (method, code, took, len(message), message[:160]))
+
+
+def plan_part(fleet, tmp):
+    fifo = os.path.join(tmp, "job.fifo")
+    os.mkfifo(fifo)
+    big = os.path.join(tmp, "big.textproto")
+    with open(big, "w") as f:
+        f.write("# " + "x" * (5 << 20) + "\n")
+    for path in ("/dev/zero", fifo, big):
+        start = time.time()
+        r = subprocess.run([fleet.baton, "plan", path], capture_output=True, text=True, timeout=20, env=fleet.env)
+        took = time.time() - start
+        check(r.returncode == 2 and took < 1.0 and "regular file" in r.stderr,
+              "baton plan %s: exit %d in %.3f s: %s" % (path, r.returncode, took, r.stderr.strip()[:200]))
+
+
+def http_part(fleet):
+    host, port = field(fleet.status(), "http_address", "httpAddress").rsplit(":", 1)
+    port = int(port)
+    stop = threading.Event()
+    opened = []
+
+    def slowloris():
+        socks = []
+        for _ in range(SLOW_CONNECTIONS):
+            try:
+                s = socket.create_connection((host, port), timeout=5)
+                s.sendall(b"GET /api/status HTTP/1.1\r\nHost: x\r\n")
+                socks.append(s)
+            except OSError:
+                pass
+        opened.append(len(socks))
+        while not stop.wait(2.0):
+            for s in list(socks):
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    socks.remove(s)
+        opened.append(len(socks))  # still open at the end
+        for s in socks:
+            s.close()
+
+    attacker = threading.Thread(target=slowloris)
+    attacker.start()
+    answered, probes, slowest = 0, 0, 0.0
+    end = time.time() + SLOW_SECONDS
+    import http.client
+    while time.time() < end:
+        probes += 1
+        start = time.time()
+        try:
+            c = http.client.HTTPConnection(host, port, timeout=5, source_address=("127.0.0.2", 0))
+            c.request("GET", "/api/status")
+            r = c.getresponse()
+            body = r.read()
+            if r.status == 200 and json.loads(body).get("workers"):
+                answered += 1
+            c.close()
+        except (OSError, ValueError) as e:
+            print("      probe failed: %s" % e, flush=True)
+        slowest = max(slowest, time.time() - start)
+        time.sleep(0.5)
+    stop.set()
+    attacker.join()
+    check(answered == probes and probes >= 30,
+          "%d slow HTTP connections from 127.0.0.1 (%d connected, %d still held by the server after %d s: the "
+          "per-client bound) while /api/status was probed from 127.0.0.2: %d of %d probes answered, the slowest in "
+          "%.3f s" % (SLOW_CONNECTIONS, opened[0] if opened else 0, opened[-1] if opened else 0, SLOW_SECONDS,
+                      answered, probes, slowest))
+
+
+def names_part(fleet, tmp, example):
+    text = open(example).read()
+    evil = "evil\\x1b[2J\\r\\nname\\x07"
+    lines = [('name: "%s"' % evil) if l.startswith("name:") else l for l in text.splitlines()]
+    lines = ["steps: 2" if l.startswith("steps:") else l for l in lines]
+    path = os.path.join(tmp, "evil.textproto")
+    open(path, "w").write("\n".join(lines) + "\n")
+    r = fleet.cli("submit", path, timeout=60)
+    check(r.returncode == 0, "a job named with escapes submitted: %s" % (r.stdout.strip() or r.stderr.strip()))
+    job = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    fleet.cli("logs", job, "--follow", timeout=120)
+    for args in (("jobs",), ("status",), ("watch", "--seconds=1"), ("logs", job)):
+        out = fleet.cli(*args, timeout=30)
+        raw = [c for c in out.stdout if ord(c) < 0x20 and c not in "\n"]
+        shown = [l for l in out.stdout.splitlines() if "evil" in l]
+        check(out.returncode == 0 and not raw and shown and "\\x1b[2J\\r\\nname\\x07" in shown[0],
+              "baton %s prints the name escaped, no raw control byte (%d raw): %s"
+              % (args[0], len(raw), shown[0][:120] if shown else "(not shown)"))
+
+
+def main():
+    baton, controller_bin, worker_bin, example = sys.argv[1:5]
+    tmp = tempfile.mkdtemp(prefix="baton-hostile-")
+    fleet = None
+    try:
+        fleet = Fleet(baton, controller_bin, worker_bin, tmp, workers=2)
+        grpc_part(fleet)
+        plan_part(fleet, tmp)
+        http_part(fleet)
+        names_part(fleet, tmp, example)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+    if failures:
+        print("\nhostile_test: %d check(s) FAILED" % len(failures))
+        return 1
+    print("\nhostile_test: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
