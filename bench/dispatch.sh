@@ -9,6 +9,10 @@
 #   step                 the client's wall time per step (a Step RPC each)
 #   CPU/step             the controller's user+system CPU per step
 #   threads              the most threads the controller had during the steps
+#   raw gRPC             the same number of round trips with nothing of
+#                        Baton's in them (bench/grpc_floor.cc: unary calls,
+#                        and one message each on streams opened beforehand),
+#                        and dispatch / raw unary
 # Targets at 1,024 workers: p50 <= 10 ms and threads <= 64; exit 1 if missed.
 #
 #   bench/dispatch.sh [STEPS] [SIZES...]    (default 40; 8 64 256 1024)
@@ -20,6 +24,6 @@ STEPS=${1:-40}
 shift || true
 SIZES=("$@")
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(8 64 256 1024)
-targets=(//client:baton //controller:baton-controller //bench:fake_worker_fleet)
+targets=(//client:baton //controller:baton-controller //bench:fake_worker_fleet //bench:grpc_floor)
 bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
 exec /usr/bin/python3 bench/dispatch.py --bin bazel-bin --steps "$STEPS" "${SIZES[@]}"

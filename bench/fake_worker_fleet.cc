@@ -1,7 +1,9 @@
 // fake_worker_fleet: N fake workers in one process, for bench/dispatch.sh -
 // one gRPC server (callback API: no thread per call) listening on N ports,
 // each port a worker that registers with the controller under its own name
-// and heartbeats. They answer Configure, LoadProgram, RunStep, Abort and
+// and heartbeats; or (--shared_port) on one port that all N share, as the
+// workers of one host process would: calls say which worker they are for
+// (common/security.h: kAddresseeMetadata) and share one connection. They answer Configure, LoadProgram, RunStep, Abort and
 // GetInfo at once, without computing anything, so what the bench measures is
 // the controller's dispatch alone.
 //
@@ -28,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/process.h"
+#include "common/security.h"
 #include "proto/registry.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 
@@ -35,6 +38,7 @@ ABSL_FLAG(std::string, controller, "", "Controller address HOST:PORT.");
 ABSL_FLAG(int, workers, 8, "Fake workers to host.");
 ABSL_FLAG(std::string, prefix, "fake", "Worker names: PREFIX-0, PREFIX-1, ...");
 ABSL_FLAG(std::string, ready_file, "", "Written once every worker registered.");
+ABSL_FLAG(bool, shared_port, false, "All workers on one port (told apart by the addressee metadata).");
 
 namespace baton {
 namespace {
@@ -42,12 +46,14 @@ namespace {
 using grpc::CallbackServerContext;
 using grpc::ServerUnaryReactor;
 
-// Which fake a call is for: the port its client dialled.
-int PortOf(CallbackServerContext* ctx) {
-  const std::string authority(ctx->ExperimentalGetAuthority().data(), ctx->ExperimentalGetAuthority().size());
-  int port = 0;
-  if (!absl::SimpleAtoi(authority.substr(authority.rfind(':') + 1), &port)) return 0;
-  return port;
+// Which fake a call is for: the worker it names, else the port its client
+// dialled.
+std::string WorkerOf(CallbackServerContext* ctx) {
+  const auto& metadata = ctx->client_metadata();
+  if (auto it = metadata.find(kAddresseeMetadata); it != metadata.end()) {
+    return std::string(it->second.data(), it->second.size());
+  }
+  return std::string(ctx->ExperimentalGetAuthority().data(), ctx->ExperimentalGetAuthority().size());
 }
 
 class FakeFleetService final : public baton::v1::Worker::CallbackService {
@@ -56,7 +62,7 @@ class FakeFleetService final : public baton::v1::Worker::CallbackService {
                                 baton::v1::ConfigureResponse* resp) override {
     {
       absl::MutexLock lock(&mu_);
-      rank_[PortOf(ctx)] = req->rank();
+      rank_[WorkerOf(ctx)] = req->rank();
     }
     resp->set_rank(req->rank());
     resp->set_backend(baton::v1::GLOO);
@@ -71,7 +77,7 @@ class FakeFleetService final : public baton::v1::Worker::CallbackService {
     int rank;
     {
       absl::MutexLock lock(&mu_);
-      rank = rank_[PortOf(ctx)];
+      rank = rank_[WorkerOf(ctx)];
     }
     baton::v1::StepMetrics* m = resp->mutable_metrics();
     m->set_step(req->step());
@@ -99,7 +105,7 @@ class FakeFleetService final : public baton::v1::Worker::CallbackService {
     return r;
   }
   absl::Mutex mu_;
-  std::map<int, int> rank_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> rank_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> steps_{0};
 };
 
@@ -107,6 +113,9 @@ int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   sigset_t signals = BlockTerminationSignals();
   RaiseDescriptorLimit();
+  // Abseil's lock-cycle detection (on in Debian's build of it) walks a graph
+  // on every lock: a fifth of the controller's time at a thousand workers.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const int n = absl::GetFlag(FLAGS_workers);
   const std::string controller = absl::GetFlag(FLAGS_controller);
   if (controller.empty() || n < 1) {
@@ -115,9 +124,11 @@ int Main(int argc, char** argv) {
   }
   FakeFleetService service;
   grpc::ServerBuilder builder;
-  std::vector<int> ports(n, 0);
-  for (int i = 0; i < n; ++i) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &ports[i]);
+  const bool shared = absl::GetFlag(FLAGS_shared_port);
+  std::vector<int> ports(shared ? 1 : n, 0);
+  for (int& port : ports) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
@@ -132,7 +143,7 @@ int Main(int argc, char** argv) {
       baton::v1::RegisterRequest req;
       baton::v1::WorkerInfo* w = req.mutable_worker();
       w->set_name(absl::StrCat(absl::GetFlag(FLAGS_prefix), "-", i));
-      w->set_address(absl::StrCat("127.0.0.1:", ports[i]));
+      w->set_address(absl::StrCat("127.0.0.1:", ports[shared ? 0 : i]));
       w->set_pid(getpid());
       w->set_incarnation(incarnation);
       grpc::ClientContext ctx;

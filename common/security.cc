@@ -166,6 +166,17 @@ absl::Status Authenticator::Validate(const std::string& client_token, const std:
   return absl::OkStatus();
 }
 
+grpc::Status CheckAddressee(const grpc::ServerContextBase* ctx, const std::string& name) {
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find(kAddresseeMetadata);
+  if (it == metadata.end()) return grpc::Status::OK;
+  const std::string wanted(it->second.data(), it->second.size());
+  if (wanted == name) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat("this is worker ", name, ", not ", wanted.substr(0, 128),
+                                   " (its address is another worker's now)"));
+}
+
 bool IsLoopbackHost(const std::string& host) {
   if (host == "localhost" || host == "::1" || host == "[::1]") return true;
   int a, b, c, d;

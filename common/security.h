@@ -75,6 +75,14 @@ class Authenticator {
   std::string client_token_, worker_token_;
 };
 
+// The metadata key naming the worker a controller's call is for. A worker
+// refuses a call for another name (a port reused by another worker after a
+// restart), and workers of one process may share an address and a
+// connection: the name says which of them a call is for.
+inline constexpr char kAddresseeMetadata[] = "x-baton-worker";
+// OK when the call names no worker, or `name`.
+grpc::Status CheckAddressee(const grpc::ServerContextBase* ctx, const std::string& name);
+
 // Whether `host` is a loopback address (127.x.x.x, ::1, localhost).
 bool IsLoopbackHost(const std::string& host);
 

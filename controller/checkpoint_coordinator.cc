@@ -127,7 +127,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Load(const Rest
   fan_out.deadline = kLoadDeadline + options_.rpc_slack;
   fan_out.should_abort = [&] { return meshes_->DeadWorkerIn(mesh); };
   auto results = meshes_->dispatcher()->Call<LoadShardsRpc>(
-      MeshManager::Addresses(mesh),
+      MeshManager::Targets(mesh),
       [&](size_t r) {
         baton::v1::LoadShardsRequest req;
         req.set_epoch(mesh.epoch());
@@ -217,11 +217,12 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Save(const bato
   if (auto s = MakeDirs(step_dir); !s.ok()) return fail(s);
   const std::string save_id = NewSaveId();
   const absl::Time started = absl::Now();
-  std::vector<std::string> addresses, files;
+  std::vector<WorkerTarget> addresses;
+  std::vector<std::string> files;
   std::vector<int> ranks;  // ranks with something to write
   for (size_t r = 0; r < plan->size(); ++r) {
     if ((*plan)[r].empty()) continue;
-    addresses.push_back(mesh.worker_addresses(static_cast<int>(r)));
+    addresses.push_back({mesh.worker_names(static_cast<int>(r)), mesh.worker_addresses(static_cast<int>(r))});
     ranks.push_back(static_cast<int>(r));
     files.push_back(DataFileName(static_cast<int>(r), save_id));
   }

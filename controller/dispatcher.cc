@@ -13,6 +13,10 @@ StubFactory GrpcStubFactory(Credentials credentials) {
     // Reconnect quickly after a worker restarts on the same address.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A failed call is the fan-out's to judge (it aborts the mesh), never
+    // replayed behind its back; and no per-call bookkeeping nobody reads.
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
     return baton::v1::Worker::NewStub(MakeChannel(address, credentials, args));
   };
 }
@@ -52,6 +56,7 @@ void Dispatcher::StartLocked(Batch* batch, size_t i, std::vector<Launch>* launch
   slot.attempts++;
   slot.ctx = std::make_unique<grpc::ClientContext>();
   slot.ctx->set_deadline(absl::ToChronoTime(batch->end));
+  if (!slot.worker.empty()) slot.ctx->AddMetadata(kAddresseeMetadata, slot.worker);
   ++in_flight_;
   peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
   launches->push_back(

@@ -78,6 +78,13 @@ struct FinishSaveRpc {
   }
 };
 
+// Who a call is for: the worker's name (sent as kAddresseeMetadata; empty:
+// none) and its address. Workers at one address share a connection.
+struct WorkerTarget {
+  std::string name;
+  std::string address;
+};
+
 template <typename Resp>
 struct CallResult {
   grpc::Status status;
@@ -119,12 +126,12 @@ class Dispatcher {
   static constexpr absl::Duration kReconnectPause = absl::Milliseconds(200);
   static bool IsConnectFailure(const grpc::Status& s);
 
-  // Calls Rpc on every address in `addresses`, `request(i)` to the i-th,
-  // all at once (within the in-flight bound). `abort_reason` (if given)
-  // receives should_abort's reason when it stopped the fan-out.
+  // Calls Rpc on every target, `request(i)` to the i-th, all at once
+  // (within the in-flight bound). `abort_reason` (if given) receives
+  // should_abort's reason when it stopped the fan-out.
   template <typename Rpc>
   std::vector<CallResult<typename Rpc::Response>> Call(
-      const std::vector<std::string>& addresses,
+      const std::vector<WorkerTarget>& targets,
       const std::function<typename Rpc::Request(size_t)>& request, const FanOut& options,
       std::string* abort_reason = nullptr);
 
@@ -169,6 +176,7 @@ struct Dispatcher::Slot {
   enum State { kQueued, kInFlight, kRetryWait, kDone };
   std::function<void(WorkerStub*, grpc::ClientContext*, std::function<void(grpc::Status)>)> start;
   std::shared_ptr<WorkerStub> stub;
+  std::string worker;  // the addressee
   std::unique_ptr<grpc::ClientContext> ctx;
   State state = kQueued;
   bool cancelled = false;  // asked to stop; a queued call never starts
@@ -196,10 +204,10 @@ struct Dispatcher::Batch {
 
 template <typename Rpc>
 std::vector<CallResult<typename Rpc::Response>> Dispatcher::Call(
-    const std::vector<std::string>& addresses, const std::function<typename Rpc::Request(size_t)>& request,
+    const std::vector<WorkerTarget>& targets, const std::function<typename Rpc::Request(size_t)>& request,
     const FanOut& options, std::string* abort_reason) {
   using Req = typename Rpc::Request;
-  const size_t n = addresses.size();
+  const size_t n = targets.size();
   std::vector<Req> requests;
   requests.reserve(n);
   for (size_t i = 0; i < n; ++i) requests.push_back(request(i));
@@ -208,7 +216,8 @@ std::vector<CallResult<typename Rpc::Response>> Dispatcher::Call(
   batch.slots.resize(n);
   for (size_t i = 0; i < n; ++i) {
     Slot& s = batch.slots[i];
-    s.stub = StubFor(addresses[i]);
+    s.stub = StubFor(targets[i].address);
+    s.worker = targets[i].name;
     s.start = [req = &requests[i], resp = &results[i].response](WorkerStub* stub, grpc::ClientContext* ctx,
                                                                    std::function<void(grpc::Status)> done) {
       resp->Clear();

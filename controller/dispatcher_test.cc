@@ -52,11 +52,13 @@ class FakeWorker final : public baton::v1::Worker::Service {
 using Results = std::vector<CallResult<baton::v1::RunStepResponse>>;
 
 Results RunSteps(Dispatcher& d, const std::vector<std::string>& addresses, const Drain* drain) {
+  std::vector<WorkerTarget> targets;
+  for (const auto& a : addresses) targets.push_back({"", a});
   std::string reason;
   FanOut fan_out;
   fan_out.deadline = absl::Seconds(30);
   fan_out.drain = drain;
-  return d.Call<RunStepRpc>(addresses, [](size_t) { return baton::v1::RunStepRequest(); }, fan_out, &reason);
+  return d.Call<RunStepRpc>(targets, [](size_t) { return baton::v1::RunStepRequest(); }, fan_out, &reason);
 }
 
 TEST(DispatcherTest, EveryCallFailingAtOnceStillReachesTheDrain) {

@@ -98,7 +98,7 @@ absl::StatusOr<baton::v1::CheckCollectivesResponse> RunFleetCheck(MeshManager& m
     fan_out.deadline =
         absl::Milliseconds(timeout_ms) * static_cast<double>(ops.size() * iters + 1) + meshes.options().rpc_slack;
     fan_out.should_abort = [&] { return meshes.DeadWorkerIn(mesh); };
-    auto results = meshes.dispatcher()->Call<CollectiveCheckRpc>(MeshManager::Addresses(mesh),
+    auto results = meshes.dispatcher()->Call<CollectiveCheckRpc>(MeshManager::Targets(mesh),
                                                                  [&](size_t) { return creq; }, fan_out, &abort_reason);
     const std::string why = meshes.AbortOnFailure<baton::v1::CollectiveCheckResponse>(
         mesh, results, abort_reason, [&](const baton::v1::CollectiveCheckResponse& r) {

@@ -57,7 +57,7 @@ absl::Status JobRunner::Place() {
   fan_out.should_abort = [&] { return context_.meshes->DeadWorkerIn(*mesh); };
   const auto& programs = job_->plan().programs;
   auto results = context_.meshes->dispatcher()->Call<LoadProgramRpc>(
-      MeshManager::Addresses(*mesh),
+      MeshManager::Targets(*mesh),
       [&](size_t r) {
         baton::v1::LoadProgramRequest req;
         req.set_epoch(mesh->epoch());
@@ -176,7 +176,7 @@ absl::Status JobRunner::RunStep(int step) {
     return context_.meshes->DeadWorkerIn(mesh);
   };
   fan_out.drain = &drain;
-  auto results = context_.meshes->dispatcher()->Call<RunStepRpc>(MeshManager::Addresses(mesh), [&](size_t) { return rr; },
+  auto results = context_.meshes->dispatcher()->Call<RunStepRpc>(MeshManager::Targets(mesh), [&](size_t) { return rr; },
                                                                fan_out, &abort_reason);
   if (!why.empty()) {
     std::string ranks;

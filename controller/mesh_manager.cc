@@ -23,8 +23,10 @@ void MeshManager::set_on_mesh_lost(MeshLost on_lost) {
   on_lost_ = std::move(on_lost);
 }
 
-std::vector<std::string> MeshManager::Addresses(const baton::v1::Mesh& mesh) {
-  return {mesh.worker_addresses().begin(), mesh.worker_addresses().end()};
+std::vector<WorkerTarget> MeshManager::Targets(const baton::v1::Mesh& mesh) {
+  std::vector<WorkerTarget> targets;
+  for (int r = 0; r < mesh.worker_names_size(); ++r) targets.push_back({mesh.worker_names(r), mesh.worker_addresses(r)});
+  return targets;
 }
 
 int64_t MeshManager::NewEpoch() {
@@ -174,7 +176,7 @@ absl::StatusOr<baton::v1::Mesh> MeshManager::Form(const std::string& owner,
     return dead_worker;
   };
   auto results = dispatcher_->Call<ConfigureRpc>(
-      Addresses(mesh),
+      Targets(mesh),
       [&](size_t r) {
         baton::v1::ConfigureRequest req;
         *req.mutable_mesh() = mesh;
@@ -265,12 +267,12 @@ void MeshManager::OnWorkersDead(const std::vector<std::string>& names) {
 void MeshManager::AbortFormed(const baton::v1::Mesh& mesh, const std::string& reason) {
   kv_->AbortPrefix(absl::StrCat("mesh/", mesh.epoch(), "/"), reason);
   events_->Append(MeshEvent(baton::v1::Event::MESH_ABORTED, mesh, reason));
-  std::vector<std::string> live;
+  std::vector<WorkerTarget> live;
   std::vector<std::string> names;
   for (int r = 0; r < mesh.worker_names_size(); ++r) {
     auto info = registry_->Get(mesh.worker_names(r));
     if (info.ok() && info->state() != baton::v1::DEAD) {
-      live.push_back(mesh.worker_addresses(r));
+      live.push_back({mesh.worker_names(r), mesh.worker_addresses(r)});
       names.push_back(mesh.worker_names(r));
     }
   }
@@ -303,18 +305,12 @@ std::string MeshManager::DeadWorkerIn(const baton::v1::Mesh& mesh) const {
   const std::vector<size_t> dead = DeadRanksIn(mesh);
   if (dead.empty()) return "";
   const int r = static_cast<int>(dead.front());
-  auto info = registry_->Get(mesh.worker_names(r));
   return absl::StrFormat("%s is DEAD: no heartbeat for %.1f s", WorkerLabel(mesh, r),
-                         info.ok() ? info->heartbeat_age_s() : 0.0);
+                         registry_->HeartbeatAge(mesh.worker_names(r)));
 }
 
 std::vector<size_t> MeshManager::DeadRanksIn(const baton::v1::Mesh& mesh) const {
-  std::vector<size_t> dead;
-  for (int r = 0; r < mesh.worker_names_size(); ++r) {
-    auto info = registry_->Get(mesh.worker_names(r));
-    if (!info.ok() || info->state() == baton::v1::DEAD) dead.push_back(static_cast<size_t>(r));
-  }
-  return dead;
+  return registry_->DeadAmong(mesh.worker_names());
 }
 
 std::string MeshManager::ExplainFailure(const baton::v1::Mesh& mesh, const std::vector<grpc::Status>& statuses) {
@@ -325,7 +321,7 @@ std::string MeshManager::ExplainFailure(const baton::v1::Mesh& mesh, const std::
   if (!dead.empty()) return dead;
   FanOut fan_out;
   fan_out.deadline = kProbeDeadline;
-  auto probes = dispatcher_->Call<GetInfoRpc>(Addresses(mesh), [](size_t) { return baton::v1::GetInfoRequest(); },
+  auto probes = dispatcher_->Call<GetInfoRpc>(Targets(mesh), [](size_t) { return baton::v1::GetInfoRequest(); },
                                               fan_out);
   for (size_t r = 0; r < probes.size(); ++r) {
     if (probes[r].status.error_code() == grpc::StatusCode::UNAVAILABLE) {

@@ -126,7 +126,8 @@ class MeshManager {
 
   Dispatcher* dispatcher() const { return dispatcher_; }
   const MeshOptions& options() const { return options_; }
-  static std::vector<std::string> Addresses(const baton::v1::Mesh& mesh);
+  // Its ranks' workers, in rank order, to call.
+  static std::vector<WorkerTarget> Targets(const baton::v1::Mesh& mesh);
 
   static constexpr absl::Duration kProbeDeadline = absl::Seconds(2);
   static constexpr absl::Duration kAbortDeadline = absl::Seconds(2);

@@ -178,6 +178,22 @@ std::vector<baton::v1::WorkerInfo> WorkerRegistry::List() const {
   return out;
 }
 
+std::vector<size_t> WorkerRegistry::DeadAmong(const google::protobuf::RepeatedPtrField<std::string>& names) const {
+  std::vector<size_t> dead;
+  absl::MutexLock lock(&mu_);
+  for (int i = 0; i < names.size(); ++i) {
+    auto it = workers_.find(names.Get(i));
+    if (it == workers_.end() || it->second.info.state() == baton::v1::DEAD) dead.push_back(static_cast<size_t>(i));
+  }
+  return dead;
+}
+
+double WorkerRegistry::HeartbeatAge(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(name);
+  return it == workers_.end() ? 0.0 : absl::ToDoubleSeconds(clock_() - it->second.last_heartbeat);
+}
+
 absl::StatusOr<baton::v1::WorkerInfo> WorkerRegistry::Get(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(name);

@@ -68,6 +68,11 @@ void WorkerService::set_identity(const baton::v1::WorkerInfo& identity) {
   identity_ = identity;
 }
 
+grpc::Status WorkerService::Admit(const grpc::ServerContextBase* ctx) {
+  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  return CheckAddressee(ctx, name());
+}
+
 std::string WorkerService::name() {
   absl::MutexLock lock(&mu_);
   return identity_.name();
@@ -130,7 +135,7 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
 
 grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const baton::v1::ConfigureRequest* req,
                                       baton::v1::ConfigureResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("Configure", [&]() -> grpc::Status {
     if (auto s = ValidateConfigure(*req); !s.ok()) {
       return ToGrpcStatus(absl::Status(
@@ -172,7 +177,7 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const baton::v1:
 grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
                                                const baton::v1::CollectiveCheckRequest* req,
                                                baton::v1::CollectiveCheckResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("RunCollectiveCheck", [&]() -> grpc::Status {
     if (req->numel() < 0 || req->numel() > kMaxCheckNumel) {
       return Invalid(absl::StrCat("numel ", req->numel(), " outside [0, ", kMaxCheckNumel, "]"));
@@ -218,7 +223,7 @@ grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
 
 grpc::Status WorkerService::Abort(grpc::ServerContext* ctx, const baton::v1::AbortRequest* req,
                                   baton::v1::AbortResponse*) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   std::shared_ptr<MeshState> dropped;
   {
     absl::MutexLock lock(&mu_);
@@ -264,7 +269,7 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::MeshOfE
 
 grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v1::LoadProgramRequest* req,
                                         baton::v1::LoadProgramResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("LoadProgram", [&]() -> grpc::Status {
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());
@@ -305,7 +310,7 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v
 
 grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest* req,
                                     baton::v1::RunStepResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("RunStep", [&]() -> grpc::Status {
     if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
       return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
@@ -341,7 +346,7 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
 
 grpc::Status WorkerService::GetInfo(grpc::ServerContext* ctx, const baton::v1::GetInfoRequest*,
                                     baton::v1::GetInfoResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   absl::MutexLock lock(&mu_);
   *resp->mutable_worker() = identity_;
   if (current_ != nullptr) {
@@ -372,7 +377,7 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WorkerService::AwaitPendingSave(
 
 grpc::Status WorkerService::SaveShards(grpc::ServerContext* ctx, const baton::v1::SaveShardsRequest* req,
                                        baton::v1::SaveShardsResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("SaveShards", [&]() -> grpc::Status {
     if (req->block_bytes() < kMinBlockBytes || req->block_bytes() > kMaxBlockBytes) {
       return Invalid(absl::StrCat("block_bytes ", req->block_bytes(), " outside [", kMinBlockBytes, ", ",
@@ -436,7 +441,7 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext* ctx, const baton::v1
 
 grpc::Status WorkerService::FinishSave(grpc::ServerContext* ctx, const baton::v1::FinishSaveRequest* req,
                                        baton::v1::SaveShardsResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("FinishSave", [&]() -> grpc::Status {
     if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
       return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
@@ -462,7 +467,7 @@ grpc::Status WorkerService::FinishSave(grpc::ServerContext* ctx, const baton::v1
 
 grpc::Status WorkerService::LoadShards(grpc::ServerContext* ctx, const baton::v1::LoadShardsRequest* req,
                                        baton::v1::LoadShardsResponse* resp) {
-  if (grpc::Status denied = options_.auth.Check(ctx, Role::kWorker); !denied.ok()) return denied;
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("LoadShards", [&]() -> grpc::Status {
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());

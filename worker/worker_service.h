@@ -125,6 +125,8 @@ class WorkerService final : public baton::v1::Worker::Service {
   absl::StatusOr<std::shared_ptr<MeshState>> MeshOfEpoch(int64_t epoch);
 
   std::string name() ABSL_LOCKS_EXCLUDED(mu_);
+  // The fleet's worker token, and the call meant for this worker.
+  grpc::Status Admit(const grpc::ServerContextBase* ctx) ABSL_LOCKS_EXCLUDED(mu_);
   // Everything about a Configure request that can be checked without
   // touching the current mesh.
   absl::Status ValidateConfigure(const baton::v1::ConfigureRequest& req);

@@ -1,5 +1,7 @@
 #include "controller/testing/harness.h"
 
+#include <stdlib.h>
+
 #include "absl/strings/str_cat.h"
 #include "strategies/job_spec.h"
 
@@ -48,6 +50,20 @@ std::vector<baton::v1::Event> ControllerHarness::EventsOf(baton::v1::Event::Kind
   }
   return out;
 }
+
+std::string TempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(tmp ? tmp : "/tmp", "/", name, "-XXXXXX");
+  return mkdtemp(dir.data()) ? dir : "";
+}
+
+void SlowSteps(ControllerHarness& h, absl::Duration delay) {
+  FakeScript script;
+  script.step_delay = delay;
+  for (int i = 0; i < h.fleet().size(); ++i) h.worker(i).set_script(script);
+}
+
+std::set<std::string> WorkersOf(const baton::v1::JobStatus& s) { return {s.workers().begin(), s.workers().end()}; }
 
 bool WaitFor(const std::function<bool()>& cond, absl::Duration timeout) {
   const absl::Time give_up = absl::Now() + timeout;

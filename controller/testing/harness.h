@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/time/clock.h"
@@ -54,6 +55,13 @@ class ControllerHarness {
   JobManager jobs_;
   FleetMonitor monitor_;
 };
+
+// A fresh directory under TEST_TMPDIR.
+std::string TempDir(const std::string& name);
+// Every fake's RunStep takes `delay`.
+void SlowSteps(ControllerHarness& h, absl::Duration delay);
+// The workers of a job's status.
+std::set<std::string> WorkersOf(const baton::v1::JobStatus& s);
 
 // `cond` within `timeout` (polled); false if it never held.
 bool WaitFor(const std::function<bool()>& cond, absl::Duration timeout = absl::Seconds(10));

@@ -1,0 +1,186 @@
+// grpc_floor: what N gRPC round trips cost on this machine with nothing of
+// Baton's in them - the floor under the controller's dispatch, printed by
+// bench/dispatch.sh beside it. A child process serves an echo (callback API);
+// this process sends one small message to each of N targets at once and
+// waits for every answer, round after round:
+//   unary   N unary calls (what the dispatcher sends)
+//   stream  one message on each of N streams opened beforehand
+// over one connection per target, or one shared connection (--shared).
+//
+//   grpc_floor --targets 1024 [--shared] [--rounds 50]
+// prints "unary MS_PER_ROUND CPU_MS_PER_ROUND" and "stream ..." lines.
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+
+ABSL_FLAG(int, targets, 64, "Round trips per round (one per target).");
+ABSL_FLAG(bool, shared, false, "One connection for all targets.");
+ABSL_FLAG(int, rounds, 50, "Rounds measured (after 5 not measured).");
+
+namespace baton {
+namespace {
+
+constexpr int kWarmup = 5;
+constexpr char kMethod[] = "/baton.bench.Echo/Echo";
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec / 1e6;
+}
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+class EchoReactor : public grpc::ServerGenericBidiReactor {
+ public:
+  EchoReactor() { StartRead(&buffer_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::OK);
+    StartWrite(&buffer_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::OK);
+    StartRead(&buffer_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::ByteBuffer buffer_;
+};
+
+class EchoService : public grpc::CallbackGenericService {
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    return new EchoReactor();
+  }
+};
+
+// Counts answers of a round.
+struct Round {
+  std::mutex mu;
+  std::condition_variable done;
+  int pending = 0;
+  void Arrived() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (--pending == 0) done.notify_all();
+  }
+  void Start(int n) {
+    std::lock_guard<std::mutex> lock(mu);
+    pending = n;
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [&] { return pending == 0; });
+  }
+};
+
+class EchoStream : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  EchoStream(grpc::GenericStub* stub, Round* round) : round_(round) {
+    stub->PrepareBidiStreamingCall(&ctx_, kMethod, grpc::StubOptions(), this);
+    AddHold();  // open until the process ends
+    StartCall();
+  }
+  void Send(const grpc::ByteBuffer& message) {
+    out_ = message;
+    StartWrite(&out_);
+    StartRead(&in_);
+  }
+  void OnReadDone(bool) override { round_->Arrived(); }
+
+ private:
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer out_, in_;
+  Round* const round_;
+};
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int n = absl::GetFlag(FLAGS_targets), rounds = absl::GetFlag(FLAGS_rounds);
+  const bool shared = absl::GetFlag(FLAGS_shared);
+  const int listeners = shared ? 1 : n;
+  std::vector<int> ports(listeners, 0);
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return 1;
+  // The server before any gRPC thread exists here: fork first.
+  const pid_t child = fork();
+  if (child == 0) {
+    EchoService service;
+    grpc::ServerBuilder builder;
+    for (int& port : ports) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterCallbackGenericService(&service);
+    auto server = builder.BuildAndStart();
+    if (write(pipe_fds[1], ports.data(), sizeof(int) * ports.size()) < 0) _exit(1);
+    pause();
+    _exit(0);
+  }
+  if (read(pipe_fds[0], ports.data(), sizeof(int) * ports.size()) != static_cast<ssize_t>(sizeof(int) * ports.size())) {
+    return 1;
+  }
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
+  for (int port : ports) {
+    stubs.push_back(std::make_unique<grpc::GenericStub>(
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials())));
+  }
+  auto stub_of = [&](int i) { return stubs[shared ? 0 : i].get(); };
+  grpc::Slice slice(std::string(32, 'x'));
+  const grpc::ByteBuffer message(&slice, 1);
+  auto report = [&](const char* what, double t0, double c0) {
+    std::printf("%s %.3f %.3f\n", what, (Seconds() - t0) / rounds * 1e3, (CpuSeconds() - c0) / rounds * 1e3);
+  };
+  {
+    Round round;
+    double t0 = 0, c0 = 0;
+    for (int r = 0; r < kWarmup + rounds; ++r) {
+      if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+      std::vector<grpc::ByteBuffer> requests(n, message), responses(n);
+      round.Start(n);
+      for (int i = 0; i < n; ++i) {
+        contexts[i] = std::make_unique<grpc::ClientContext>();
+        stub_of(i)->UnaryCall(contexts[i].get(), kMethod, grpc::StubOptions(), &requests[i], &responses[i],
+                              [&](grpc::Status) { round.Arrived(); });
+      }
+      round.Wait();
+    }
+    report("unary", t0, c0);
+  }
+  {
+    Round round;
+    std::vector<std::unique_ptr<EchoStream>> streams;
+    for (int i = 0; i < n; ++i) streams.push_back(std::make_unique<EchoStream>(stub_of(i), &round));
+    double t0 = 0, c0 = 0;
+    for (int r = 0; r < kWarmup + rounds; ++r) {
+      if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      round.Start(n);
+      for (auto& s : streams) s->Send(message);
+      round.Wait();
+    }
+    report("stream", t0, c0);
+  }
+  std::fflush(stdout);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  _exit(0);  // the streams stay open: no orderly teardown to wait for
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) { return baton::Main(argc, argv); }

@@ -1,0 +1,128 @@
+// An attached job's client against in-process fake workers: leases that
+// lapse or are kept, Step's deadline and the step it leaves running counted
+// once, metrics answered once, an idle job whose worker dies.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "controller/controller_service.h"
+#include "controller/fleet_checks.h"
+#include "controller/testing/harness.h"
+
+namespace baton {
+namespace {
+
+using baton::v1::JobState;
+using testing::ControllerHarness;
+using testing::HarnessOptions;
+using testing::MlpJob;
+using testing::SlowSteps;
+using testing::TempDir;
+using testing::WaitFor;
+using testing::WorkersOf;
+
+bool InState(const std::shared_ptr<Job>& job, JobState state) { return job->state() == state; }
+
+TEST(JobManagerTest, ALapsedLeaseStopsTheJobAndFreesItsWorkers) {
+  HarnessOptions options;
+  options.jobs.default_lease = absl::Milliseconds(300);
+  ControllerHarness h(options);
+  auto job = h.jobs().Create(MlpJob("leased", 100), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stepped = h.jobs().Step((*job)->id(), 2, 30000, absl::Now() + absl::Seconds(5), nullptr);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  const absl::Time last_call = absl::Now();
+  EXPECT_EQ(h.meshes().FreeWorkers().size(), 2u);
+  ASSERT_TRUE(WaitFor([&] { return (*job)->ended(); }));
+  const double after = absl::ToDoubleSeconds(absl::Now() - last_call);
+  std::printf("lease 300 ms: %s %.2f s after the last call (%s); free workers %zu\n",
+              baton::v1::JobState_Name((*job)->state()).c_str(), after, (*job)->status().error().c_str(),
+              h.meshes().FreeWorkers().size());
+  EXPECT_EQ((*job)->state(), baton::v1::JOB_STOPPED);
+  EXPECT_TRUE(absl::StrContains((*job)->status().error(), "lease lapsed"));
+  EXPECT_LT(after, 2.0);
+  EXPECT_EQ(h.meshes().FreeWorkers().size(), 4u);
+  EXPECT_EQ((*job)->step(), 2);
+}
+
+TEST(JobManagerTest, CallsKeepTheLease) {
+  HarnessOptions options;
+  options.jobs.default_lease = absl::Milliseconds(300);
+  ControllerHarness h(options);
+  auto job = h.jobs().Create(MlpJob("kept", 100), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok());
+  for (int i = 0; i < 15; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    ASSERT_TRUE(h.jobs().KeepAlive((*job)->id()).ok());
+  }
+  std::printf("after 1.5 s of KeepAlive every 100 ms (lease 300 ms): %s\n",
+              baton::v1::JobState_Name((*job)->state()).c_str());
+  EXPECT_EQ((*job)->state(), baton::v1::JOB_RUNNING);
+}
+
+TEST(JobManagerTest, StepHonoursItsDeadlineAndTheRunningStepIsCountedOnce) {
+  ControllerHarness h({});
+  SlowSteps(h, absl::Milliseconds(1500));
+  auto job = h.jobs().Create(MlpJob("slow", 10), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok());
+  const absl::Time start = absl::Now();
+  auto stepped = h.jobs().Step((*job)->id(), 3, 30000, start + absl::Milliseconds(300), nullptr);
+  const double returned = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("Step(3) with a 0.3 s deadline, steps of 1.5 s: returned after %.2f s: %s\n", returned,
+              stepped.status().ToString().c_str());
+  EXPECT_EQ(stepped.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(returned, 1.0);
+  // The step that was running completes and is counted; the two not
+  // started are withdrawn.
+  ASSERT_TRUE(WaitFor([&] { return (*job)->step() == 1; }, absl::Seconds(5)));
+  absl::SleepFor(absl::Milliseconds(2000));
+  int logged = 0;
+  for (const auto& e : (*job)->log().After(0)) logged += e.has_step();
+  std::printf("after it: step %d, %d step entries, %d RunSteps on rank 0\n", (*job)->step(), logged,
+              h.worker(0).steps_run());
+  EXPECT_EQ((*job)->step(), 1);
+  EXPECT_EQ(logged, 1);
+  EXPECT_EQ(h.worker(0).steps_run(), 1);
+}
+
+TEST(JobManagerTest, StepReturnsEveryMetricOnceAndTheLogAgrees) {
+  ControllerHarness h({});
+  auto job = h.jobs().Create(MlpJob("count", 10), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok());
+  auto first = h.jobs().Step((*job)->id(), 3, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  auto second = h.jobs().Step((*job)->id(), 2, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  ASSERT_TRUE(first.ok() && second.ok());
+  std::vector<int> steps;
+  for (const auto& m : first->metrics) steps.push_back(m.step());
+  for (const auto& m : second->metrics) steps.push_back(m.step());
+  std::printf("steps answered: %s; job at %d\n", absl::StrJoin(steps, ",").c_str(), second->status.step());
+  EXPECT_EQ(steps, (std::vector<int>{1, 2, 3, 4, 5}));
+  EXPECT_DOUBLE_EQ(first->metrics[1].loss(), 10.0 / 2);
+  EXPECT_EQ(second->status.step(), 5);
+}
+
+TEST(JobManagerTest, AnIdleAttachedJobWhoseWorkerDiesFails) {
+  ControllerHarness h({});
+  auto job = h.jobs().Create(MlpJob("idle", 10), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok());
+  const std::string victim = (*job)->status().workers(0);
+  for (int i = 0; i < 4; ++i) {
+    if (h.worker(i).name() == victim) h.worker(i).Kill();
+  }
+  ASSERT_TRUE(WaitFor([&] { return (*job)->ended(); }));
+  std::printf("%s: %s\n", baton::v1::JobState_Name((*job)->state()).c_str(), (*job)->status().error().c_str());
+  EXPECT_EQ((*job)->state(), baton::v1::JOB_FAILED);
+  EXPECT_TRUE(absl::StrContains((*job)->status().error(), victim + " (rank 0"));
+  auto step = h.jobs().Step((*job)->id(), 1, 30000, absl::Now() + absl::Seconds(2), nullptr);
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition) << step.status();
+}
+
+}  // namespace
+}  // namespace baton
