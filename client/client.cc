@@ -161,9 +161,9 @@ absl::StatusOr<baton::v1::JobStatus> Client::KeepAlive(const std::string& job_id
   return resp.job();
 }
 
-absl::StatusOr<baton::v1::StopJobResponse> Client::StopJob(const std::string& job_id) {
+absl::StatusOr<baton::v1::StopJobResponse> Client::StopJob(const std::string& job_id, absl::Duration deadline) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, kCallDeadline);
+  SetDeadline(&ctx, deadline);
   baton::v1::StopJobRequest req;
   req.set_job_id(job_id);
   baton::v1::StopJobResponse resp;

@@ -64,7 +64,8 @@ class Client {
                     absl::Duration duration = absl::InfiniteDuration());
   // Renews an attached job's lease without stepping it.
   absl::StatusOr<baton::v1::JobStatus> KeepAlive(const std::string& job_id);
-  absl::StatusOr<baton::v1::StopJobResponse> StopJob(const std::string& job_id);
+  absl::StatusOr<baton::v1::StopJobResponse> StopJob(const std::string& job_id,
+                                                     absl::Duration deadline = absl::Seconds(20));
   // Saves the job at its current step under DIR/step-N ("" = the job's
   // checkpoint.dir); async returns once the workers copied their pieces.
   absl::StatusOr<baton::v1::SaveCheckpointResponse> SaveCheckpoint(const std::string& job_id, const std::string& dir,

@@ -7,6 +7,9 @@
 namespace baton {
 namespace {
 
+// How long a handle going away waits to release its job.
+constexpr absl::Duration kReleaseDeadline = absl::Seconds(3);
+
 bool IsEndedState(baton::v1::JobState s) {
   return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
 }
@@ -88,9 +91,14 @@ absl::Status Job::KeepAlive() {
   return absl::OkStatus();
 }
 
+Job::~Job() {
+  if (!stopped_) client_->StopJob(id_, kReleaseDeadline).IgnoreError();
+}
+
 absl::Status Job::Stop() {
   auto resp = client_->StopJob(id_);
   if (!resp.ok()) return resp.status();
+  stopped_ = true;
   status_ = resp->job();
   return absl::OkStatus();
 }

@@ -9,6 +9,9 @@
 //   auto tp = baton::Job::Restore(client.get(), dp2_tp2_spec, "ckpt/run");
 //   (*tp)->Step(4);                                // steps 5..8, resharded
 //
+// The handle holds its job: destroying it stops the job and frees its
+// workers (as a lapsed lease would, only at once).
+//
 // A call that loses the controller midway (it was killed and restarted)
 // says what became of the job: its next call is answered "FAILED: the
 // controller restarted ...".
@@ -52,6 +55,7 @@ class Job {
   absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& dir, bool async = false);
   absl::StatusOr<baton::v1::CheckpointInfo> WaitForSave();
   absl::Status Stop();
+  ~Job();
   // Renews the lease while the script does something else for a while.
   absl::Status KeepAlive();
 
@@ -77,6 +81,7 @@ class Job {
   std::string id_;
   baton::v1::JobStatus status_;
   std::vector<baton::v1::StepMetrics> metrics_;
+  bool stopped_ = false;
 };
 
 }  // namespace baton

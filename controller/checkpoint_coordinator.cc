@@ -211,7 +211,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Save(const bato
     return fail(absl::FailedPreconditionError(
         absl::StrCat("job ", job_->id(), "'s mesh is gone (aborted or replaced): nothing to save")));
   }
-  auto plan = PlanSave(job_->plan().programs);
+  auto plan = PlanSave(job_->plan()->programs);
   if (!plan.ok()) return fail(plan.status());
   const std::string step_dir = absl::StrCat(*root_dir, "/", StepDirName(step));
   if (auto s = MakeDirs(step_dir); !s.ok()) return fail(s);

@@ -28,7 +28,8 @@ absl::Time AnswerBy(const grpc::ServerContext* ctx, absl::Duration cap) {
 }
 
 void FillCreated(const Job& job, baton::v1::CreateJobResponse* resp) {
-  const PlanTheory& theory = job.plan().theory;
+  const std::shared_ptr<const JobPlan> plan = job.plan();
+  const PlanTheory& theory = plan->theory;
   *resp->mutable_job() = job.status();
   resp->set_parameters(theory.parameters);
   resp->set_expected_comm_bytes(theory.comm_bytes);
@@ -37,7 +38,7 @@ void FillCreated(const Job& job, baton::v1::CreateJobResponse* resp) {
   resp->set_expected_peak_unsharded_param_bytes(theory.peak_unsharded_param_bytes);
   resp->set_expected_peak_live_microbatches(theory.peak_live_microbatches);
   resp->set_expected_peak_live_activation_bytes(theory.peak_live_activation_bytes);
-  resp->set_expected_idle_fraction(job.plan().max_idle_fraction);
+  resp->set_expected_idle_fraction(plan->max_idle_fraction);
   if (!resp->job().restored().path().empty()) *resp->mutable_restored() = resp->job().restored();
 }
 

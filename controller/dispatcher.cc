@@ -112,7 +112,8 @@ void Dispatcher::OnDone(Batch* batch, size_t i, grpc::Status status) {
   LaunchAll(launches);
 }
 
-void Dispatcher::CancelBatch(Batch* batch, const std::vector<size_t>& only) {
+std::vector<grpc::ClientContext*> Dispatcher::CancelBatch(Batch* batch, const std::vector<size_t>& only) {
+  std::vector<grpc::ClientContext*> in_flight;
   std::vector<size_t> which = only;
   if (which.empty()) {
     for (size_t i = 0; i < batch->slots.size(); ++i) which.push_back(i);
@@ -129,10 +130,11 @@ void Dispatcher::CancelBatch(Batch* batch, const std::vector<size_t>& only) {
       FinishSlot(batch, slot, slot.status);
     } else {
       // A cancelled slot never gets a new context, so its context stays
-      // valid while TryCancel runs on it.
-      slot.ctx->TryCancel();
+      // valid until the fan-out returns.
+      in_flight.push_back(slot.ctx.get());
     }
   }
+  return in_flight;
 }
 
 void Dispatcher::Run(Batch& batch, const FanOut& options, std::string* abort_reason) {
@@ -149,6 +151,10 @@ void Dispatcher::Run(Batch& batch, const FanOut& options, std::string* abort_rea
     mu_.Unlock();
     f();
     mu_.Lock();
+  };
+  auto cancel = [&](const std::vector<size_t>& only) {
+    const std::vector<grpc::ClientContext*> contexts = CancelBatch(&batch, only);
+    if (!contexts.empty()) unlocked([&] { for (auto* c : contexts) c->TryCancel(); });
   };
   unlocked([&] { LaunchAll(launches); });
   bool stopping = false;  // a failure or an abort reason was seen
@@ -178,7 +184,7 @@ void Dispatcher::Run(Batch& batch, const FanOut& options, std::string* abort_rea
     if (stopping) {
       if (absl::Now() >= cancel_at) {
         cancel_at = absl::InfiniteFuture();
-        CancelBatch(&batch, {});
+        cancel({});
       }
       continue;
     }
@@ -192,11 +198,11 @@ void Dispatcher::Run(Batch& batch, const FanOut& options, std::string* abort_rea
       for (const Slot& s : batch.slots) so_far.push_back(s.state == Slot::kDone ? s.status : grpc::Status::OK);
       std::vector<size_t> hopeless;
       unlocked([&] { hopeless = options.drain->on_failure(so_far, reason); });
-      if (!hopeless.empty()) CancelBatch(&batch, hopeless);
+      if (!hopeless.empty()) cancel(hopeless);
       cancel_at = absl::Now() + options.drain->wait;
       continue;
     }
-    CancelBatch(&batch, {});
+    cancel({});
   }
   if (batch.failed && !stopping && options.drain != nullptr) {
     // Everything returned before the loop saw the failure (the last call

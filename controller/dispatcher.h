@@ -155,7 +155,12 @@ class Dispatcher {
   // Marks a slot finished with `status` (under the lock).
   static void FinishSlot(Batch* batch, Slot& slot, grpc::Status status);
   void OnDone(Batch* batch, size_t slot, grpc::Status status);
-  void CancelBatch(Batch* batch, const std::vector<size_t>& only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the calls of `batch` (`only` those, when given) cancelled: queued
+  // ones end at once; returns the contexts of those in flight, to TryCancel
+  // once the lock is released (gRPC may run the call's callback, which takes
+  // the lock, inside TryCancel).
+  std::vector<grpc::ClientContext*> CancelBatch(Batch* batch, const std::vector<size_t>& only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<WorkerStub> StubFor(const std::string& address);
 
   const StubFactory stubs_;

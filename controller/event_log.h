@@ -16,8 +16,10 @@ namespace baton {
 
 class EventLog : public SequencedLog<baton::v1::Event> {
  public:
-  static constexpr size_t kCapacity = 10000;
-  // Per event: at most 10000 x ~2.5 KiB held.
+  // Enough to explain any failure and to start a Watch (1,000), small
+  // enough that a flood of registrations (each an event) costs little
+  // memory. Per event at most ~2.5 KiB held.
+  static constexpr size_t kCapacity = 4096;
   static constexpr size_t kMaxMessageBytes = 1024;
   static constexpr size_t kMaxNameBytes = 128;
 

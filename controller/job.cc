@@ -23,6 +23,21 @@ Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
   last_call_ = absl::Now();
 }
 
+std::shared_ptr<const JobPlan> Job::plan() const {
+  absl::MutexLock lock(&mu_);
+  return plan_;
+}
+
+void Job::ReleasePrograms() {
+  absl::MutexLock lock(&mu_);
+  if (plan_ == nullptr || plan_->programs.empty()) return;
+  auto kept = std::make_shared<JobPlan>();
+  kept->theory = plan_->theory;
+  kept->theory.ranks.clear();
+  kept->max_idle_fraction = plan_->max_idle_fraction;
+  plan_ = std::move(kept);
+}
+
 baton::v1::JobStatus Job::status() const {
   absl::MutexLock lock(&mu_);
   return status_;

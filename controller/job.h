@@ -52,7 +52,10 @@ class Job {
 
   const std::string& id() const { return id_; }
   const baton::v1::JobSpec& spec() const { return spec_; }
-  const JobPlan& plan() const { return *plan_; }
+  // Its Programs and what they predict; once it ended, what they predicted
+  // only (ReleasePrograms: an ended job holds no Program).
+  std::shared_ptr<const JobPlan> plan() const ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleasePrograms() ABSL_LOCKS_EXCLUDED(mu_);
   bool detached() const { return detached_; }
   int steps() const { return spec_.steps(); }
 
@@ -134,11 +137,11 @@ class Job {
   const std::string id_;
   const baton::v1::JobSpec spec_;
   const bool detached_;
-  const std::shared_ptr<const JobPlan> plan_;
   Log log_{kLogCapacity};
   absl::Mutex work_mu_;
 
   mutable absl::Mutex mu_;
+  std::shared_ptr<const JobPlan> plan_ ABSL_GUARDED_BY(mu_);
   baton::v1::JobStatus status_ ABSL_GUARDED_BY(mu_);
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);

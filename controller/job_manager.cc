@@ -91,7 +91,7 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
     if (w.state() != baton::v1::DEAD && (spec.workers().empty() || named)) chosen.push_back(w);
   }
   if (static_cast<int>(chosen.size()) > MeshSize(spec)) chosen.resize(MeshSize(spec));
-  if (auto s = CheckFits(spec, prepared->job->plan().theory, chosen, fleet); !s.ok()) return s;
+  if (auto s = CheckFits(spec, prepared->job->plan()->theory, chosen, fleet); !s.ok()) return s;
   return prepared;
 }
 
@@ -125,7 +125,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::Create(const baton::v1::CreateJ
                         absl::StrCat("job \"", spec.name().substr(0, 128), "\" ", reserved.status().message(),
                                      "; wait for a job to end, or submit it detached to queue it"));
   }
-  if (auto s = CheckFits(spec, job->plan().theory, *reserved, meshes_->Workers()); !s.ok()) {
+  if (auto s = CheckFits(spec, job->plan()->theory, *reserved, meshes_->Workers()); !s.ok()) {
     meshes_->Release(job->id(), "does not fit");
     return s;
   }
@@ -190,7 +190,7 @@ void JobManager::Schedule() {
       not_before_.erase(id);
       RestorePlan restore = std::move(restores_[id]);
       restores_.erase(id);
-      if (auto s = CheckFits(spec, job->plan().theory, *reserved, meshes_->Workers()); !s.ok()) {
+      if (auto s = CheckFits(spec, job->plan()->theory, *reserved, meshes_->Workers()); !s.ok()) {
         meshes_->Release(id, "does not fit");
         ends.push_back({job, {baton::v1::JOB_FAILED, std::string(s.message())}});
         continue;
@@ -203,6 +203,7 @@ void JobManager::Schedule() {
 
 void JobManager::EndPending(Job& job, baton::v1::JobState state, const std::string& cause) {
   if (!job.Enter(state, cause)) return;
+  job.ReleasePrograms();
   events_->Append(JobEvent(state == baton::v1::JOB_STOPPED ? baton::v1::Event::JOB_STOPPED : baton::v1::Event::JOB_FAILED, job.id(),
                            job.step(), "", cause));
   Persist(job);
@@ -224,6 +225,7 @@ void JobManager::OnEnd(Job& job) {
       runners_.erase(it);
     }
   }
+  if (job.ended()) job.ReleasePrograms();  // its Programs are of no more use
   Schedule();
 }
 

@@ -55,7 +55,8 @@ absl::Status JobRunner::Place() {
   FanOut fan_out;
   fan_out.deadline = kLoadDeadline + context_.meshes->options().rpc_slack;
   fan_out.should_abort = [&] { return context_.meshes->DeadWorkerIn(*mesh); };
-  const auto& programs = job_->plan().programs;
+  const std::shared_ptr<const JobPlan> plan = job_->plan();
+  const auto& programs = plan->programs;
   auto results = context_.meshes->dispatcher()->Call<LoadProgramRpc>(
       MeshManager::Targets(*mesh),
       [&](size_t r) {
@@ -141,10 +142,10 @@ void JobRunner::Run() {
   // An attached job that ran its last step is FINISHED, and keeps its
   // workers (its state) while its client holds it: the client may still
   // save it. They are freed when the client stops it or its lease lapses.
-  if (!Conclude(baton::v1::JOB_FINISHED, "")) return Release("");
+  if (!Conclude(baton::v1::JOB_FINISHED, "")) return context_.on_end(*job_);
   while (job_->AwaitWork(absl::Seconds(1)) == Job::Interrupt::kNone) {
   }
-  Release(absl::StrCat("job ", job_->id(), " FINISHED and released by its client"));
+  Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"));
 }
 
 absl::Status JobRunner::RunStep(int step) {
@@ -229,6 +230,11 @@ bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
     why = absl::StrCat(status.checkpoint_failures(), " checkpoint saves failed in a row; the last: ",
                        status.checkpoint_error());
   }
+  // Ended, the job holds no worker any more (but an attached job that
+  // FINISHED: its client may still save it).
+  if (state != baton::v1::JOB_FINISHED || job_->detached()) {
+    FreeWorkers(absl::StrCat("job ", job_->id(), " ", baton::v1::JobState_Name(state)));
+  }
   job_->Enter(state, why);
   const baton::v1::Event::Kind kind = state == baton::v1::JOB_FINISHED  ? baton::v1::Event::JOB_FINISHED
                                       : state == baton::v1::JOB_STOPPED ? baton::v1::Event::JOB_STOPPED
@@ -241,12 +247,14 @@ bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
   return state == baton::v1::JOB_FINISHED;
 }
 
-void JobRunner::Release(const std::string& reason) {
+void JobRunner::FreeWorkers(const std::string& reason) {
   checkpoints_.AwaitInFlight(CheckpointCoordinator::kSaveDeadline).IgnoreError();
-  context_.meshes->Release(job_->id(), reason.empty() ? absl::StrCat("job ", job_->id(), " ",
-                                                                     baton::v1::JobState_Name(job_->state()))
-                                                      : reason);
+  context_.meshes->Release(job_->id(), reason);
   job_->SetMesh(baton::v1::Mesh());
+}
+
+void JobRunner::Release(const std::string& reason) {
+  FreeWorkers(reason);
   context_.persist(*job_);
   context_.on_end(*job_);
 }
@@ -255,14 +263,12 @@ void JobRunner::End(baton::v1::JobState state, const std::string& cause) {
   if (state == baton::v1::JOB_PENDING && cause.empty()) {
     // The controller is shutting down: the job stays as it is, for the next
     // controller to take up.
-    checkpoints_.AwaitInFlight(CheckpointCoordinator::kSaveDeadline).IgnoreError();
-    context_.meshes->Release(job_->id(), "the controller is shutting down");
-    job_->SetMesh(baton::v1::Mesh());
+    FreeWorkers("the controller is shutting down");
     context_.persist(*job_);
     return;
   }
   Conclude(state, cause);
-  Release("");
+  context_.on_end(*job_);
 }
 
 }  // namespace baton

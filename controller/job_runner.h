@@ -81,9 +81,12 @@ class JobRunner {
   // down and the job stays as it is.
   void End(baton::v1::JobState state, const std::string& cause);
   // The job's new state (FINISHED turns FAILED when its saves failed),
-  // logged, persisted; whether it FINISHED.
+  // its workers freed first (unless an attached job FINISHED), logged,
+  // persisted; whether it FINISHED.
   bool Conclude(baton::v1::JobState state, const std::string& cause);
-  // Frees the job's workers and tells the manager.
+  // Gives the job's workers back (its mesh aborted).
+  void FreeWorkers(const std::string& reason);
+  // FreeWorkers, and tells the manager.
   void Release(const std::string& reason);
 
   const std::shared_ptr<Job> job_;
