@@ -69,6 +69,12 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
                                                   "; a step already running completes on its own and is counted then"));
 }
 
+std::shared_ptr<JobRunner> JobManager::RunnerOf(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = runners_.find(id);
+  return it == runners_.end() ? nullptr : it->second;
+}
+
 absl::StatusOr<baton::v1::JobStatus> JobManager::KeepAlive(const std::string& id) {
   auto job = Find(id);
   if (!job.ok()) return job.status();
@@ -82,11 +88,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> JobManager::Save(const std::string& id
   auto job = Find(id);
   if (!job.ok()) return job.status();
   CallScope call(**job);
-  std::shared_ptr<JobRunner> runner;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = runners_.find(id); it != runners_.end()) runner = it->second;
-  }
+  std::shared_ptr<JobRunner> runner = RunnerOf(id);
   if (runner == nullptr) {
     const baton::v1::JobStatus s = (*job)->status();
     if (s.state() == baton::v1::JOB_FAILED) {
@@ -101,11 +103,7 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::AwaitSave(const std::string& id
   auto job = Find(id);
   if (!job.ok()) return job.status();
   CallScope call(**job);
-  std::shared_ptr<JobRunner> runner;
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = runners_.find(id); it != runners_.end()) runner = it->second;
-  }
+  std::shared_ptr<JobRunner> runner = RunnerOf(id);
   if (runner != nullptr) {
     if (auto s = runner->AwaitSave(timeout); !s.ok()) return s;
   }

@@ -267,11 +267,7 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::Stop(const std::string& id, con
   (*job)->RequestStop(cause);
   const absl::Time give_up = absl::Now() + kStopWait;
   while (absl::Now() < give_up) {
-    bool holding;
-    {
-      absl::MutexLock lock(&mu_);
-      holding = runners_.count(id) > 0;
-    }
+    const bool holding = RunnerOf(id) != nullptr;
     if (!holding && ((*job)->ended() || (*job)->state() == baton::v1::JOB_PENDING)) break;
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -134,6 +134,8 @@ class JobManager {
   void Persist(Job& job) ABSL_LOCKS_EXCLUDED(persist_mu_);
   void EndPending(Job& job, baton::v1::JobState state, const std::string& cause);
   void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The runner of job `id` while it holds workers, else nullptr.
+  std::shared_ptr<JobRunner> RunnerOf(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   MeshManager* const meshes_;
   EventLog* const events_;

@@ -20,16 +20,13 @@
 namespace baton {
 namespace {
 
-using baton::v1::JobState;
 using testing::ControllerHarness;
 using testing::HarnessOptions;
+using testing::InState;
 using testing::MlpJob;
 using testing::SlowSteps;
-using testing::TempDir;
 using testing::WaitFor;
 using testing::WorkersOf;
-
-bool InState(const std::shared_ptr<Job>& job, JobState state) { return job->state() == state; }
 
 TEST(JobManagerTest, TwoDetachedJobsRunOnDisjointWorkers) {
   ControllerHarness h({});

@@ -19,16 +19,12 @@
 namespace baton {
 namespace {
 
-using baton::v1::JobState;
 using testing::ControllerHarness;
 using testing::HarnessOptions;
 using testing::MlpJob;
 using testing::SlowSteps;
 using testing::TempDir;
 using testing::WaitFor;
-using testing::WorkersOf;
-
-bool InState(const std::shared_ptr<Job>& job, JobState state) { return job->state() == state; }
 
 TEST(JobManagerTest, ACheckpointDirOutsideTheRootIsRefusedAtSubmit) {
   HarnessOptions options;

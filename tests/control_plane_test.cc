@@ -257,7 +257,7 @@ TEST(ControlPlaneTest, LeasesDeadlinesAndChecksBesideJobs) {
     return t[t.size() / 2];
   };
   ASSERT_TRUE((*job)->Stop().ok());
-  const double idle = median(3);
+  const double idle = median(5);
   auto job2 = Job::Create(client->get(), *spec);
   ASSERT_TRUE(job2.ok()) << job2.status();
   std::atomic<bool> stepping{true};
@@ -267,7 +267,7 @@ TEST(ControlPlaneTest, LeasesDeadlinesAndChecksBesideJobs) {
       absl::SleepFor(absl::Milliseconds(300));
     }
   });
-  const double beside = median(3);
+  const double beside = median(5);
   stepping = false;
   driver.join();
   std::printf("baton check --mesh dp=2: %.3f s on an idle fleet, %.3f s beside a running job: ratio %.2f (limit 1.5)\n",

@@ -60,6 +60,8 @@ class ControllerHarness {
 std::string TempDir(const std::string& name);
 // Every fake's RunStep takes `delay`.
 void SlowSteps(ControllerHarness& h, absl::Duration delay);
+// Whether `job` is in `state` now.
+inline bool InState(const std::shared_ptr<Job>& job, baton::v1::JobState state) { return job->state() == state; }
 // The workers of a job's status.
 std::set<std::string> WorkersOf(const baton::v1::JobStatus& s);
 
