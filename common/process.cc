@@ -4,6 +4,7 @@
 
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <fstream>
@@ -16,6 +17,9 @@ sigset_t BlockTerminationSignals() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A write to a socket whose peer just died (gloo's, gRPC's) must fail
+  // with EPIPE, not end the process: a survivor never dies of a peer.
+  signal(SIGPIPE, SIG_IGN);
   return signals;
 }
 

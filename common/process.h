@@ -10,8 +10,9 @@
 namespace baton {
 
 // Blocks SIGINT and SIGTERM in the calling thread and every thread it starts
-// afterwards, and returns that set for sigwait/sigtimedwait. Call first in
-// main, before any thread exists.
+// afterwards, and returns that set for sigwait/sigtimedwait; ignores SIGPIPE
+// (a write to a dead peer's socket fails with EPIPE instead of killing the
+// process). Call first in main, before any thread exists.
 sigset_t BlockTerminationSignals();
 
 // The worker's allocation policy: blocks under 1 MiB come from the heap and

@@ -3,10 +3,32 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "checkpoint/files.h"
+#include "common/file_root.h"
 #include "controller/job_manager.h"
 #include "strategies/job_spec.h"
 
 namespace baton {
+namespace {
+
+// Where a requeued job resumes: the checkpoint its record names, or - when
+// that one is gone (published, then pruned by keep_last after a newer one,
+// before the record said so) - the newest complete checkpoint of its own
+// directory past it. "" when neither: the spec's resume_from, or step 0.
+std::string ResumePoint(const baton::v1::JobRecord& record, const std::string& file_root) {
+  const baton::v1::CheckpointInfo& recorded = record.status().last_checkpoint();
+  if (!recorded.path().empty() && ReadMetadata(recorded.path()).ok()) return recorded.path();
+  if (record.spec().checkpoint().dir().empty()) return "";
+  auto dir = ResolveUnderRoot(file_root, record.spec().checkpoint().dir());
+  if (!dir.ok()) return "";
+  const auto all = ListCheckpoints(*dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->first > recorded.step() && it->first <= record.spec().steps()) return it->second;
+  }
+  return "";
+}
+
+}  // namespace
 
 void JobManager::Recover() {
   const JobStore::Contents contents = store_->Read();
@@ -37,7 +59,7 @@ void JobManager::Recover() {
       status->clear_mesh_id();
       status->clear_workers();
       status->set_state(baton::v1::JOB_PENDING);
-      auto prepared = Compile(record, status->last_checkpoint().path());
+      auto prepared = Compile(record, ResumePoint(record, options_.checkpoints.file_root));
       if (prepared.ok()) {
         job = prepared->job;
         restore = std::move(prepared->restore);
