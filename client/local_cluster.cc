@@ -105,6 +105,7 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& name, const std::st
     sigprocmask(SIG_SETMASK, &none, nullptr);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     execv(binary.c_str(), argv.data());
     _exit(127);
   }

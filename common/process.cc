@@ -17,11 +17,10 @@ sigset_t BlockTerminationSignals() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // A write to a socket whose peer just died (gloo's, gRPC's) must fail
-  // with EPIPE, not end the process: a survivor never dies of a peer.
-  signal(SIGPIPE, SIG_IGN);
   return signals;
 }
+
+void IgnoreBrokenPipes() { signal(SIGPIPE, SIG_IGN); }
 
 void UseCachingAllocation() {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);  // blocks below 1 MiB come from the heap

@@ -10,10 +10,13 @@
 namespace baton {
 
 // Blocks SIGINT and SIGTERM in the calling thread and every thread it starts
-// afterwards, and returns that set for sigwait/sigtimedwait; ignores SIGPIPE
-// (a write to a dead peer's socket fails with EPIPE instead of killing the
-// process). Call first in main, before any thread exists.
+// afterwards, and returns that set for sigwait/sigtimedwait. Call first in
+// main, before any thread exists.
 sigset_t BlockTerminationSignals();
+// For daemons: a write to a socket whose peer just died (gloo's, gRPC's)
+// fails with EPIPE instead of killing the process - a survivor never dies
+// of a peer. (Not for the CLI: `baton logs | head` should end with head.)
+void IgnoreBrokenPipes();
 
 // The worker's allocation policy: blocks under 1 MiB come from the heap and
 // stay there once freed (reused step after step, like a CUDA caching

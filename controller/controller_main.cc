@@ -79,6 +79,7 @@ int Main(int argc, char** argv) {
   // Abseil's lock-cycle detection (on in Debian's build of it) walks a graph
   // on every lock: a fifth of the controller's time at a thousand workers.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  IgnoreBrokenPipes();
   RaiseDescriptorLimit();
 
   auto client_token = LoadToken(absl::GetFlag(FLAGS_client_token_file), "BATON_CLIENT_TOKEN");

@@ -133,6 +133,7 @@ int Main(int argc, char** argv) {
   // Abseil's lock-cycle detection (on in Debian's build of it) walks a graph
   // on every lock: a fifth of the controller's time at a thousand workers.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  IgnoreBrokenPipes();
 
   const std::string host = absl::GetFlag(FLAGS_host);
   auto credentials = DaemonCredentials();
