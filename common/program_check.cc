@@ -308,6 +308,8 @@ absl::Status CheckTensorParallel(const Context& c, const baton::v1::Stage& stage
       if (!mlp.ok()) return mlp.status();
       if (*attention) {
         if (auto s = divides("dim (in whole heads)", m.dim(), m.dim() / m.heads()); !s.ok()) return s;
+        const int64_t kv = m.has_n_kv_heads() ? m.n_kv_heads() : m.heads();
+        if (auto s = divides("key/value heads", kv * (m.dim() / m.heads()), m.dim() / m.heads()); !s.ok()) return s;
       }
       if (*mlp) {
         if (auto s = divides("ffn_dim", m.ffn_dim(), 1); !s.ok()) return s;

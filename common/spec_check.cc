@@ -61,11 +61,24 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
         if (auto s = Dimension(field, value, min); !s.ok()) return s;
       }
       if (d.layers() > kMaxBlocks) return Invalid(absl::StrCat("model.decoder.layers must be at most ", kMaxBlocks));
+      const int64_t kv_heads = d.has_n_kv_heads() ? d.n_kv_heads() : d.heads();
+      if (kv_heads < 1 || kv_heads > d.heads() || d.heads() % kv_heads != 0) {
+        return Invalid(absl::StrCat("model.decoder.n_kv_heads ", kv_heads, " must divide heads ", d.heads(),
+                                    " (each key/value head serves a whole group of query heads)"));
+      }
+      if (d.has_rope_theta() && !PositiveFinite(d.rope_theta())) {
+        return Invalid("model.decoder.rope_theta must be positive");
+      }
+      if (d.multiple_of() < 0 || (d.has_ffn_dim_multiplier() && !PositiveFinite(d.ffn_dim_multiplier()))) {
+        return Invalid("model.decoder.multiple_of and ffn_dim_multiplier must be positive");
+      }
       // Parameters, in double (the dimensions' product can pass int64).
       const double v = d.vocab(), dim = d.dim(), f = d.ffn_dim(), layers = d.layers();
+      const double kv = static_cast<double>(kv_heads) / d.heads();  // k and v's share of q's rows
       const double params =
-          2 * v * dim + dim + layers * (4 * dim * dim + (d.mlp() == baton::v1::DecoderModel::SWIGLU ? 3 : 2) * f * dim +
-                                        2 * dim);
+          2 * v * dim + dim +
+          layers * ((2 + 2 * kv) * dim * dim + (d.mlp() == baton::v1::DecoderModel::SWIGLU ? 3 : 2) * f * dim +
+                    2 * dim);
       if (params > kMaxParameters) {
         return Invalid(absl::StrCat("model.decoder has ", params, " parameters; the limit is ",
                                     kMaxParameters, " (2^34)"));
@@ -73,6 +86,10 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
       if (d.dim() % d.heads() != 0) {
         return Invalid(absl::StrCat("model.decoder.dim ", d.dim(), " is not divisible by heads ",
                                     d.heads(), " (each head needs dim / heads features)"));
+      }
+      if ((d.dim() / d.heads()) % 2 != 0) {
+        return Invalid(absl::StrCat("model.decoder.dim / heads = ", d.dim() / d.heads(),
+                                    " must be even: rotary positions turn pairs of features"));
       }
       if (!PositiveFinite(d.norm_eps())) return Invalid("model.decoder.norm_eps must be positive");
       return absl::OkStatus();

@@ -49,6 +49,15 @@ JobSpec WithDefaults(JobSpec job) {
   if (job.model().has_decoder()) {
     auto* d = job.mutable_model()->mutable_decoder();
     if (!d->has_norm_eps()) d->set_norm_eps(1e-5f);
+    if (!d->has_n_kv_heads()) d->set_n_kv_heads(d->heads());
+    if (!d->has_rope_theta()) d->set_rope_theta(10000.0f);
+    if (d->ffn_dim() == 0 && d->multiple_of() > 0) {
+      // Llama's FeedForward sizing.
+      int64_t hidden = 2 * (4 * static_cast<int64_t>(d->dim())) / 3;
+      if (d->has_ffn_dim_multiplier()) hidden = static_cast<int64_t>(d->ffn_dim_multiplier() * hidden);
+      hidden = d->multiple_of() * ((hidden + d->multiple_of() - 1) / d->multiple_of());
+      if (hidden > 0 && hidden <= (int64_t{1} << 24)) d->set_ffn_dim(static_cast<int32_t>(hidden));
+    }
   }
   auto* plan = job.mutable_plan();
   if (!plan->has_reshard_after_forward()) plan->set_reshard_after_forward(true);

@@ -81,6 +81,8 @@ ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
   }
   const auto& dec = model.decoder();
   const int64_t v = dec.vocab(), d = dec.dim(), f = dec.ffn_dim();
+  // k and v have n_kv_heads heads of dim / heads features each.
+  const int64_t kv = dec.has_n_kv_heads() ? dec.n_kv_heads() * (d / dec.heads()) : d;
   layout.stages.push_back(MakeStage(Stage::EMBEDDING, 0));
   layout.units.push_back(
       UnitInfo{"tok_embeddings", {{"tok_embeddings.weight", {v, d}, Rule(InitRule::NORMAL, 0.02)}}, /*root=*/true});
@@ -88,7 +90,7 @@ ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
     const std::string p = absl::StrCat("layers.", l, ".");
     UnitInfo unit{absl::StrCat("layers.", l),
                   {Ones(p + "attention_norm.weight", d), Linear(p + "attention.wq.weight", d, d),
-                   Linear(p + "attention.wk.weight", d, d), Linear(p + "attention.wv.weight", d, d),
+                   Linear(p + "attention.wk.weight", kv, d), Linear(p + "attention.wv.weight", kv, d),
                    Linear(p + "attention.wo.weight", d, d), Ones(p + "ffn_norm.weight", d),
                    Linear(p + "feed_forward.w1.weight", f, d), Linear(p + "feed_forward.w2.weight", d, f)}};
     if (dec.mlp() == baton::v1::DecoderModel::SWIGLU) {

@@ -120,15 +120,22 @@ StageMemory StageMemoryOf(const Program& p, int index, const std::string& unit, 
       const int64_t heads = tp && split(prefix + "attention.wq.weight") ? dec.heads() / n : dec.heads();
       const int64_t ffn = tp && split(prefix + "feed_forward.w1.weight") ? dec.ffn_dim() / n : dec.ffn_dim();
       const bool swiglu = dec.mlp() == baton::v1::DecoderModel::SWIGLU;
-      const int64_t qkvo = 4 * rows * s * heads * hd * elem;  // q, k, v, attention output
+      // q and k rotated, k and v repeated to every query head of their group
+      // (the unrotated, unrepeated ones are not kept), the attention output.
+      const int64_t qkvo = 4 * rows * s * heads * hd * elem;
       const int64_t scores = rows * heads * s * s;           // elements of [rows, heads, seq, seq]
+      const int64_t rotary = 2 * s * (hd / 2) * 4;           // the angles' cos and sin (fp32)
+      // Rotating q (k is no larger): its fp32 copy, the pairs' products, the
+      // stacked result and its cast back.
+      const int64_t rotating = rows * s * heads * hd * (4 + 2 * 4 + 4 + elem);
       const int64_t probs = scores * (elem + (elem == 4 ? 0 : 4));  // softmax's fp32 output (+ its cast)
       const int64_t mlp = (swiglu ? 4 : 2) * rows * s * ffn * elem;
       // Two RMSNorms (normalised input, output), the residual, the
       // sequence-parallel gathers, and the rsqrt vectors.
-      m.saved = 5 * activation + (sp ? 2 * gathered : 0) + qkvo + probs + mlp + 2 * rows * s_in * 4;
-      // Scores, scaled, masked (two alive at once), in fp32 for the softmax.
-      m.forward = 2 * scores * std::max<int64_t>(elem, 4);
+      m.saved = 5 * activation + (sp ? 2 * gathered : 0) + qkvo + probs + mlp + 2 * rows * s_in * 4 + rotary;
+      // Scores, scaled, masked (two alive at once), in fp32 for the softmax;
+      // or the rotation's temporaries.
+      m.forward = std::max(2 * scores * std::max<int64_t>(elem, 4), rotating);
       // The softmax's gradients (in and out), or the MLP's, plus a hidden
       // state's gradient flowing through.
       m.backward = std::max(2 * scores * std::max<int64_t>(elem, 4), mlp) + 2 * activation;

@@ -109,6 +109,12 @@ absl::Status CheckDataflow(const baton::v1::ModelSpec& model, const TensorParall
       return Invalid(absl::StrCat(p, "attention: ", dec.heads(), " heads do not split into whole heads over ",
                                   plan.size, " tp ranks"));
     }
+    const int kv_heads = dec.has_n_kv_heads() ? dec.n_kv_heads() : dec.heads();
+    if (qkv[0].second.is_shard() && kv_heads % plan.size != 0) {
+      return Invalid(absl::StrCat(p, "attention: ", kv_heads, " key/value heads (n_kv_heads) do not split into whole "
+                                  "heads over ", plan.size, " tp ranks; use a multiple of ", plan.size,
+                                  " or replicate attention (REPLICATE_STYLE)"));
+    }
     auto attn = Linear(p + "attention.wo", qkv[0].second, w(p + "attention.wo.weight"));
     if (!attn.ok()) return attn.status();
     if (auto s = Reduced(p + "attention.wo", *attn); !s.ok()) return s;

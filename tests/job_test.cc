@@ -46,7 +46,8 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
                               "mlp_seed_lab.textproto", "decoder_zero2.json", "decoder_tp2.textproto",
                               "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto", "decoder_pp4_gpipe.textproto",
                               "decoder_pp4_1f1b.textproto", "decoder_pp4_interleaved.textproto",
-                              "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto"}) {
+                              "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto",
+                              "llama_gqa_tp2.textproto", "llama_gqa_pp2.textproto"}) {
     const std::string file = Runfile(absl::StrCat("examples/", example));
     // The dry run's predictions, made without any worker.
     auto plan = RunCommand({Baton(), "plan", file, "--output=json"}, absl::Seconds(60));

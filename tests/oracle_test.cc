@@ -34,7 +34,8 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
       "decoder_demo.textproto",  "mlp_seed_lab.textproto",  "decoder_zero2.json",
       "decoder_tp2.textproto",   "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto",
       "decoder_pp4_gpipe.textproto", "decoder_pp4_1f1b.textproto", "decoder_pp4_interleaved.textproto",
-      "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto"};
+      "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto", "llama_gqa_tp2.textproto",
+      "llama_gqa_pp2.textproto"};
   const std::string dir = testing::TempDir("oracle");
   std::vector<std::string> files;
   for (const auto& e : examples) files.push_back(Runfile("examples/" + e));
@@ -83,19 +84,46 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
     const auto& theirs = truth[file];
     ASSERT_FALSE(mine.empty()) << file;
     ASSERT_EQ(mine.size(), theirs.size()) << file;
-    double loss = 0, norm = 0;
+    // Losses step by step; gradient norms at step 1 (the gradients alone)
+    // and after AdamW steps: an update divides by sqrt(v) + eps, so a
+    // gradient element near eps that differs in its last bits moves its
+    // parameter by up to lr differently, and the next norms drift by ~1e-5
+    // (the single-process reference drifts from PyTorch the same way).
+    double loss = 0, first_norm = 0, norm = 0;
     for (size_t i = 0; i < mine.size(); ++i) {
       const double a = Field(mine[i], "loss"), b = Field(theirs[i], "loss");
       const double g = Field(mine[i], "grad_norm"), h = Field(theirs[i], "grad_norm");
       loss = std::max(loss, std::abs(a - b) / std::abs(b));
-      norm = std::max(norm, std::abs(g - h) / std::abs(h));
+      (i == 0 ? first_norm : norm) = std::max(i == 0 ? first_norm : norm, std::abs(g - h) / std::abs(h));
     }
     std::printf("%-24s %2zu steps: loss %.6f -> %.6f; worst relative difference from PyTorch: loss %.3g, "
-                "grad norm %.3g\n",
+                "grad norm %.3g at step 1, %.3g after\n",
                 file.substr(file.rfind('/') + 1).c_str(), mine.size(), Field(mine.front(), "loss"),
-                Field(mine.back(), "loss"), loss, norm);
+                Field(mine.back(), "loss"), loss, first_norm, norm);
     EXPECT_LE(loss, 1e-5) << file;
-    EXPECT_LE(norm, 1e-5) << file;
+    EXPECT_LE(first_norm, 1e-6) << file;
+    EXPECT_LE(norm, 1e-4) << file;
+  }
+
+  // The comparison can fail: an oracle that rotates v instead of k, or pairs
+  // feature i with i + head_dim / 2 instead of 2i with 2i + 1, is told apart
+  // from Baton at once.
+  const std::string llama = Runfile("examples/llama_gqa_tp2.textproto");
+  for (const char* mutant : {"rope_on_v", "rope_halves"}) {
+    setenv("BATON_ORACLE_MUTANT", mutant, 1);
+    auto wrong = testing::RunCommand({kPython, Runfile("tests/oracle/oracle.py"), llama}, absl::Seconds(150));
+    unsetenv("BATON_ORACLE_MUTANT");
+    ASSERT_EQ(wrong.exit_code, 0) << wrong.output;
+    const auto lines = JsonLines(wrong.output, "{\"job\":");
+    ASSERT_EQ(lines.size(), runs[llama].size()) << wrong.output;
+    double worst = 0;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const double b = Field(lines[i], "loss");
+      worst = std::max(worst, std::abs(Field(runs[llama][i], "loss") - b) / std::abs(b));
+    }
+    std::printf("oracle mutant %-11s vs Baton on llama_gqa_tp2: worst relative loss difference %.3g (> 1e-5: caught)\n",
+                mutant, worst);
+    EXPECT_GT(worst, 1e-5) << mutant << " went unnoticed";
   }
 }
 

@@ -105,6 +105,14 @@ def load_job(path):
         d.setdefault("norm_eps", 1e-5)
         d.setdefault("mlp", "GELU")
         d["norm_eps"] = f32(d["norm_eps"])
+        d.setdefault("n_kv_heads", d["heads"])
+        d["rope_theta"] = f32(d.get("rope_theta", 10000.0))
+        if not d.get("ffn_dim") and d.get("multiple_of"):
+            # Llama's FeedForward: 2/3 of 4 * dim, scaled, rounded up.
+            hidden = int(2 * (4 * d["dim"]) / 3)
+            if "ffn_dim_multiplier" in d:
+                hidden = int(f32(d["ffn_dim_multiplier"]) * hidden)
+            d["ffn_dim"] = d["multiple_of"] * ((hidden + d["multiple_of"] - 1) // d["multiple_of"])
     opt = job.get("optimizer", {})
     for key, default in (("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.01),
                          ("max_grad_norm", 0.0)):
@@ -199,9 +207,10 @@ def build_params(job):
     for layer in range(c["layers"]):
         pre = f"layers.{layer}."
         p[pre + "attention_norm.weight"] = init_param(seed, pre + "attention_norm.weight", (d,), "ones")
-        for w in ("wq", "wk", "wv", "wo"):
+        kv = c["n_kv_heads"] * (d // c["heads"])
+        for w, rows in (("wq", d), ("wk", kv), ("wv", kv), ("wo", d)):
             name = pre + f"attention.{w}.weight"
-            p[name] = init_param(seed, name, (d, d), "uniform", d)
+            p[name] = init_param(seed, name, (rows, d), "uniform", d)
         p[pre + "ffn_norm.weight"] = init_param(seed, pre + "ffn_norm.weight", (d,), "ones")
         p[pre + "feed_forward.w1.weight"] = init_param(seed, pre + "feed_forward.w1.weight", (f, d), "uniform", d)
         p[pre + "feed_forward.w2.weight"] = init_param(seed, pre + "feed_forward.w2.weight", (d, f), "uniform", f)
@@ -216,17 +225,50 @@ def rms(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+# Tests show the oracle can fail: BATON_ORACLE_MUTANT=rope_on_v rotates v
+# instead of k, rope_halves pairs feature i with i + head_dim / 2.
+MUTANT = __import__("os").environ.get("BATON_ORACLE_MUTANT", "")
+
+
+def rotary(x, theta):
+    """Meta's Llama apply_rotary_emb: x's features as complex numbers
+    (x[2i] + x[2i+1] j), times exp(j * pos * theta^(-2i/hd)). x: (b, t, h, hd)."""
+    b, t, heads, hd = x.shape
+    # precompute_freqs_cis, in float32 as Meta's.
+    freqs = 1.0 / (theta ** (torch.arange(0, hd, 2)[: hd // 2].float() / hd))
+    angles = torch.outer(torch.arange(t, dtype=torch.float32), freqs).float()
+    rot = torch.polar(torch.ones_like(angles), angles).view(1, t, 1, hd // 2)
+    if MUTANT == "rope_halves":
+        pairs = torch.stack((x[..., : hd // 2], x[..., hd // 2:]), dim=-1)
+    else:
+        pairs = x.float().reshape(b, t, heads, hd // 2, 2)
+    out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * rot)
+    if MUTANT == "rope_halves":
+        return torch.cat((out[..., 0], out[..., 1]), dim=-1).type_as(x)
+    return out.flatten(3).type_as(x)
+
+
 def decoder_loss(c, p, tokens, targets):
     b, t = tokens.shape
-    d, heads = c["dim"], c["heads"]
+    d, heads, kv_heads = c["dim"], c["heads"], c["n_kv_heads"]
     hd = d // heads
     mask = torch.full((t, t), float("-inf")).triu(1)
     h = F.embedding(tokens, p["tok_embeddings.weight"])
     for layer in range(c["layers"]):
         pre = f"layers.{layer}."
         a = rms(h, p[pre + "attention_norm.weight"], c["norm_eps"])
-        q, k, v = (F.linear(a, p[pre + f"attention.{w}.weight"]).view(b, t, heads, hd).transpose(1, 2)
-                   for w in ("wq", "wk", "wv"))
+        q = F.linear(a, p[pre + "attention.wq.weight"]).view(b, t, heads, hd)
+        k = F.linear(a, p[pre + "attention.wk.weight"]).view(b, t, kv_heads, hd)
+        v = F.linear(a, p[pre + "attention.wv.weight"]).view(b, t, kv_heads, hd)
+        q = rotary(q, c["rope_theta"])
+        if MUTANT == "rope_on_v":
+            v = rotary(v, c["rope_theta"])
+        else:
+            k = rotary(k, c["rope_theta"])
+        # Llama's repeat_kv: query head j uses key/value head j // (heads / kv_heads).
+        group = heads // kv_heads
+        q, k, v = (x.transpose(1, 2) for x in (q, torch.repeat_interleave(k, group, dim=2),
+                                              torch.repeat_interleave(v, group, dim=2)))
         # The contract's scale is a multiplication by 1 / sqrt(head_dim)
         # (as scaled_dot_product_attention applies it): dividing instead
         # rounds the scores differently, and this model's gradient norm

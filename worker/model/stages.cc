@@ -8,7 +8,14 @@
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/silu.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cos.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/reciprocal.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/sin.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/stack.h>
 
 #include <cmath>
 
@@ -43,8 +50,29 @@ at::Tensor Leave(const at::Tensor& partial, bool split, const TensorParallel* tp
 
 bool Split(const TensorParallel* tp, const std::string& param) { return tp != nullptr && tp->split(param); }
 
-// With attention split, each rank holds whole heads: wq/wk/wv's rows and
-// wo's columns of its heads.
+// Rotary positions, as Meta's Llama: feature pairs (x[2i], x[2i+1]) of each
+// head at position t turned by the angle t * theta^(-2i / head_dim), in
+// fp32 whatever the compute dtype. `x`: [batch, heads, seq, head_dim];
+// `cos`, `sin`: [seq, head_dim / 2].
+at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor pairs = x.to(at::kFloat).unflatten(-1, {x.size(-1) / 2, 2});
+  const at::Tensor a = pairs.select(-1, 0), b = pairs.select(-1, 1);
+  return at::stack({a.mul(cos).sub(b.mul(sin)), a.mul(sin).add(b.mul(cos))}, -1).flatten(-2).to(x.scalar_type());
+}
+
+// The angles' cos and sin for positions 0 .. seq - 1, computed as Meta's
+// precompute_freqs_cis does, in float32: 1 / theta^(2i / hd), times t.
+std::pair<at::Tensor, at::Tensor> RotaryTables(int64_t seq, int64_t head_dim, double theta) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor exponents = at::arange(0, head_dim, 2, f32).div(static_cast<double>(head_dim));
+  const at::Tensor inverse = at::reciprocal(at::pow(at::Scalar(theta), exponents));
+  const at::Tensor angles = at::arange(seq, f32).unsqueeze(1).mul(inverse);
+  return {at::cos(angles), at::sin(angles)};
+}
+
+// With attention split, each rank holds whole heads: wq's and wk/wv's rows
+// and wo's columns of its query and key/value heads (groups stay whole:
+// query head j uses key/value head j / (heads / n_kv_heads)).
 at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p,
                         const ParamLookup& w, const at::Tensor& x, const TensorParallel* tp) {
   const bool attn_split = Split(tp, p + "attention.wq.weight");
@@ -56,7 +84,14 @@ at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p,
     const at::Tensor& weight = w(p + "attention." + name + ".weight");
     return at::linear(a, weight).view({b, t, weight.size(0) / hd, hd}).transpose(1, 2);
   };
-  at::Tensor q = heads("wq"), k = heads("wk"), v = heads("wv");
+  // The whole sequence is here (sequence parallelism gathered it on entry):
+  // positions are 0 .. t - 1.
+  const auto [cos, sin] = RotaryTables(t, hd, m.has_rope_theta() ? m.rope_theta() : 10000.0);
+  at::Tensor q = Rotate(heads("wq"), cos, sin), k = Rotate(heads("wk"), cos, sin), v = heads("wv");
+  if (const int64_t group = q.size(1) / k.size(1); group > 1) {
+    k = k.repeat_interleave(group, 1);
+    v = v.repeat_interleave(group, 1);
+  }
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(1.0 / std::sqrt(static_cast<double>(hd)));
   scores = scores.add(CausalMask(t, scores.scalar_type()));
   at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(x.scalar_type());
