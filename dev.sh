@@ -67,7 +67,7 @@ build() {
 # reporting a failing case (a crash, a timeout, a build error) counts as one
 # failure.
 summarize() {
-  local bazel_log=$1 passed=0 failed=0 skipped=0
+  local bazel_log=$1 passed=0 failed=0 skipped=0 extra_passed=${2:-0} extra_failed=${3:-0}
   while IFS= read -r -d '' xml; do
     local counts
     counts=$(awk '
@@ -81,6 +81,7 @@ summarize() {
   local broken
   broken=$(grep -cE '^//.* (FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)' "$bazel_log" || true)
   if [ "$failed" -eq 0 ] && [ "$broken" -gt 0 ]; then failed=$broken; fi
+  passed=$((passed + extra_passed)); failed=$((failed + extra_failed))
   echo "$passed passed, $failed failed, $skipped skipped"
 }
 
@@ -90,7 +91,10 @@ run_tests() {
   # Old results must not be counted again.
   rm -rf "$(bazel info bazel-testlogs 2>/dev/null)" 2>/dev/null || true
   bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
-  summarize "$log"
+  # The layering (tests/layering.sh): one more check, counted like a test.
+  local layering_ok=1 layering_failed=0
+  if ! tests/layering.sh; then layering_ok=0; layering_failed=1; [ $status -ne 0 ] || status=1; fi
+  summarize "$log" $layering_ok $layering_failed
   rm -f "$log"
   bazel shutdown
   return $status

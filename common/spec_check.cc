@@ -87,10 +87,6 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
         return Invalid(absl::StrCat("model.decoder.dim ", d.dim(), " is not divisible by heads ",
                                     d.heads(), " (each head needs dim / heads features)"));
       }
-      if ((d.dim() / d.heads()) % 2 != 0) {
-        return Invalid(absl::StrCat("model.decoder.dim / heads = ", d.dim() / d.heads(),
-                                    " must be even: rotary positions turn pairs of features"));
-      }
       if (!PositiveFinite(d.norm_eps())) return Invalid("model.decoder.norm_eps must be positive");
       return absl::OkStatus();
     }

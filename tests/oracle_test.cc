@@ -52,6 +52,18 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
         << "data { token_file { path: \"" << dir << "/corpus.txt\" format: TEXT_BYTES } batch_size: 8 }\n"
         << "steps: 12 seed: 5\n";
     files.push_back(dir + "/text_bytes.textproto");
+    // Odd head_dim (15: the last feature of each head is not rotated), three
+    // query heads on one key/value head, FSDP over 3 ranks (padded shards).
+    std::ofstream(dir + "/odd_heads.textproto")
+        << "name: \"odd-heads\"\n"
+        << "model { decoder { vocab: 37 dim: 45 layers: 2 heads: 3 n_kv_heads: 1 ffn_dim: 50 seq_len: 9 "
+           "mlp: SWIGLU } }\n"
+        << "mesh { name: \"shard\" size: 3 }\n"
+        << "plan { mode: FSDP }\n"
+        << "optimizer { lr: 0.003 }\n"
+        << "data { synthetic {} batch_size: 6 }\n"
+        << "steps: 8 seed: 11\n";
+    files.push_back(dir + "/odd_heads.textproto");
   }
   ASSERT_EQ(access(kPython, X_OK), 0) << kPython << " is missing: ./dev.sh installs python3-torch";
 

@@ -181,7 +181,9 @@ INSTANTIATE_TEST_SUITE_P(
                                    data { batch_size: 6 microbatches: 3 }
                                    steps: 2
                                    seed: 7)pb",
-                              1e-6, 1e-5},
+                              // Parameters: 1.6e-5 measured with rotary positions (lr 0.01: an
+                              // element whose gradient is near AdamW's eps moves by a share of lr).
+                              1e-6, 5e-5},
                       OddCase{"pp4_1f1b_m2_mlp",
                               R"pb(model { mlp { d_model: 12 hidden: 20 blocks: 5 } }
                                    mesh { name: "pp" size: 4 }

@@ -232,16 +232,24 @@ MUTANT = __import__("os").environ.get("BATON_ORACLE_MUTANT", "")
 
 def rotary(x, theta):
     """Meta's Llama apply_rotary_emb: x's features as complex numbers
-    (x[2i] + x[2i+1] j), times exp(j * pos * theta^(-2i/hd)). x: (b, t, h, hd)."""
+    (x[2i] + x[2i+1] j), times exp(j * pos * theta^(-2i/hd)). x: (b, t, h, hd).
+    An odd hd's last feature has no partner: it passes through."""
     b, t, heads, hd = x.shape
+    if hd % 2:
+        return torch.cat((rotary_pairs(x[..., : hd - 1], theta, hd), x[..., hd - 1:]), dim=-1)
+    return rotary_pairs(x, theta, hd)
+
+
+def rotary_pairs(x, theta, hd):
+    b, t, heads, width = x.shape
     # precompute_freqs_cis, in float32 as Meta's.
     freqs = 1.0 / (theta ** (torch.arange(0, hd, 2)[: hd // 2].float() / hd))
     angles = torch.outer(torch.arange(t, dtype=torch.float32), freqs).float()
     rot = torch.polar(torch.ones_like(angles), angles).view(1, t, 1, hd // 2)
     if MUTANT == "rope_halves":
-        pairs = torch.stack((x[..., : hd // 2], x[..., hd // 2:]), dim=-1)
+        pairs = torch.stack((x[..., : width // 2], x[..., width // 2:]), dim=-1)
     else:
-        pairs = x.float().reshape(b, t, heads, hd // 2, 2)
+        pairs = x.float().reshape(b, t, heads, width // 2, 2)
     out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * rot)
     if MUTANT == "rope_halves":
         return torch.cat((out[..., 0], out[..., 1]), dim=-1).type_as(x)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The tree's layering, enforced (./dev.sh test runs this after the tests and
+# fails when it does): Bazel's own graph, and - because system headers
+# compile from anywhere - what the sources include.
+#   mesh/         a leaf: absl only
+#   strategies/   plans: no LibTorch, no gRPC, no file I/O
+#   worker/       never the planner (strategies/) or the controller
+#   client/       no LibTorch, nothing of worker/ (nor the controller's daemon)
+#   controller/   no LibTorch
+# Prints what it checked; exit 1 on any violation.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+violations=0
+fail() { echo "layering: $*"; violations=$((violations + 1)); }
+
+query() {  # query EXPR PATTERN WHAT
+  local all out
+  if ! all=$(bazel query "$1" 2>"$errors"); then fail "bazel query '$1' failed: $(tail -2 "$errors")"; return; fi
+  out=$(echo "$all" | grep -iE "$2" || true)
+  if [ -n "$out" ]; then fail "$3: $(echo "$out" | head -3 | tr '\n' ' ')"; fi
+  queries=$((queries + 1))
+}
+queries=0
+errors=$(mktemp)
+trap 'rm -f "$errors"' EXIT
+query 'deps(//mesh)' '^//(common|proto|strategies|worker|controller|client|checkpoint)|torch|grpc' "//mesh depends on more than absl"
+query 'deps(//strategies) union deps(//mesh)' 'torch|grpc' "strategies/ or mesh/ reach LibTorch or gRPC"
+query 'somepath(//strategies, //checkpoint:files)' '.' "strategies/ reaches file I/O (//checkpoint:files)"
+query 'rdeps(//worker/..., //strategies/...)' '^//worker' "worker/ depends on the planner"
+query 'rdeps(//worker/..., //controller/...)' '^//worker' "worker/ depends on the controller"
+query 'deps(//client:baton) union deps(//client:job) union deps(//examples/scripts:reshard_job)' \
+  'torch|^//worker' "client/ (or a job script) reaches LibTorch or worker/"
+query 'deps(//controller:baton-controller)' 'torch|^//worker' "the controller reaches LibTorch or worker/"
+
+# Includes: a header found on the system path compiles from any package.
+files=0
+scan() {  # scan DIR REGEX WHAT
+  local hits
+  hits=$(grep -rnE --include='*.cc' --include='*.h' "^#include [<\"]($2)" "$1" 2>/dev/null || true)
+  files=$((files + $(find "$1" -name '*.cc' -o -name '*.h' | wc -l)))
+  if [ -n "$hits" ]; then fail "$3: $(echo "$hits" | head -3 | tr '\n' ' ')"; fi
+}
+scan mesh 'torch|ATen|c10|grpc|google/protobuf|proto/|strategies/|worker/|controller/|common/|fstream|sys/stat|fcntl|dirent' \
+  "mesh/ includes more than the standard library and absl"
+scan strategies 'torch|ATen|c10|grpc|worker/|controller/|checkpoint/files|common/file_root|fstream|sys/stat|fcntl|dirent|unistd' \
+  "strategies/ includes LibTorch, gRPC or file I/O"
+scan worker 'strategies/|controller/' "worker/ includes the planner or the controller"
+scan client 'torch|ATen|c10|worker/|controller/' "client/ includes LibTorch, worker/ or controller/"
+scan controller 'torch|ATen|c10|worker/' "controller/ includes LibTorch or worker/"
+
+echo "layering: $queries bazel queries and the includes of $files files checked, $violations violations"
+[ "$violations" -eq 0 ]
