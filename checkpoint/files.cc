@@ -10,33 +10,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/file_root.h"
-#include "common/json.h"
 #include "mesh/box_copy.h"
 
 namespace baton {
 namespace {
 
 constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
-constexpr int64_t kMaxSafetensorsHeader = int64_t{100} << 20;
 
 std::string Errno(const std::string& what, const std::string& path) {
   return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
-}
-
-absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::string& path) {
-  const int64_t r = PreadFully(fd, data, n, at);
-  if (r < 0) return absl::InternalError(Errno("cannot read", path));
-  if (r < n) return absl::DataLossError(absl::StrCat(path, " is shorter than its checkpoint metadata says"));
-  return absl::OkStatus();
 }
 
 std::vector<std::string> DirectoryEntries(const std::string& dir) {
@@ -320,129 +308,6 @@ absl::Status VerifyCheckpoint(const std::string& dir, const baton::v1::Checkpoin
     if (!values.ok()) return values.status();
   }
   return absl::OkStatus();
-}
-
-// --- safetensors ---
-
-absl::StatusOr<baton::v1::CheckpointMetadata> ReadSafetensors(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return absl::NotFoundError(Errno("cannot open safetensors file", path));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8) {
-    ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a safetensors file (not a regular file of >= 8 bytes)"));
-  }
-  unsigned char len_bytes[8];
-  absl::Status s = PreadAll(fd, reinterpret_cast<char*>(len_bytes), 8, 0, path);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | len_bytes[i];  // little-endian
-  if (s.ok() && (header_len > static_cast<uint64_t>(kMaxSafetensorsHeader) ||
-                 header_len + 8 > static_cast<uint64_t>(st.st_size))) {
-    s = absl::InvalidArgumentError(absl::StrCat(path, ": safetensors header of ", header_len, " bytes does not fit"));
-  }
-  std::string header(s.ok() ? header_len : 0, '\0');
-  if (s.ok()) s = PreadAll(fd, header.data(), static_cast<int64_t>(header_len), 8, path);
-  ::close(fd);
-  if (!s.ok()) return s;
-  google::protobuf::Struct json;
-  if (!google::protobuf::util::JsonStringToMessage(header, &json).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": the safetensors header is not JSON"));
-  }
-  const int64_t data_start = 8 + static_cast<int64_t>(header_len);
-  const int64_t data_bytes = st.st_size - data_start;
-  baton::v1::CheckpointMetadata md;
-  md.set_version(kCheckpointVersion);
-  md.set_block_bytes(kDefaultBlockBytes);
-  const std::string base = path.substr(path.rfind('/') + 1);
-  std::map<std::string, const google::protobuf::Value*> sorted;
-  for (const auto& [name, value] : json.fields()) sorted[name] = &value;
-  for (const auto& [name, value] : sorted) {
-    if (name == "__metadata__") continue;
-    auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, ": ", why));
-    };
-    if (!value->has_struct_value()) return bad("not an object");
-    const auto& f = value->struct_value().fields();
-    auto dtype = f.find("dtype"), shape = f.find("shape"), offsets = f.find("data_offsets");
-    if (dtype == f.end() || shape == f.end() || offsets == f.end() || !shape->second.has_list_value() ||
-        !offsets->second.has_list_value() || offsets->second.list_value().values_size() != 2) {
-      return bad("needs dtype, shape and data_offsets");
-    }
-    if (dtype->second.string_value() != "F32") {
-      return bad(absl::StrCat("dtype ", dtype->second.string_value(), " (init_from reads F32 tensors)"));
-    }
-    baton::v1::CheckpointTensor* t = md.add_tensors();
-    t->set_name(name);
-    t->set_dtype("F32");
-    for (const auto& d : shape->second.list_value().values()) {
-      const double v = d.number_value();
-      if (v < 0 || v > 1e12 || v != static_cast<double>(static_cast<int64_t>(v))) return bad("bad shape");
-      t->add_shape(static_cast<int64_t>(v));
-    }
-    auto checked = CheckedNumel(Piece{std::vector<int64_t>(t->shape_size(), 0), {t->shape().begin(), t->shape().end()}});
-    if (!checked.ok()) return bad(std::string(checked.status().message()));
-    const int64_t numel = *checked;
-    const double b = offsets->second.list_value().values(0).number_value();
-    const double e = offsets->second.list_value().values(1).number_value();
-    if (b < 0 || e < b || e > static_cast<double>(data_bytes) || static_cast<int64_t>(e - b) != numel * kFloatBytes) {
-      return bad(absl::StrCat("data_offsets [", b, ", ", e, ") do not hold ", numel, " F32 values within the file"));
-    }
-    baton::v1::CheckpointChunk* c = t->add_chunks();
-    for (int64_t d : t->shape()) {
-      c->add_offsets(0);
-      c->add_sizes(d);
-    }
-    c->set_file(base);
-    c->set_byte_offset(data_start + static_cast<int64_t>(b));
-    c->set_length(numel * kFloatBytes);
-    md.set_total_bytes(md.total_bytes() + c->length());
-  }
-  return md;
-}
-
-absl::StatusOr<int64_t> ExportSafetensors(const std::string& dir, const std::string& out, bool optimizer) {
-  auto md = ReadMetadata(dir);
-  if (!md.ok()) return md.status();
-  std::vector<const baton::v1::CheckpointTensor*> tensors;
-  for (const auto& t : md->tensors()) {
-    if (optimizer || !absl::StartsWith(t.name(), "optim.")) tensors.push_back(&t);
-  }
-  std::sort(tensors.begin(), tensors.end(), [](auto* a, auto* b) { return a->name() < b->name(); });
-  std::string header = absl::StrCat("{\"__metadata__\":{\"format\":\"pt\",\"step\":\"", md->step(), "\"}");
-  int64_t at = 0;
-  for (const auto* t : tensors) {
-    int64_t numel = 1;
-    for (int64_t d : t->shape()) numel *= d;
-    absl::StrAppend(&header, ",", JsonQuote(t->name()), ":{\"dtype\":\"F32\",\"shape\":[",
-                    absl::StrJoin(t->shape(), ","), "],\"data_offsets\":[", at, ",", at + numel * kFloatBytes, "]}");
-    at += numel * kFloatBytes;
-  }
-  header += "}";
-  while ((header.size() + 8) % 8 != 0) header += ' ';  // the data starts 8-byte aligned
-  const std::string tmp = absl::StrCat(out, ".tmp-", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return absl::PermissionDeniedError(Errno("cannot create", tmp));
-  char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<char>((static_cast<uint64_t>(header.size()) >> (8 * i)) & 0xff);
-  absl::Status s = WriteAll(fd, len_bytes, 8, tmp);
-  if (s.ok()) s = WriteAll(fd, header.data(), static_cast<int64_t>(header.size()), tmp);
-  for (size_t i = 0; s.ok() && i < tensors.size(); ++i) {
-    auto values = ReadTensor(dir, *md, *tensors[i]);  // one tensor in memory at a time
-    if (!values.ok()) {
-      s = values.status();
-      break;
-    }
-    s = WriteAll(fd, reinterpret_cast<const char*>(values->data()), static_cast<int64_t>(values->size()) * kFloatBytes,
-                 tmp);
-  }
-  if (s.ok() && ::fsync(fd) != 0) s = absl::InternalError(Errno("cannot fsync", tmp));
-  ::close(fd);
-  if (s.ok() && ::rename(tmp.c_str(), out.c_str()) != 0) s = absl::InternalError(Errno("cannot rename into", out));
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return at;
 }
 
 }  // namespace baton

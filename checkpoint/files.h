@@ -1,8 +1,7 @@
 // Sharded checkpoint files: the data files ranks write, the metadata the
 // controller publishes, and reading any box of a saved tensor back with its
-// checksums verified. Also safetensors, the interchange format: a file of
-// one (header, tensors) is read as a checkpoint with one chunk per tensor,
-// and a checkpoint is exported as one, a tensor at a time.
+// checksums verified. (Safetensors, the interchange format, is
+// checkpoint/safetensors.h.)
 //
 // No LibTorch, no gRPC: the worker, the controller and the CLI share it.
 #ifndef BATON_CHECKPOINT_FILES_H_
@@ -95,16 +94,6 @@ absl::Status VerifyCheckpoint(const std::string& dir, const baton::v1::Checkpoin
 // memory at a time).
 absl::StatusOr<std::vector<float>> ReadTensor(const std::string& dir, const baton::v1::CheckpointMetadata& metadata,
                                               const baton::v1::CheckpointTensor& tensor);
-
-// The tensors of a safetensors file as a checkpoint: one chunk per tensor,
-// unchecksummed, the file named by its base name (its directory is the
-// checkpoint's). Only F32 tensors; INVALID_ARGUMENT otherwise.
-absl::StatusOr<baton::v1::CheckpointMetadata> ReadSafetensors(const std::string& path);
-
-// Writes the checkpoint's parameters (and, with `optimizer`, its AdamW
-// moments) as one safetensors file, a tensor at a time; returns the bytes
-// of tensor data written.
-absl::StatusOr<int64_t> ExportSafetensors(const std::string& dir, const std::string& out, bool optimizer);
 
 }  // namespace baton
 

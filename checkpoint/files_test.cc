@@ -1,4 +1,5 @@
 #include "checkpoint/files.h"
+#include "checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <fcntl.h>

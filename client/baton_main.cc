@@ -13,6 +13,7 @@
 //   baton reference JOBFILE [--output=json]          the same job in one process (baton-reference)
 //   baton checkpoint list|inspect DIR                checkpoints on this machine
 //   baton checkpoint export DIR OUT.safetensors      one consolidated safetensors file
+//   baton checkpoint export DIR OUT --format=hf      Hugging Face's Llama (model.safetensors, config.json)
 //
 // Exit status: 0 success, 1 failure, 2 bad usage.
 #include <cstdio>
@@ -55,6 +56,10 @@ ABSL_FLAG(std::string, token_file, "",
           "fleet's token there.");
 ABSL_FLAG(std::string, resume, "", "run, submit: resume from this checkpoint (or directory of step-N checkpoints).");
 ABSL_FLAG(bool, optimizer, false, "checkpoint export: also export the AdamW moments.");
+ABSL_FLAG(std::string, format, "baton",
+          "checkpoint export: baton (Baton's names, one file) or hf (Hugging Face's Llama: a directory of "
+          "model.safetensors and config.json).");
+ABSL_FLAG(std::string, dtype, "f32", "checkpoint export: f32 or bf16.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "up: the daemons' checkpoint root (default: the working directory).");
 ABSL_FLAG(std::string, data_root, "", "up: the workers' root for token files (default: the working directory).");
@@ -114,7 +119,8 @@ std::string Usage() {
          "  baton stop --controller HOST:PORT JOB_ID\n"
          "  baton watch --controller HOST:PORT [--seconds S] [--output=json]\n"
          "  baton reference JOBFILE [--output=json]\n"
-         "  baton checkpoint list DIR | inspect DIR | export DIR OUT.safetensors [--optimizer]\n";
+         "  baton checkpoint list DIR | inspect DIR | export DIR OUT.safetensors [--optimizer] [--dtype=bf16]\n"
+         "  baton checkpoint export DIR OUT_DIR --format=hf [--dtype=bf16]\n";
 }
 
 int Main(int argc, char** argv) {
@@ -128,7 +134,7 @@ int Main(int argc, char** argv) {
   }
   if (positional.size() >= 2 && std::string(positional[1]) == "checkpoint") {
     return CheckpointCommand(std::vector<std::string>(positional.begin() + 2, positional.end()), JsonOutput(),
-                             absl::GetFlag(FLAGS_optimizer));
+                             {absl::GetFlag(FLAGS_optimizer), absl::GetFlag(FLAGS_format), absl::GetFlag(FLAGS_dtype)});
   }
   const std::string command = positional.size() >= 2 ? positional[1] : "";
   if (positional.size() == 3) {

@@ -12,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_llama.h"
+#include "checkpoint/safetensors.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
 
@@ -109,32 +111,41 @@ int Inspect(const std::string& dir) {
   return 0;
 }
 
-int Export(const std::string& dir, const std::string& out, bool optimizer) {
+int Export(const std::string& dir, const std::string& out, const ExportOptions& options) {
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "baton checkpoint export: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  auto dtype = ParseExportDtype(options.dtype);
+  if (!dtype.ok()) return fail(dtype.status());
+  if (options.format != "baton" && options.format != "hf") {
+    return fail(absl::InvalidArgumentError(absl::StrCat("unknown --format ", options.format, " (baton or hf)")));
+  }
+  if (options.format == "hf" && options.optimizer) {
+    return fail(absl::InvalidArgumentError("--format=hf exports the model only, not --optimizer"));
+  }
   auto found = FindCheckpoint(dir);
-  if (!found.ok()) {
-    std::fprintf(stderr, "baton checkpoint export: %s\n", found.status().ToString().c_str());
-    return 1;
-  }
+  if (!found.ok()) return fail(found.status());
   const auto start = std::chrono::steady_clock::now();
-  auto bytes = ExportSafetensors(*found, out, optimizer);
-  if (!bytes.ok()) {
-    std::fprintf(stderr, "baton checkpoint export: %s\n", bytes.status().ToString().c_str());
-    return 1;
-  }
-  std::printf("exported %s to %s: %lld bytes of tensor data in %.3f s\n", found->c_str(), out.c_str(),
-              static_cast<long long>(*bytes),
+  auto bytes = options.format == "hf" ? ExportHfLlama(*found, out, *dtype)
+                                      : ExportSafetensors(*found, out, options.optimizer, *dtype);
+  if (!bytes.ok()) return fail(bytes.status());
+  std::printf("exported %s to %s%s: %lld bytes of %s tensor data in %.3f s\n", found->c_str(), out.c_str(),
+              options.format == "hf" ? " (Hugging Face Llama: model.safetensors, config.json)" : "",
+              static_cast<long long>(*bytes), options.dtype.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return 0;
 }
 
 }  // namespace
 
-int CheckpointCommand(const std::vector<std::string>& args, bool json, bool optimizer) {
+int CheckpointCommand(const std::vector<std::string>& args, bool json, const ExportOptions& export_options) {
   if (args.size() == 2 && args[0] == "list") return List(args[1], json);
   if (args.size() == 2 && args[0] == "inspect") return Inspect(args[1]);
-  if (args.size() == 3 && args[0] == "export") return Export(args[1], args[2], optimizer);
+  if (args.size() == 3 && args[0] == "export") return Export(args[1], args[2], export_options);
   std::fprintf(stderr,
-               "usage: baton checkpoint list DIR | inspect DIR | export DIR OUT.safetensors [--optimizer]\n");
+               "usage: baton checkpoint list DIR | inspect DIR | export DIR OUT.safetensors [--optimizer] "
+               "[--dtype=f32|bf16] | export DIR OUT_DIR --format=hf [--dtype=f32|bf16]\n");
   return 2;
 }
 

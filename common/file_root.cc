@@ -111,6 +111,13 @@ int64_t PreadFully(int fd, void* data, int64_t n, int64_t at) {
   return done;
 }
 
+absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::string& path) {
+  const int64_t r = PreadFully(fd, data, n, at);
+  if (r < 0) return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  if (r < n) return absl::DataLossError(absl::StrCat(path, " is shorter than its checkpoint metadata says"));
+  return absl::OkStatus();
+}
+
 absl::Status MakeDirs(const std::string& path) {
   std::string at;
   for (const auto& part : absl::StrSplit(path, '/', absl::SkipEmpty())) {
@@ -150,10 +157,17 @@ void SyncDirectory(const std::string& dir) {
 }
 
 absl::Status WriteFileDurably(const std::string& path, const std::string& bytes, int mode) {
+  return WriteFileDurably(
+      path, [&](int fd, const std::string& tmp) { return WriteAll(fd, bytes.data(), static_cast<int64_t>(bytes.size()), tmp); },
+      mode);
+}
+
+absl::Status WriteFileDurably(const std::string& path,
+                              const std::function<absl::Status(int fd, const std::string& tmp)>& write, int mode) {
   const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  absl::Status s = WriteAll(fd, bytes.data(), static_cast<int64_t>(bytes.size()), tmp);
+  absl::Status s = write(fd, tmp);
   if (s.ok() && ::fsync(fd) != 0) s = absl::InternalError(absl::StrCat("cannot fsync ", tmp, ": ", std::strerror(errno)));
   ::close(fd);
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -9,6 +9,7 @@
 #define BATON_COMMON_FILE_ROOT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,9 @@ struct ReadFileOptions {
 // reads and EINTR: the bytes read (fewer than `n` only at the end of the
 // file), or -1 with errno set.
 int64_t PreadFully(int fd, void* data, int64_t n, int64_t at);
+// All `n` bytes at `at`, or an error naming `path`: DATA_LOSS when the file
+// is shorter (its metadata promised more).
+absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::string& path);
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const ReadFileOptions& options);
 
@@ -49,6 +53,11 @@ void SyncDirectory(const std::string& dir);
 // beside it, fsync, rename, fsync of the directory. The temporary file is
 // removed when any step fails.
 absl::Status WriteFileDurably(const std::string& path, const std::string& bytes, int mode = 0644);
+// The same, the bytes streamed by `write` into the temporary file (`fd`,
+// named `tmp` for errors): a file too large to hold in memory.
+absl::Status WriteFileDurably(const std::string& path,
+                              const std::function<absl::Status(int fd, const std::string& tmp)>& write,
+                              int mode = 0644);
 // Whether files can be created in directory `dir` (made if missing): a
 // probe file is created and removed. The error names the path.
 absl::Status CheckWritableDirectory(const std::string& dir);

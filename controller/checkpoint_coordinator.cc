@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "checkpoint/files.h"
+#include "checkpoint/hf_llama.h"
 #include "checkpoint/layout.h"
 #include "common/file_root.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -82,11 +83,12 @@ absl::StatusOr<RestorePlan> PlanRestore(const std::string& file_root, const bato
   } else if (!job.init_from().empty()) {
     auto path = ResolveUnderRoot(file_root, job.init_from());
     if (!path.ok()) return Prefixed(path.status(), "init_from: ");
-    auto md = ReadSafetensors(*path);
+    std::string file;
+    auto md = ReadInitWeights(*path, job.model(), &file);
     if (!md.ok()) return Prefixed(md.status(), "init_from: ");
-    plan.dir = path->substr(0, path->rfind('/'));
+    plan.dir = file.substr(0, file.rfind('/'));
     plan.metadata = std::move(*md);
-    plan.info.set_path(*path);
+    plan.info.set_path(file);
   } else {
     return plan;
   }

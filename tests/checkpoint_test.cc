@@ -13,10 +13,10 @@
 #include <random>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/files.h"
+#include "checkpoint/safetensors.h"
 #include "client/client.h"
 #include "client/job.h"
 #include "client/local_cluster.h"
@@ -24,6 +24,7 @@
 #include "strategies/job_spec.h"
 #include "tests/cluster_util.h"
 #include "tests/process_util.h"
+#include "tests/step_lines.h"
 
 namespace baton {
 namespace {
@@ -392,14 +393,6 @@ std::string PythonJson(const std::vector<std::string>& argv) {
   return r.output;
 }
 
-double JsonNumber(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\": ");
-  if (at == std::string::npos) return NAN;
-  double v = NAN;
-  const size_t begin = at + key.size() + 4;
-  (void)absl::SimpleAtod(json.substr(begin, json.find_first_of(",}", begin) - begin), &v);
-  return v;
-}
 
 // Export against an independent reader (stdlib + torch.frombuffer) and the
 // PyTorch oracle, and init_from -> save -> export round trips exactly.
@@ -434,10 +427,10 @@ TEST(CheckpointTest, ExportedWeightsMatchTheOracle) {
   const std::string oracle = Runfile("tests/oracle/oracle.py");
   const std::string init = PythonJson({kPython, oracle, "--init-diff", init_out, job_file});
   std::printf("exported initial weights vs the oracle's: %s", init.c_str());
-  EXPECT_EQ(JsonNumber(init, "mismatched"), 0);
-  EXPECT_EQ(JsonNumber(init, "max_abs_diff"), 0);
+  EXPECT_EQ(testing::Field(init, "mismatched"), 0);
+  EXPECT_EQ(testing::Field(init, "max_abs_diff"), 0);
   const std::string next = PythonJson({kPython, oracle, "--next-loss", w4, "--step", "4", job_file});
-  const double oracle_loss = JsonNumber(next, "loss"), baton_loss = (*step5)[0].loss();
+  const double oracle_loss = testing::Field(next, "loss"), baton_loss = (*step5)[0].loss();
   const double rel = std::abs(oracle_loss - baton_loss) / std::abs(baton_loss);
   std::printf("step 5 loss from the exported step-4 weights: oracle %.8f, Baton %.8f, relative difference %.3g\n",
               oracle_loss, baton_loss, rel);

@@ -7,6 +7,7 @@
 #   worker/       never the planner (strategies/) or the controller
 #   client/       no LibTorch, nothing of worker/ (nor the controller's daemon)
 #   controller/   no LibTorch
+#   checkpoint/   the format: no LibTorch, no gRPC, no planner
 # Prints what it checked; exit 1 on any violation.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,7 @@ query 'rdeps(//worker/..., //strategies/...)' '^//worker' "worker/ depends on th
 query 'rdeps(//worker/..., //controller/...)' '^//worker' "worker/ depends on the controller"
 query 'deps(//client:baton) union deps(//client:job) union deps(//examples/scripts:reshard_job)' \
   'torch|^//worker' "client/ (or a job script) reaches LibTorch or worker/"
+query 'deps(//checkpoint/...)' 'torch|grpc|^//(strategies|worker|controller)' "checkpoint/ reaches LibTorch, gRPC or the planner"
 query 'deps(//controller:baton-controller)' 'torch|^//worker' "the controller reaches LibTorch or worker/"
 
 # Includes: a header found on the system path compiles from any package.
@@ -47,6 +49,7 @@ scan strategies 'torch|ATen|c10|grpc|worker/|controller/|checkpoint/files|common
 scan worker 'strategies/|controller/' "worker/ includes the planner or the controller"
 scan client 'torch|ATen|c10|worker/|controller/' "client/ includes LibTorch, worker/ or controller/"
 scan controller 'torch|ATen|c10|worker/' "controller/ includes LibTorch or worker/"
+scan checkpoint 'torch|ATen|c10|grpc|strategies/|worker/|controller/' "checkpoint/ includes LibTorch, gRPC or the planner"
 
 echo "layering: $queries bazel queries and the includes of $files files checked, $violations violations"
 [ "$violations" -eq 0 ]

@@ -372,8 +372,11 @@ def train(path, out):
         out.flush()
 
 
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16}
+
+
 def read_safetensors(path):
-    """name -> float32 tensor, from the format's definition: an 8-byte
+    """name -> tensor (F32 or BF16), from the format's definition: an 8-byte
     little-endian header length, a JSON header, then the raw data."""
     with open(path, "rb") as f:
         blob = f.read()
@@ -384,9 +387,8 @@ def read_safetensors(path):
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        assert entry["dtype"] == "F32", entry
         begin, end = entry["data_offsets"]
-        values = torch.frombuffer(bytearray(data[begin:end]), dtype=torch.float32)
+        values = torch.frombuffer(bytearray(data[begin:end]), dtype=SAFETENSORS_DTYPES[entry["dtype"]])
         out[name] = values.reshape(entry["shape"])
     return out
 
