@@ -8,6 +8,7 @@
 #include "common/program_check.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
+#include "strategies/model_layout.h"
 
 namespace baton {
 namespace {
@@ -20,6 +21,18 @@ std::string PipelineLine(const baton::v1::JobSpec& job, const DryRun& plan) {
   return absl::StrFormat("pipeline %s along \"%s\": %d ranks x %d chunk%s, %d microbatches",
                          PipelineParallel::Schedule_Name(pp.schedule), pp.axis, pp.size, pp.virtual_stages,
                          pp.virtual_stages > 1 ? "s" : "", job.data().microbatches());
+}
+
+// Blocks of the model, and those activation checkpointing recomputes.
+int Blocks(const DryRun& plan) {
+  int n = 0;
+  for (const auto& stage : plan.programs.front().stages()) n += IsBlockStage(stage.kind());
+  return n;
+}
+int RecomputedBlocks(const DryRun& plan) {
+  int n = 0;
+  for (const auto& stage : plan.programs.front().stages()) n += stage.recompute();
+  return n;
 }
 
 }  // namespace
@@ -62,6 +75,14 @@ std::string FormatPlan(const baton::v1::JobSpec& job, const DryRun& plan, bool e
                         "unsharded %d B, live microbatches %d, live activations %d B\n",
                         t.state_bytes, t.comm_bytes, t.ideal_comm_bytes > 0 ? t.comm_bytes / t.ideal_comm_bytes : 1.0,
                         t.peak_unsharded_param_bytes, t.peak_live_microbatches, t.peak_live_activation_bytes);
+  const auto& ac = job.plan().activation_checkpointing();
+  absl::StrAppendFormat(
+      &out, "predicted peak memory growth per rank %.1f MiB; activation checkpointing %s%s: %d of %d blocks recomputed, "
+            "%d FLOPs/step again (%.3f of the forward's %d)\n",
+      t.memory_bytes / 1048576.0, baton::v1::ActivationCheckpointing::Mode_Name(ac.mode()),
+      ac.mode() == baton::v1::ActivationCheckpointing::SELECTIVE ? absl::StrCat(" every ", ac.every()) : "",
+      RecomputedBlocks(plan), Blocks(plan), t.recompute_flops,
+      t.forward_flops > 0 ? static_cast<double>(t.recompute_flops) / t.forward_flops : 0.0, t.forward_flops);
   if (explain) {
     for (const auto& p : plan.programs) {
       absl::StrAppendFormat(&out, "rank %d (%s): %d instructions\n", p.rank(), plan.coordinates[p.rank()],
@@ -98,10 +119,12 @@ std::string FormatPlanJson(const baton::v1::JobSpec& job, const DryRun& plan) {
   const PlanTheory& t = plan.theory;
   return absl::StrFormat(
       "{\"plan\":\"%s\",\"parameters\":%d,\"state_bytes\":%d,\"comm_bytes\":%d,\"peak_unsharded_param_bytes\":%d,"
-      "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"idle_fraction\":%.6f,\"pipeline\":%s,"
+      "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"memory_bytes\":%d,\"forward_flops\":%d,"
+      "\"recompute_flops\":%d,\"recomputed_blocks\":%d,\"idle_fraction\":%.6f,\"pipeline\":%s,"
       "\"ranks\":[%s]}",
       job.name(), t.parameters, t.state_bytes, t.comm_bytes, t.peak_unsharded_param_bytes, t.peak_live_microbatches,
-      t.peak_live_activation_bytes, plan.max_idle_fraction, pipeline,
+      t.peak_live_activation_bytes, t.memory_bytes, t.forward_flops, t.recompute_flops, RecomputedBlocks(plan),
+      plan.max_idle_fraction, pipeline,
       absl::StrJoin(ranks, ","));
 }
 

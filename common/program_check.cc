@@ -468,6 +468,13 @@ absl::Status ValidateProgram(const Program& p) {
         return Bad(absl::StrCat("stage tensor_parallel: ", a.status().message()));
       }
     }
+    // The loss stages' output is the loss, the first stage's has no input:
+    // only a block is recomputed.
+    if (stage.recompute() && stage.kind() != baton::v1::Stage::DECODER_BLOCK &&
+        stage.kind() != baton::v1::Stage::MLP_BLOCK) {
+      return Bad(absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()),
+                              " is marked recompute; only a block stage is"));
+    }
     const bool has_params = stage.kind() != baton::v1::Stage::MLP_INPUT;
     if (has_params ? stage.unit() < 0 : stage.unit() != -1) {
       return Bad(absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()), " has unit ", stage.unit(),

@@ -208,6 +208,14 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (mp.param_dtype() == baton::v1::BF16 && mode != baton::v1::FSDP && mode != baton::v1::HSDP) {
     return Invalid("plan.mixed_precision.param_dtype BF16 needs plan.mode FSDP or HSDP");
   }
+  const auto& ac = job.plan().activation_checkpointing();
+  if (!baton::v1::ActivationCheckpointing::Mode_IsValid(ac.mode())) {
+    return Invalid(absl::StrCat("plan.activation_checkpointing.mode ", ac.mode(), " is not NONE, FULL or SELECTIVE"));
+  }
+  if (ac.mode() == baton::v1::ActivationCheckpointing::SELECTIVE && (ac.every() < 1 || ac.every() > kMaxCheckpointEvery)) {
+    return Invalid(absl::StrCat("plan.activation_checkpointing.every must be in [1, ", kMaxCheckpointEvery,
+                                "] for SELECTIVE (every k-th block), got ", ac.every()));
+  }
   if (auto s = ValidateOptimizer(job.optimizer()); !s.ok()) return OfJob(s);
   const auto& data = job.data();
   if (auto s = ValidateData(data, job.model()); !s.ok()) return OfJob(s);

@@ -20,6 +20,7 @@ inline constexpr size_t kMaxPathBytes = 4096;
 inline constexpr int kMaxMeshAxes = 8;
 inline constexpr int kMaxStyleRules = 1024;
 inline constexpr int kMaxSplitEntries = 4096;
+inline constexpr int kMaxCheckpointEvery = 4096;  // activation_checkpointing.every
 inline constexpr int kMaxSteps = 1000000000;
 inline constexpr int kMaxThreadsPerRank = 256;
 inline constexpr int kDefaultCheckpointMaxFailures = 3;

@@ -104,4 +104,17 @@ ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model) {
   return layout;
 }
 
+bool IsBlockStage(Stage::Kind kind) { return kind == Stage::DECODER_BLOCK || kind == Stage::MLP_BLOCK; }
+
+void MarkRecomputedBlocks(const baton::v1::ActivationCheckpointing& ac, ModelLayout* layout) {
+  int block = 0;
+  for (Stage& stage : layout->stages) {
+    if (!IsBlockStage(stage.kind())) continue;
+    ++block;
+    stage.set_recompute(ac.mode() == baton::v1::ActivationCheckpointing::FULL ||
+                        (ac.mode() == baton::v1::ActivationCheckpointing::SELECTIVE && ac.every() > 0 &&
+                         block % ac.every() == 0));
+  }
+}
+
 }  // namespace baton

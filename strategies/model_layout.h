@@ -46,6 +46,13 @@ int64_t TokensPerRow(const baton::v1::ModelSpec& model);
 // `model` must be valid (see ValidateJobSpec) with defaults applied.
 ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model);
 
+// A repeated block (DECODER_BLOCK, MLP_BLOCK): what pipelines split and
+// activation checkpointing recomputes.
+bool IsBlockStage(baton::v1::Stage::Kind kind);
+// Marks the blocks activation checkpointing recomputes: every one (FULL),
+// or blocks every-1, 2*every-1, ... counted in forward order (SELECTIVE).
+void MarkRecomputedBlocks(const baton::v1::ActivationCheckpointing& ac, ModelLayout* layout);
+
 }  // namespace baton
 
 #endif  // BATON_STRATEGIES_MODEL_LAYOUT_H_

@@ -17,10 +17,6 @@ absl::Status Invalid(const std::string& msg) {
   return absl::InvalidArgumentError(absl::StrCat("invalid job: plan.pipeline_parallel: ", msg));
 }
 
-bool IsBlock(baton::v1::Stage::Kind kind) {
-  return kind == baton::v1::Stage::DECODER_BLOCK || kind == baton::v1::Stage::MLP_BLOCK;
-}
-
 }  // namespace
 
 std::vector<int> PipelinePlan::StagesOf(int chunk) const {
@@ -70,7 +66,7 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const baton::v1::JobSpec& job, const M
   }
   std::vector<int> blocks;  // stage index of every block, in order
   for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) {
-    if (IsBlock(model.stages[s].kind())) blocks.push_back(s);
+    if (IsBlockStage(model.stages[s].kind())) blocks.push_back(s);
   }
   const int chunks = plan.chunks(), n_blocks = static_cast<int>(blocks.size());
   if (n_blocks < chunks) {
@@ -98,7 +94,7 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const baton::v1::JobSpec& job, const M
   }
   // The embedding (input) joins the first chunk, the head the last.
   for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) {
-    if (IsBlock(model.stages[s].kind())) continue;
+    if (IsBlockStage(model.stages[s].kind())) continue;
     plan.stage_chunk[s] = s < blocks.front() ? 0 : chunks - 1;
   }
   return plan;

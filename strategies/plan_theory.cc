@@ -12,6 +12,7 @@
 #include "mesh/layout.h"
 #include "mesh/shard_geometry.h"
 #include "strategies/planner.h"
+#include "strategies/stage_theory.h"
 
 namespace baton {
 namespace {
@@ -25,148 +26,6 @@ struct ParamPieces {
   bool same_layouts;      // nothing gathered: the compute gradient is the master's
   std::set<int> grad_partial;  // axes its compute gradient is a partial sum along
 };
-
-// Bytes one rank sends for the Megatron collectives inside a stage's forward
-// or backward (worker/model/stages.cc), for a microbatch of `rows`:
-// reductions in fp32, gathers in the compute dtype, even splits. `unit`
-// names the stage's unit.
-int64_t TensorParallelBytes(const Program& p, int index, const std::string& unit, bool backward, int64_t rows,
-                            const std::function<bool(const std::string&)>& split, int n, int64_t elem) {
-  const baton::v1::Stage& stage = p.stages(index);
-  const auto& tp = stage.tensor_parallel();
-  const bool sp = tp.sequence_parallel();
-  auto all_reduce = [&](int64_t numel) { return RingAllReduceBytes(numel, 4, n); };
-  // A sequence-parallel region boundary: all-gather in, reduce-scatter out
-  // (forward); their conjugates backward.
-  auto gather = [&](int64_t chunk) { return RingAllGatherBytes(chunk, elem, n); };
-  auto scatter = [&](int64_t chunk) { return RingAllGatherBytes(chunk, 4, n); };
-  if (p.model().has_mlp()) {
-    const int64_t d = p.model().mlp().d_model();
-    if (stage.kind() != baton::v1::Stage::MLP_BLOCK) return 0;
-    if (!split(unit + ".w1.weight")) return 0;
-    // g forward; f backward, unless the block's input is the batch itself
-    // (no gradient flows into it).
-    const bool from_batch = index > 0 && p.stages(index - 1).kind() == baton::v1::Stage::MLP_INPUT;
-    return backward && from_batch ? 0 : all_reduce(rows * d);
-  }
-  const auto& m = p.model().decoder();
-  const int64_t tokens = rows * m.seq_len(), hidden = tokens * m.dim(), chunk = hidden / n;
-  // One split region (attention, MLP, the head's input): f / g, or with
-  // sequence parallelism the gather in and the reduce-scatter out.
-  auto region = [&](bool enters, bool leaves) -> int64_t {
-    if (sp) return (enters ? (backward ? scatter(chunk) : gather(chunk)) : 0) +
-                   (leaves ? (backward ? gather(chunk) : scatter(chunk)) : 0);
-    return backward ? (enters ? all_reduce(hidden) : 0) : (leaves ? all_reduce(hidden) : 0);
-  };
-  switch (stage.kind()) {
-    case baton::v1::Stage::EMBEDDING:
-      return split("tok_embeddings.weight") ? region(false, true) : 0;
-    case baton::v1::Stage::DECODER_BLOCK: {
-      const std::string prefix = unit + ".";
-      return (split(prefix + "attention.wq.weight") ? region(true, true) : 0) +
-             (split(prefix + "feed_forward.w1.weight") ? region(true, true) : 0);
-    }
-    case baton::v1::Stage::LM_HEAD_CE: {
-      if (!split("output.weight")) return 0;
-      int64_t bytes = region(true, false);
-      if (backward) return bytes;
-      if (tp.loss_parallel()) return bytes + 3 * all_reduce(tokens);  // max, sum of exp, target logit
-      return bytes + RingAllGatherBytes(tokens * m.vocab() / n, elem, n);  // the logits
-    }
-    default:
-      return 0;
-  }
-}
-
-// What autograd holds for one stage's forward of a microbatch of `rows`
-// (worker/model/stages.cc, op by op), besides the stage's output: `saved`
-// from the forward until the backward; `forward` and `backward`, what is
-// alive on top of that at the worst point of each (temporaries, gradients in
-// flight). `split` says whether a parameter is split along the stage's
-// tensor-parallel axis of size `n`.
-struct StageMemory {
-  int64_t saved = 0, forward = 0, backward = 0;
-};
-
-StageMemory StageMemoryOf(const Program& p, int index, const std::string& unit, int64_t rows,
-                          const std::function<bool(const std::string&)>& split, int n, int64_t elem) {
-  const baton::v1::Stage& stage = p.stages(index);
-  const bool tp = stage.has_tensor_parallel();
-  const bool sp = tp && stage.tensor_parallel().sequence_parallel();
-  StageMemory m;
-  if (p.model().has_mlp()) {
-    const auto& mlp = p.model().mlp();
-    const int64_t d = mlp.d_model(), hidden = mlp.has_hidden() ? mlp.hidden() : mlp.d_model();
-    if (stage.kind() == baton::v1::Stage::MLP_BLOCK) {
-      const int64_t h = rows * (tp && split(unit + ".w1.weight") ? hidden / n : hidden);
-      m.saved = 2 * h * elem;              // gelu's input and output
-      m.backward = 2 * h * elem + rows * d * elem;  // their gradients, the input's
-    } else if (stage.kind() == baton::v1::Stage::MLP_HEAD_MSE) {
-      m.saved = rows * d * (elem + 4);     // the head's output and its fp32 copy
-    }
-    return m;
-  }
-  const auto& dec = p.model().decoder();
-  const int64_t s = dec.seq_len(), s_in = sp ? s / n : s, d = dec.dim(), v = dec.vocab();
-  const int64_t hd = d / dec.heads();
-  const int64_t activation = rows * s_in * d * elem;  // [rows, seq (/ n), dim]
-  const int64_t gathered = rows * s * d * elem;        // a sequence-parallel region's input
-  switch (stage.kind()) {
-    case baton::v1::Stage::EMBEDDING:
-      m.saved = rows * s * 8;  // the token ids
-      return m;
-    case baton::v1::Stage::DECODER_BLOCK: {
-      const std::string prefix = unit + ".";
-      const int64_t heads = tp && split(prefix + "attention.wq.weight") ? dec.heads() / n : dec.heads();
-      const int64_t ffn = tp && split(prefix + "feed_forward.w1.weight") ? dec.ffn_dim() / n : dec.ffn_dim();
-      const bool swiglu = dec.mlp() == baton::v1::DecoderModel::SWIGLU;
-      // q and k rotated, k and v repeated to every query head of their group
-      // (the unrotated, unrepeated ones are not kept), the attention output.
-      const int64_t qkvo = 4 * rows * s * heads * hd * elem;
-      const int64_t scores = rows * heads * s * s;           // elements of [rows, heads, seq, seq]
-      const int64_t rotary = 2 * s * (hd / 2) * 4;           // the angles' cos and sin (fp32)
-      // Rotating q (k is no larger): its fp32 copy, the pairs' products, the
-      // stacked result and its cast back.
-      const int64_t rotating = rows * s * heads * hd * (4 + 2 * 4 + 4 + elem);
-      const int64_t probs = scores * (elem + (elem == 4 ? 0 : 4));  // softmax's fp32 output (+ its cast)
-      const int64_t mlp = (swiglu ? 4 : 2) * rows * s * ffn * elem;
-      // Two RMSNorms (normalised input, output), the residual, the
-      // sequence-parallel gathers, and the rsqrt vectors.
-      m.saved = 5 * activation + (sp ? 2 * gathered : 0) + qkvo + probs + mlp + 2 * rows * s_in * 4 + rotary;
-      // Scores, scaled, masked (two alive at once), in fp32 for the softmax;
-      // or the rotation's temporaries.
-      m.forward = std::max(2 * scores * std::max<int64_t>(elem, 4), rotating);
-      // The softmax's gradients (in and out), or the MLP's, plus a hidden
-      // state's gradient flowing through.
-      m.backward = std::max(2 * scores * std::max<int64_t>(elem, 4), mlp) + 2 * activation;
-      return m;
-    }
-    case baton::v1::Stage::LM_HEAD_CE: {
-      const bool vocab_split = tp && split("output.weight");
-      const int64_t tokens = rows * s;
-      const int64_t local = tokens * (vocab_split ? v / n : v);
-      m.saved = 2 * activation + rows * s_in * 4 + (vocab_split && sp ? gathered : 0);
-      if (vocab_split && stage.tensor_parallel().loss_parallel()) {
-        // exp() of the shifted local logits is saved; the logits (and their
-        // fp32 copy under bf16) and the shifted ones are alive at once;
-        // backward, exp's gradient and the gather's (summed in place).
-        m.saved += local * 4;
-        m.forward = local * (elem + 4 + (elem == 4 ? 0 : 4));
-        m.backward = 2 * local * 4;
-      } else {
-        // log_softmax's fp32 output over the whole vocabulary is saved;
-        // the logits (local, gathered, fp32) are alive while it is made;
-        // backward: the loss's dense gradient and log_softmax's.
-        m.saved += tokens * v * 4;
-        m.forward = local * elem + (vocab_split ? tokens * v * elem : 0) + (elem == 4 ? 0 : tokens * v * 4);
-        m.backward = 2 * tokens * v * 4;
-      }
-      return m;
-    }
-    default:
-      return m;
-  }
-}
 
 absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   auto mesh = ToDeviceMesh(p.mesh());
@@ -294,13 +153,18 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         };
         const StageMemory sm =
             StageMemoryOf(p, ins.stage(), unit_names[stage.unit()], rows[ins.microbatch()], split, n, elem);
+        // A recomputed block keeps nothing from its forward; its backward
+        // holds the forward's graph again while it runs.
+        const bool recompute = stage.recompute();
+        const int64_t kept = recompute ? 0 : sm.saved;
         if (ins.op() == Instruction::FORWARD) {
           if (in_flight++ == 0) ++live;
           live_bytes += out;
-          live_saved += sm.saved;
+          live_saved += kept;
           t.peak_live = std::max(t.peak_live, live);
           t.peak_live_bytes = std::max(t.peak_live_bytes, live_bytes);
           held(sm.forward);
+          t.forward_flops += StageForwardFlops(p, ins.stage(), unit_names[stage.unit()], rows[ins.microbatch()], split, n);
         } else {
           // This unit's compute gradients appear with its first backward
           // and stay until FREE_GRADS (when they are released at all).
@@ -308,15 +172,25 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
             grads_held[stage.unit()] = true;
             grads_live += 4 * unsharded_numel(stage.unit());
           }
-          held(sm.backward);
+          if (recompute) {
+            held(sm.saved + std::max(sm.forward, sm.backward));
+            t.recompute_flops +=
+                StageForwardFlops(p, ins.stage(), unit_names[stage.unit()], rows[ins.microbatch()], split, n);
+          } else {
+            held(sm.backward);
+          }
           if (--in_flight == 0) --live;
           live_bytes -= out;
-          live_saved -= sm.saved;
+          live_saved -= kept;
         }
         if (axis < 0) break;
-        const int64_t bytes =
-            TensorParallelBytes(p, ins.stage(), unit_names[stage.unit()], ins.op() == Instruction::BACKWARD,
-                                rows[ins.microbatch()], split, n, elem);
+        const auto& name = unit_names[stage.unit()];
+        const bool backward = ins.op() == Instruction::BACKWARD;
+        // The recomputed forward's collectives run again before the backward's.
+        const int64_t bytes = TensorParallelBytes(p, ins.stage(), name, backward, rows[ins.microbatch()], split, n, elem) +
+                              (backward && recompute
+                                   ? TensorParallelBytes(p, ins.stage(), name, false, rows[ins.microbatch()], split, n, elem)
+                                   : 0);
         t.comm += bytes;
         t.ideal += bytes;
         break;
@@ -438,6 +312,8 @@ absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<Program>& programs)
     theory.peak_live_microbatches = std::max(theory.peak_live_microbatches, t->peak_live);
     theory.peak_live_activation_bytes = std::max(theory.peak_live_activation_bytes, t->peak_live_bytes);
     theory.memory_bytes = std::max(theory.memory_bytes, t->memory);
+    theory.forward_flops = std::max(theory.forward_flops, t->forward_flops);
+    theory.recompute_flops = std::max(theory.recompute_flops, t->recompute_flops);
     theory.ranks.push_back(*t);
     for (const auto& u : p.units()) {
       for (const auto& param : u.params()) params[param.name()] = NumElements({param.shape().begin(), param.shape().end()});

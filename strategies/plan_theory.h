@@ -27,7 +27,12 @@
 //                kWorkerOverheadBytes (threads, communicator and BLAS
 //                buffers). CreateJob refuses a job whose figure exceeds a
 //                worker's memory; tests/memory_test checks it against
-//                measured peak RSS growth.
+//                measured peak RSS growth. Activation checkpointing: a
+//                recomputed block saves nothing from its forward and holds
+//                its graph again during its backward;
+//   forward_flops, recompute_flops  the step's forward matmul FLOPs, and
+//                those activation checkpointing runs again in backward
+//                (strategies/stage_theory.h).
 // Figures are the maximum over ranks, as the controller reports them.
 #ifndef BATON_STRATEGIES_PLAN_THEORY_H_
 #define BATON_STRATEGIES_PLAN_THEORY_H_
@@ -50,6 +55,8 @@ struct RankTheory {
   int peak_live = 0;     // microbatches between forward and backward
   int64_t peak_live_bytes = 0;  // stage outputs held for backward
   int64_t memory = 0;           // peak process growth (memory_bytes)
+  int64_t forward_flops = 0;    // the step's forwards (forward_flops)
+  int64_t recompute_flops = 0;  // the recomputed forwards (recompute_flops)
 };
 
 // What a worker process grows by for any job besides its tensors (measured:
@@ -66,6 +73,8 @@ struct PlanTheory {
   int peak_live_microbatches = 0;
   int64_t peak_live_activation_bytes = 0;
   int64_t memory_bytes = 0;
+  int64_t forward_flops = 0;
+  int64_t recompute_flops = 0;
   std::vector<RankTheory> ranks;  // by rank
 };
 

@@ -387,6 +387,7 @@ absl::StatusOr<CompiledJob> CompileJob(const JobSpec& job, const std::string& jo
   if (auto s = ValidateJobSpec(job); !s.ok()) return s;
   CompiledJob compiled;
   compiled.model = BuildModelLayout(job.model());
+  MarkRecomputedBlocks(job.plan().activation_checkpointing(), &compiled.model);
   const ModelLayout& model = compiled.model;
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();

@@ -1,5 +1,6 @@
 #include "worker/activations.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 
 #include <chrono>
@@ -54,7 +55,7 @@ absl::StatusOr<ShardStore::Unit*> Activations::StageUnit(int stage) {
   return unit;
 }
 
-absl::Status Activations::Forward(int stage, int microbatch) {
+absl::StatusOr<at::Tensor> Activations::RunStage(int stage, int microbatch, const Entry& entry, int64_t* logits) {
   auto unit = StageUnit(stage);
   if (!unit.ok()) return unit.status();
   const auto& spec = program_.stages(stage);
@@ -62,17 +63,6 @@ absl::Status Activations::Forward(int stage, int microbatch) {
   auto batch = batches_.find(microbatch);
   if (batch == batches_.end() && ReadsBatch(spec.kind())) {
     return absl::FailedPreconditionError(absl::StrCat("microbatch ", microbatch, " was not loaded"));
-  }
-  Entry& entry = EntryOf({stage, microbatch});
-  if (!entry.input.defined() && stage > 0) {
-    auto previous = entries_.find({stage - 1, microbatch});
-    if (previous == entries_.end() || !previous->second.output.defined()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("stage ", stage, " has no input for microbatch ", microbatch,
-                       ": stage ", stage - 1, " did not run here and nothing was received"));
-    }
-    const at::Tensor& out = previous->second.output;
-    entry.input = out.detach().set_requires_grad(out.requires_grad());
   }
   // A stage reads only its own unit's parameters, which StageUnit found gathered.
   auto lookup = [unit = *unit, stage](const std::string& name) -> const at::Tensor& {
@@ -102,11 +92,39 @@ absl::Status Activations::Forward(int stage, int microbatch) {
       return false;
     };
   }
-  const std::string unit_name = *unit == nullptr ? "" : (*unit)->name;
+  return StageForward(spec, program_.model(), *unit == nullptr ? "" : (*unit)->name, lookup, entry.input,
+                      batch == batches_.end() ? kNoBatch : batch->second, store_->compute_dtype(),
+                      spec.has_tensor_parallel() ? &tp : nullptr, logits);
+}
+
+absl::Status Activations::Forward(int stage, int microbatch) {
+  Entry& entry = EntryOf({stage, microbatch});
+  if (!entry.input.defined() && stage > 0) {
+    auto previous = entries_.find({stage - 1, microbatch});
+    if (previous == entries_.end() || !previous->second.output.defined()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stage ", stage, " has no input for microbatch ", microbatch,
+                       ": stage ", stage - 1, " did not run here and nothing was received"));
+    }
+    const at::Tensor& out = previous->second.output;
+    entry.input = out.detach().set_requires_grad(out.requires_grad());
+  }
+  const bool recompute = program_.stages(stage).recompute();
   int64_t logits = 0;
-  entry.output = StageForward(spec, program_.model(), unit_name, lookup, entry.input,
-                              batch == batches_.end() ? kNoBatch : batch->second,
-                              store_->compute_dtype(), spec.has_tensor_parallel() ? &tp : nullptr, &logits);
+  absl::StatusOr<at::Tensor> out;
+  if (recompute) {
+    // Activation checkpointing: no graph now (the intermediates die as the
+    // forward goes); BACKWARD runs it again. The output stands for the
+    // graph's: the next stage's gradient with respect to it is what
+    // BACKWARD feeds the recomputed one.
+    at::NoGradGuard no_grad;
+    out = RunStage(stage, microbatch, entry, &logits);
+    if (out.ok()) out->set_requires_grad(true);
+  } else {
+    out = RunStage(stage, microbatch, entry, &logits);
+  }
+  if (!out.ok()) return out.status();
+  entry.output = std::move(*out);
   peak_logits_ = std::max(peak_logits_, logits);
   peak_live_ = std::max(peak_live_, static_cast<int>(entries_per_microbatch_.size()));
   live_bytes_ += entry.output.nbytes();
@@ -125,6 +143,12 @@ absl::Status Activations::Backward(int stage, int microbatch) {
   Entry& entry = it->second;
   at::Tensor out = entry.output;
   live_bytes_ -= out.nbytes();
+  if (program_.stages(stage).recompute()) {
+    // The forward again, recording this time (bit for bit the first one's).
+    auto again = RunStage(stage, microbatch, entry, nullptr);
+    if (!again.ok()) return again.status();
+    out = std::move(*again);
+  }
   if (IsLossStage(program_.stages(stage).kind())) {
     out.div(static_cast<double>(program_.microbatches())).backward();
   } else if (out.requires_grad()) {

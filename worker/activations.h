@@ -78,6 +78,9 @@ class Activations {
   // The unit of `stage` with its parameters ready, or nullptr for a stage
   // without parameters.
   absl::StatusOr<ShardStore::Unit*> StageUnit(int stage);
+  // Runs `stage`'s forward on `entry`'s input (microbatch `microbatch`),
+  // autograd recording unless the caller disabled it.
+  absl::StatusOr<at::Tensor> RunStage(int stage, int microbatch, const Entry& entry, int64_t* logits);
 
   const baton::v1::Program& program_;
   ShardStore* const store_;
