@@ -93,9 +93,9 @@ StageMemory StageMemoryOf(const Program& p, int index, const std::string& unit, 
       const int64_t qkvo = 4 * rows * s * heads * hd * elem;
       const int64_t scores = rows * heads * s * s;           // elements of [rows, heads, seq, seq]
       const int64_t rotary = 2 * s * (hd / 2) * 4;           // the angles' cos and sin (fp32)
-      // Rotating q (k is no larger): its fp32 copy, the pairs' products, the
-      // stacked result and its cast back.
-      const int64_t rotating = rows * s * heads * hd * (4 + 2 * 4 + 4 + elem);
+      // Rotating q (k is no larger): its fp32 copy (bf16), the swapped
+      // pairs, both products and their sum, its cast back.
+      const int64_t rotating = rows * s * heads * hd * (4 * 4 + (elem == 4 ? 0 : 4 + elem));
       const int64_t probs = scores * (elem + (elem == 4 ? 0 : 4));  // softmax's fp32 output (+ its cast)
       const int64_t mlp = (swiglu ? 4 : 2) * rows * s * ffn * elem;
       // Two RMSNorms (normalised input, output), the residual, the
