@@ -8,7 +8,7 @@
 #include "common/program_check.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 
 namespace baton {
 namespace {
@@ -26,7 +26,7 @@ std::string PipelineLine(const baton::v1::JobSpec& job, const DryRun& plan) {
 // Blocks of the model, and those activation checkpointing recomputes.
 int Blocks(const DryRun& plan) {
   int n = 0;
-  for (const auto& stage : plan.programs.front().stages()) n += IsBlockStage(stage.kind());
+  for (const auto& stage : plan.programs.front().stages()) n += StageOf(stage.kind()).block;
   return n;
 }
 int RecomputedBlocks(const DryRun& plan) {

@@ -11,6 +11,7 @@
 #include "common/wire.h"
 #include "mesh/layout.h"
 #include "mesh/shard_geometry.h"
+#include "models/model.h"
 
 namespace baton {
 namespace {
@@ -253,10 +254,11 @@ absl::Status CheckParameterLifetimes(const Context& c) {
 }
 
 // What a tensor-parallel stage assumes of its unit's layouts
-// (worker/model/stages.cc): a group of weights (attention, MLP, embedding,
-// head) is either whole or split Megatron's way along the axis, in whole
-// heads and even pieces; sequence parallelism splits every region; partial
-// gradients belong to weights replicated along the axis.
+// (worker/model/stages.cc): each of its regions (models/model.h) is either
+// whole or split Megatron's way along the axis - colwise weights by rows,
+// rowwise ones by columns (a lookup table by rows) - in whole heads and even
+// pieces; sequence parallelism splits every region the residual stream
+// enters, loss parallelism the logits; the unit's other weights stay whole.
 absl::Status CheckTensorParallel(const Context& c, const baton::v1::Stage& stage) {
   const Program& p = c.program;
   const auto& tp = stage.tensor_parallel();
@@ -264,8 +266,7 @@ absl::Status CheckTensorParallel(const Context& c, const baton::v1::Stage& stage
   const int n = c.mesh.axes()[a].size;
   auto unit = c.units.find(stage.unit());
   if (unit == c.units.end()) return absl::OkStatus();  // another rank's stage
-  const std::string prefix = unit->second->name() + ".";
-  const std::string where = absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()), " of unit ",
+  const std::string where = absl::StrCat("stage ", baton::v1::StageKind_Name(stage.kind()), " of unit ",
                                          unit->second->name(), " along \"", tp.axis(), "\": ");
   if ((tp.sequence_parallel() || tp.loss_parallel()) && !p.model().has_decoder()) {
     return Bad(where + "sequence and loss parallelism need a decoder");
@@ -273,88 +274,51 @@ absl::Status CheckTensorParallel(const Context& c, const baton::v1::Stage& stage
   if (tp.sequence_parallel() && p.model().decoder().seq_len() % n != 0) {
     return Bad(absl::StrCat(where, "seq_len ", p.model().decoder().seq_len(), " does not split over ", n));
   }
-  // One group: every present weight as `split` says, or all whole. Returns
-  // whether it is split.
-  auto group = [&](const std::vector<std::pair<std::string, Placement>>& split) -> absl::StatusOr<bool> {
+  const StageDef& def = StageOf(stage.kind());
+  std::set<std::string> in_region;
+  for (const TensorParallelRegion& region : def.regions ? def.regions(p.model(), unit->second->name())
+                                                        : std::vector<TensorParallelRegion>{}) {
+    // Every present member as its role splits it, or all whole.
+    const Placement rowwise = Placement::Shard(region.input == TensorParallelRegion::Input::kTokens ? 0 : 1);
     int as_split = 0, whole = 0, present = 0;
-    for (const auto& [name, want] : split) {
-      auto it = c.layouts.find(name);
-      if (it == c.layouts.end()) continue;
-      ++present;
-      const Placement& got = it->second.second.placements[a];
-      as_split += got == want;
-      whole += got.is_replicate();
-    }
-    if (as_split == present && present > 0) return true;
-    if (whole == present) return false;
-    return Bad(absl::StrCat(where, split[0].first, " and the weights that go with it are neither all whole nor split ",
-                            "column- then row-wise"));
-  };
-  auto divides = [&](const std::string& what, int64_t extent, int64_t unit_size) -> absl::Status {
-    if (extent % n != 0 || (extent / n) % unit_size != 0) {
-      return Bad(absl::StrCat(where, what, " ", extent, " does not split evenly over ", n, " ranks"));
-    }
-    return absl::OkStatus();
-  };
-  const Placement col = Placement::Shard(0), row = Placement::Shard(1), whole = Placement::Replicate();
-  switch (stage.kind()) {
-    case baton::v1::Stage::DECODER_BLOCK: {
-      const auto& m = p.model().decoder();
-      auto attention = group({{prefix + "attention.wq.weight", col}, {prefix + "attention.wk.weight", col},
-                              {prefix + "attention.wv.weight", col}, {prefix + "attention.wo.weight", row}});
-      if (!attention.ok()) return attention.status();
-      auto mlp = group({{prefix + "feed_forward.w1.weight", col}, {prefix + "feed_forward.w3.weight", col},
-                        {prefix + "feed_forward.w2.weight", row}});
-      if (!mlp.ok()) return mlp.status();
-      if (*attention) {
-        if (auto s = divides("dim (in whole heads)", m.dim(), m.dim() / m.heads()); !s.ok()) return s;
-        const int64_t kv = m.has_n_kv_heads() ? m.n_kv_heads() : m.heads();
-        if (auto s = divides("key/value heads", kv * (m.dim() / m.heads()), m.dim() / m.heads()); !s.ok()) return s;
+    for (const auto& [members, want] : {std::pair{&region.colwise, Placement::Shard(0)}, std::pair{&region.rowwise, rowwise}}) {
+      for (const std::string& name : *members) {
+        in_region.insert(name);
+        auto it = c.layouts.find(name);
+        if (it == c.layouts.end()) continue;
+        ++present;
+        const Placement& got = it->second.second.placements[a];
+        as_split += got == want;
+        whole += got.is_replicate();
       }
-      if (*mlp) {
-        if (auto s = divides("ffn_dim", m.ffn_dim(), 1); !s.ok()) return s;
+    }
+    const bool split = as_split == present && present > 0;
+    if (!split && whole != present) {
+      return Bad(absl::StrCat(where, region.name, ": its weights are neither all whole nor split column- then ",
+                              "row-wise"));
+    }
+    if (split) {
+      for (const auto& extent : region.extents) {
+        if (extent.count % n != 0) {
+          return Bad(absl::StrCat(where, region.name, ": ", extent.count, " ", extent.what,
+                                  " do not split evenly over ", n, " ranks"));
+        }
       }
-      if (tp.sequence_parallel() && !(*attention && *mlp)) {
-        return Bad(where + "sequence parallelism needs attention and the MLP split");
-      }
-      return group({{prefix + "attention_norm.weight", whole}, {prefix + "ffn_norm.weight", whole}}).status();
+    } else if (tp.sequence_parallel() && region.input == TensorParallelRegion::Input::kResidual) {
+      return Bad(absl::StrCat(where, "sequence parallelism needs every region the residual stream enters split; ",
+                              region.name, " is whole"));
+    } else if (tp.loss_parallel() && region.output == TensorParallelRegion::Output::kVocabLogits) {
+      return Bad(absl::StrCat(where, "loss parallelism needs ", region.name, " split"));
     }
-    case baton::v1::Stage::EMBEDDING: {
-      auto split = group({{"tok_embeddings.weight", col}});
-      if (!split.ok()) return split.status();
-      return *split ? divides("vocab", p.model().decoder().vocab(), 1) : absl::OkStatus();
-    }
-    case baton::v1::Stage::LM_HEAD_CE: {
-      auto split = group({{"output.weight", col}});
-      if (!split.ok()) return split.status();
-      if (!*split && (tp.sequence_parallel() || tp.loss_parallel())) {
-        return Bad(where + "sequence and loss parallelism need the output split");
-      }
-      return *split ? divides("vocab", p.model().decoder().vocab(), 1) : absl::OkStatus();
-    }
-    case baton::v1::Stage::MLP_BLOCK: {
-      auto split = group({{prefix + "w1.weight", col}, {prefix + "w1.bias", col}, {prefix + "w2.weight", row}});
-      if (!split.ok()) return split.status();
-      return *split ? divides("hidden", p.model().mlp().hidden(), 1) : absl::OkStatus();
-    }
-    default:
-      return absl::OkStatus();
   }
-}
-
-bool StageFitsModel(baton::v1::Stage::Kind kind, const baton::v1::ModelSpec& model) {
-  switch (kind) {
-    case baton::v1::Stage::MLP_INPUT:
-    case baton::v1::Stage::MLP_BLOCK:
-    case baton::v1::Stage::MLP_HEAD_MSE:
-      return model.has_mlp();
-    case baton::v1::Stage::EMBEDDING:
-    case baton::v1::Stage::DECODER_BLOCK:
-    case baton::v1::Stage::LM_HEAD_CE:
-      return model.has_decoder();
-    default:
-      return false;
+  for (const auto& param : unit->second->params()) {
+    auto it = c.layouts.find(param.name());
+    if (in_region.count(param.name()) || it == c.layouts.end()) continue;
+    if (!it->second.second.placements[a].is_replicate()) {
+      return Bad(absl::StrCat(where, param.name(), " belongs to no tensor-parallel region: it must stay whole"));
+    }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -377,12 +341,14 @@ bool MasterIsView(bool resident, baton::v1::Precision compute_dtype, const Piece
   return resident && compute_dtype != baton::v1::BF16 && IsRowRangeOf(master, compute);
 }
 
-bool IsLossStage(baton::v1::Stage::Kind kind) {
-  return kind == baton::v1::Stage::MLP_HEAD_MSE || kind == baton::v1::Stage::LM_HEAD_CE;
+bool IsLossStage(baton::v1::StageKind kind) {
+  const StageDef* def = FindStage(kind);
+  return def != nullptr && def->loss;
 }
 
-bool ReadsBatch(baton::v1::Stage::Kind kind) {
-  return IsLossStage(kind) || kind == baton::v1::Stage::MLP_INPUT || kind == baton::v1::Stage::EMBEDDING;
+bool ReadsBatch(baton::v1::StageKind kind) {
+  const StageDef* def = FindStage(kind);
+  return def != nullptr && def->reads_batch;
 }
 
 absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
@@ -460,7 +426,8 @@ absl::Status ValidateProgram(const Program& p) {
     }
   }
   for (const auto& stage : p.stages()) {
-    if (!baton::v1::Stage::Kind_IsValid(stage.kind()) || !StageFitsModel(stage.kind(), p.model())) {
+    const StageDef* def = FindStage(stage.kind());
+    if (def == nullptr || def->family != p.model().kind_case()) {
       return Bad(absl::StrCat("stage kind ", static_cast<int>(stage.kind()), " does not fit the model"));
     }
     if (stage.has_tensor_parallel()) {
@@ -470,15 +437,13 @@ absl::Status ValidateProgram(const Program& p) {
     }
     // The loss stages' output is the loss, the first stage's has no input:
     // only a block is recomputed.
-    if (stage.recompute() && stage.kind() != baton::v1::Stage::DECODER_BLOCK &&
-        stage.kind() != baton::v1::Stage::MLP_BLOCK) {
-      return Bad(absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()),
-                              " is marked recompute; only a block stage is"));
+    const std::string kind = baton::v1::StageKind_Name(stage.kind());
+    if (stage.recompute() && !def->block) {
+      return Bad(absl::StrCat("stage ", kind, " is marked recompute; only a block stage is"));
     }
-    const bool has_params = stage.kind() != baton::v1::Stage::MLP_INPUT;
-    if (has_params ? stage.unit() < 0 : stage.unit() != -1) {
-      return Bad(absl::StrCat("stage ", baton::v1::Stage::Kind_Name(stage.kind()), " has unit ", stage.unit(),
-                              has_params ? "; it needs the unit of its parameters" : "; it has no parameters (-1)"));
+    if (def->has_unit ? stage.unit() < 0 : stage.unit() != -1) {
+      return Bad(absl::StrCat("stage ", kind, " has unit ", stage.unit(),
+                              def->has_unit ? "; it needs the unit of its parameters" : "; it has no parameters (-1)"));
     }
   }
   for (const auto& stage : p.stages()) {

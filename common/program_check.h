@@ -24,10 +24,12 @@ absl::Status ValidateProgram(const baton::v1::Program& program);
 absl::StatusOr<std::string> GroupCommunicator(const DeviceMesh& mesh,
                                               const google::protobuf::RepeatedPtrField<std::string>& axes);
 
-bool IsLossStage(baton::v1::Stage::Kind kind);
+// A stage kind's traits from the model definition (models/model.h); false
+// for a kind no family defines.
+bool IsLossStage(baton::v1::StageKind kind);
 // Whether a stage of this kind reads its microbatch of the batch (the input,
 // the tokens, or the targets of a loss): only those need a LOAD_BATCH.
-bool ReadsBatch(baton::v1::Stage::Kind kind);
+bool ReadsBatch(baton::v1::StageKind kind);
 
 // Whether a parameter's fp32 master is a view of its compute tensor rather
 // than a tensor of its own: in a resident unit computing in fp32, where the

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "models/model.h"
 
 namespace baton {
 namespace {
@@ -40,8 +41,7 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
         if (auto s = Dimension(field, value, 1); !s.ok()) return s;
       }
       if (m.blocks() > kMaxBlocks) return Invalid(absl::StrCat("model.mlp.blocks must be at most ", kMaxBlocks));
-      const double d = m.d_model(), h = m.hidden() > 0 ? m.hidden() : m.d_model();
-      if (m.blocks() * (2 * d * h + d + h) > kMaxParameters) {
+      if (ParameterCount(model) > kMaxParameters) {
         return Invalid(absl::StrCat("model.mlp has more than ", kMaxParameters, " parameters (2^34)"));
       }
       return absl::OkStatus();
@@ -72,14 +72,7 @@ absl::Status ValidateModel(const baton::v1::ModelSpec& model) {
       if (d.multiple_of() < 0 || (d.has_ffn_dim_multiplier() && !PositiveFinite(d.ffn_dim_multiplier()))) {
         return Invalid("model.decoder.multiple_of and ffn_dim_multiplier must be positive");
       }
-      // Parameters, in double (the dimensions' product can pass int64).
-      const double v = d.vocab(), dim = d.dim(), f = d.ffn_dim(), layers = d.layers();
-      const double kv = static_cast<double>(kv_heads) / d.heads();  // k and v's share of q's rows
-      const double params =
-          2 * v * dim + dim +
-          layers * ((2 + 2 * kv) * dim * dim + (d.mlp() == baton::v1::DecoderModel::SWIGLU ? 3 : 2) * f * dim +
-                    2 * dim);
-      if (params > kMaxParameters) {
+      if (const double params = ParameterCount(model); params > kMaxParameters) {
         return Invalid(absl::StrCat("model.decoder has ", params, " parameters; the limit is ",
                                     kMaxParameters, " (2^34)"));
       }

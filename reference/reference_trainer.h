@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 #include "worker/model/data.h"
 
 namespace baton {

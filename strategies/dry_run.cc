@@ -7,7 +7,7 @@
 #include "common/program_check.h"
 #include "common/wire.h"
 #include "strategies/job_spec.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 #include "strategies/planner.h"
 
 namespace baton {
@@ -63,7 +63,7 @@ absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {
     std::vector<std::string> units;
     for (int s : plan.pipeline.StagesOf(c)) {
       const int u = model.stages[s].unit();
-      units.push_back(u >= 0 ? model.units[u].name : baton::v1::Stage::Kind_Name(model.stages[s].kind()));
+      units.push_back(u >= 0 ? model.units[u].name : baton::v1::StageKind_Name(model.stages[s].kind()));
     }
     plan.chunks.push_back(absl::StrJoin(units, ", "));
   }

@@ -11,7 +11,7 @@
 #include "mesh/device_mesh.h"
 #include "common/spec_check.h"
 #include "common/wire.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 #include "strategies/pipeline.h"
 #include "strategies/tensor_parallel.h"
 

@@ -88,7 +88,7 @@ TEST(JobSpecTest, RejectsTensorParallelPlansThatCannotRun) {
   };
   ASSERT_TRUE(ParseJobSpec(tp(""), false).ok()) << ParseJobSpec(tp(""), false).status();
   ASSERT_TRUE(ParseJobSpec(tp("sequence_parallel: true loss_parallel: true"), false).ok());
-  EXPECT_NE(ErrorOf(tp("", 4, "heads: 2 ffn_dim: 128")).find("2 heads do not split into whole heads over 4"),
+  EXPECT_NE(ErrorOf(tp("", 4, "heads: 2 ffn_dim: 128")).find("layers.0.attention: 2 heads do not split evenly over 4 tp ranks"),
             std::string::npos);
   EXPECT_NE(ErrorOf(tp("", 4, "heads: 4 ffn_dim: 126")).find("layers.0.feed_forward.w1.weight (126, 64) over 4 tp "
                                                               "ranks: 126 is not divisible by 4"),
@@ -123,6 +123,20 @@ TEST(JobSpecTest, RejectsTensorParallelPlansThatCannotRun) {
             std::string::npos);
   // An axis for both: the data-parallel mode needs one of its own (or none).
   EXPECT_NE(ErrorOf(Replace(tp(""), "mode: FSDP", "mode: HSDP")).find("two data-parallel mesh axes"),
+            std::string::npos);
+  // Grouped-query attention splits whole key/value heads too.
+  EXPECT_NE(ErrorOf(tp("", 4, "heads: 4 n_kv_heads: 2 ffn_dim: 128"))
+                .find("layers.0.attention: 2 key/value heads (n_kv_heads) do not split evenly over 4 tp ranks"),
+            std::string::npos);
+  // A weight outside every tensor-parallel region of the model definition
+  // (the MLP's head) cannot be split.
+  const std::string mlp = Replace(Replace(kDecoder, "decoder { vocab: 256 dim: 64 layers: 2 heads: 4 ffn_dim: 128 seq_len: 16 }",
+                                          "mlp { d_model: 16 blocks: 2 hidden: 32 }"),
+                                  "mesh { name: \"dp\" size: 2 }", "mesh { name: \"tp\" size: 2 }");
+  ASSERT_TRUE(ParseJobSpec(Replace(mlp, "mode: FSDP", "mode: FSDP tensor_parallel { axis: \"tp\" }"), false).ok());
+  EXPECT_NE(ErrorOf(Replace(mlp, "mode: FSDP",
+                            "mode: FSDP tensor_parallel { axis: \"tp\" styles { module: \"head\" style: COLWISE } }"))
+                .find("head is COLWISE but belongs to no tensor-parallel region of its stage"),
             std::string::npos);
 }
 

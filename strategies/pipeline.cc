@@ -66,7 +66,7 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const baton::v1::JobSpec& job, const M
   }
   std::vector<int> blocks;  // stage index of every block, in order
   for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) {
-    if (IsBlockStage(model.stages[s].kind())) blocks.push_back(s);
+    if (StageOf(model.stages[s].kind()).block) blocks.push_back(s);
   }
   const int chunks = plan.chunks(), n_blocks = static_cast<int>(blocks.size());
   if (n_blocks < chunks) {
@@ -94,7 +94,7 @@ absl::StatusOr<PipelinePlan> PlanPipeline(const baton::v1::JobSpec& job, const M
   }
   // The embedding (input) joins the first chunk, the head the last.
   for (int s = 0; s < static_cast<int>(model.stages.size()); ++s) {
-    if (IsBlockStage(model.stages[s].kind())) continue;
+    if (StageOf(model.stages[s].kind()).block) continue;
     plan.stage_chunk[s] = s < blocks.front() ? 0 : chunks - 1;
   }
   return plan;

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 
 namespace baton {
 

@@ -15,7 +15,7 @@
 #include "common/program_check.h"
 #include "strategies/dry_run.h"
 #include "strategies/job_spec.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 #include "strategies/planner.h"
 
 namespace baton {

@@ -11,8 +11,8 @@
 #include "mesh/collective_cost.h"
 #include "mesh/layout.h"
 #include "mesh/shard_geometry.h"
+#include "models/model.h"
 #include "strategies/planner.h"
-#include "strategies/stage_theory.h"
 
 namespace baton {
 namespace {
@@ -95,19 +95,6 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   std::map<int, int> stages_in_flight;  // per microbatch: forwards minus backwards
   int live = 0;
   int64_t live_bytes = 0;
-  // The bytes of a stage's output for a microbatch of `rows` (as
-  // worker/model/stages.cc returns it).
-  auto output_bytes = [&](int index, int64_t rows) -> int64_t {
-    const baton::v1::Stage& stage = p.stages(index);
-    if (IsLossStage(stage.kind())) return 4;
-    if (p.model().has_mlp()) return rows * p.model().mlp().d_model() * (stage.kind() == baton::v1::Stage::MLP_INPUT ? 4 : elem);
-    const auto& m = p.model().decoder();
-    int64_t seq = m.seq_len();
-    if (stage.has_tensor_parallel() && stage.tensor_parallel().sequence_parallel()) {
-      seq /= *mesh->AxisSize(stage.tensor_parallel().axis());
-    }
-    return rows * seq * m.dim() * elem;
-  };
   // Bytes alive during the step besides what stays between steps: saved
   // activations, compute gradients not yet released, gathers in flight, and
   // the current instruction's temporaries; `dynamic_peak` is their most.
@@ -129,6 +116,27 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     unit_names[u.index()] = u.name();
     for (int i = 0; i < u.params_size(); ++i) by_name[u.params(i).name()] = &units[u.index()][i];
   }
+  // One stage's shape on this rank for a microbatch of `rows`: its
+  // tensor-parallel axis, and which of its unit's weights that axis splits.
+  auto shape_of = [&](int index, int64_t microbatch_rows) {
+    const baton::v1::Stage& stage = p.stages(index);
+    StageShape shape;
+    shape.model = &p.model();
+    shape.unit = stage.unit() >= 0 ? unit_names[stage.unit()] : std::string();
+    shape.rows = microbatch_rows;
+    shape.elem = elem;
+    shape.input_requires_grad = !(index > 0 && StageOf(p.stages(index - 1).kind()).output_is_batch);
+    if (!stage.has_tensor_parallel()) return shape;
+    const int axis = *mesh->AxisIndex(stage.tensor_parallel().axis());
+    shape.tp = mesh->axes()[axis].size;
+    shape.sequence_parallel = stage.tensor_parallel().sequence_parallel();
+    shape.loss_parallel = stage.tensor_parallel().loss_parallel();
+    shape.split = [&by_name, axis](const std::string& name) {
+      auto it = by_name.find(name);
+      return it != by_name.end() && it->second->compute_layout.placements[axis].is_shard();
+    };
+    return shape;
+  };
   for (const Instruction& ins : p.instructions()) {
     switch (ins.op()) {
       case Instruction::LOAD_BATCH:
@@ -143,54 +151,43 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       case Instruction::FORWARD:
       case Instruction::BACKWARD: {
         int& in_flight = stages_in_flight[ins.microbatch()];
-        const int64_t out = output_bytes(ins.stage(), rows[ins.microbatch()]);
-        const auto& stage = p.stages(ins.stage());
-        const int axis = stage.has_tensor_parallel() ? *mesh->AxisIndex(stage.tensor_parallel().axis()) : -1;
-        const int n = axis < 0 ? 1 : mesh->axes()[axis].size;
-        auto split = [&](const std::string& name) {
-          auto it = by_name.find(name);
-          return axis >= 0 && it != by_name.end() && it->second->compute_layout.placements[axis].is_shard();
-        };
-        const StageMemory sm =
-            StageMemoryOf(p, ins.stage(), unit_names[stage.unit()], rows[ins.microbatch()], split, n, elem);
+        const StageShape shape = shape_of(ins.stage(), rows[ins.microbatch()]);
+        const StageDef& def = StageOf(p.stages(ins.stage()).kind());
+        const StageFootprint fp = def.footprint(shape);
         // A recomputed block keeps nothing from its forward; its backward
         // holds the forward's graph again while it runs.
-        const bool recompute = stage.recompute();
-        const int64_t kept = recompute ? 0 : sm.saved;
+        const bool recompute = p.stages(ins.stage()).recompute();
+        const int64_t kept = recompute ? 0 : fp.saved_bytes();
         if (ins.op() == Instruction::FORWARD) {
           if (in_flight++ == 0) ++live;
-          live_bytes += out;
+          live_bytes += fp.output;
           live_saved += kept;
           t.peak_live = std::max(t.peak_live, live);
           t.peak_live_bytes = std::max(t.peak_live_bytes, live_bytes);
-          held(sm.forward);
-          t.forward_flops += StageForwardFlops(p, ins.stage(), unit_names[stage.unit()], rows[ins.microbatch()], split, n);
+          held(fp.forward_peak());
+          t.forward_flops += fp.flops;
         } else {
           // This unit's compute gradients appear with its first backward
           // and stay until FREE_GRADS (when they are released at all).
-          if (stage.unit() >= 0 && released_grads.count(stage.unit()) && !grads_held[stage.unit()]) {
-            grads_held[stage.unit()] = true;
-            grads_live += 4 * unsharded_numel(stage.unit());
+          const int unit = p.stages(ins.stage()).unit();
+          if (unit >= 0 && released_grads.count(unit) && !grads_held[unit]) {
+            grads_held[unit] = true;
+            grads_live += 4 * unsharded_numel(unit);
           }
           if (recompute) {
-            held(sm.saved + std::max(sm.forward, sm.backward));
-            t.recompute_flops +=
-                StageForwardFlops(p, ins.stage(), unit_names[stage.unit()], rows[ins.microbatch()], split, n);
+            held(fp.saved_bytes() + std::max(fp.forward_peak(), fp.backward_peak()));
+            t.recompute_flops += fp.flops;
           } else {
-            held(sm.backward);
+            held(fp.backward_peak());
           }
           if (--in_flight == 0) --live;
-          live_bytes -= out;
+          live_bytes -= fp.output;
           live_saved -= kept;
         }
-        if (axis < 0) break;
-        const auto& name = unit_names[stage.unit()];
-        const bool backward = ins.op() == Instruction::BACKWARD;
         // The recomputed forward's collectives run again before the backward's.
-        const int64_t bytes = TensorParallelBytes(p, ins.stage(), name, backward, rows[ins.microbatch()], split, n, elem) +
-                              (backward && recompute
-                                   ? TensorParallelBytes(p, ins.stage(), name, false, rows[ins.microbatch()], split, n, elem)
-                                   : 0);
+        const bool backward = ins.op() == Instruction::BACKWARD;
+        const int64_t bytes = TensorParallelBytes(def, shape, backward) +
+                              (backward && recompute ? TensorParallelBytes(def, shape, false) : 0);
         t.comm += bytes;
         t.ideal += bytes;
         break;

@@ -21,8 +21,8 @@
 //   memory_bytes the most a rank's process grows by while it holds and runs
 //                the job: the state, plus at the worst point of a step the
 //                gathered parameters, stage outputs and what autograd saves
-//                inside each stage (op by op, as worker/model/stages.cc
-//                computes), compute gradients not yet released, gathers in
+//                inside each stage (its footprint in the model definition,
+//                models/model.h), compute gradients not yet released, gathers in
 //                flight and the instruction's temporaries, plus a fixed
 //                kWorkerOverheadBytes (threads, communicator and BLAS
 //                buffers). CreateJob refuses a job whose figure exceeds a
@@ -32,7 +32,7 @@
 //                its graph again during its backward;
 //   forward_flops, recompute_flops  the step's forward matmul FLOPs, and
 //                those activation checkpointing runs again in backward
-//                (strategies/stage_theory.h).
+//                (each stage's footprint in models/model.h).
 // Figures are the maximum over ranks, as the controller reports them.
 #ifndef BATON_STRATEGIES_PLAN_THEORY_H_
 #define BATON_STRATEGIES_PLAN_THEORY_H_

@@ -108,7 +108,7 @@ class StepWriter {
   int pp_rank() const { return pp_rank_; }
   // Whether a stage this rank runs is of a kind `is` picks (the worker's
   // own rules: ReadsBatch, IsLossStage).
-  bool RunsStage(bool (*is)(baton::v1::Stage::Kind)) const {
+  bool RunsStage(bool (*is)(baton::v1::StageKind)) const {
     for (int s : owned_stages_) {
       if (is(model_.stages[s].kind())) return true;
     }

@@ -41,7 +41,7 @@
 #include "absl/status/statusor.h"
 #include "proto/job.pb.h"
 #include "proto/program.pb.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 #include "strategies/pipeline.h"
 
 namespace baton {

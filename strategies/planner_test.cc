@@ -406,10 +406,10 @@ TEST(PlannerTest, TensorParallelProgramsAreCheckedAgainstWhatStagesAssume) {
   };
   auto bad = good;
   whole(&bad, "layers.0.attention.wk.weight");
-  refused(bad, "layers.0.attention.wq.weight and the weights that go with it are neither all whole nor split");
+  refused(bad, "layers.0.attention: its weights are neither all whole nor split column- then row-wise");
   bad = good;
   for (const char* m : {"wq", "wk", "wv", "wo"}) whole(&bad, std::string("layers.0.attention.") + m + ".weight");
-  refused(bad, "sequence parallelism needs attention and the MLP split");
+  refused(bad, "sequence parallelism needs every region the residual stream enters split; layers.0.attention is whole");
   bad = good;
   param(&bad, "layers.1.attention.wq.weight")->add_grad_partial_axes("tp");
   refused(bad, "only a replicated weight has partial gradients to sum there");

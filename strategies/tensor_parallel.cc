@@ -1,5 +1,7 @@
 #include "strategies/tensor_parallel.h"
 
+#include <functional>
+#include <set>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -22,20 +24,6 @@ std::string ModuleOf(const std::string& param) {
     if (absl::EndsWith(param, suffix)) return param.substr(0, param.size() - std::string(suffix).size());
   }
   return param;
-}
-
-std::vector<baton::v1::StyleRule> DefaultRules(const baton::v1::ModelSpec& model) {
-  auto rule = [](const std::string& module, ParallelStyle style) {
-    baton::v1::StyleRule r;
-    r.set_module(module);
-    r.set_style(style);
-    return r;
-  };
-  if (model.has_mlp()) return {rule("blocks.*.w1", baton::v1::COLWISE), rule("blocks.*.w2", baton::v1::ROWWISE)};
-  return {rule("layers.*.attention.wq", baton::v1::COLWISE), rule("layers.*.attention.wk", baton::v1::COLWISE),
-          rule("layers.*.attention.wv", baton::v1::COLWISE), rule("layers.*.attention.wo", baton::v1::ROWWISE),
-          rule("layers.*.feed_forward.w1", baton::v1::COLWISE), rule("layers.*.feed_forward.w3", baton::v1::COLWISE),
-          rule("layers.*.feed_forward.w2", baton::v1::ROWWISE), rule("output", baton::v1::COLWISE)};
 }
 
 // The placement of y = x W^T along the tp axis, or why there is none.
@@ -77,72 +65,101 @@ absl::Status Reduced(const std::string& module, const Placement& out) {
   return absl::OkStatus();
 }
 
-// Follows the activations through the model, checking every op.
-absl::Status CheckDataflow(const baton::v1::ModelSpec& model, const TensorParallelPlan& plan) {
+// One region: its colwise weights on the whole residual stream must agree,
+// its rowwise ones must bring the result back whole, and a split region must
+// split into whole heads (or features, or vocabulary rows).
+absl::Status CheckRegion(const TensorParallelRegion& region, const TensorParallelPlan& plan) {
   auto w = [&](const std::string& param) { return plan.placement.at(param); };
-  const Placement whole = Placement::Replicate();
-  if (model.has_mlp()) {
-    for (int b = 0; b < model.mlp().blocks(); ++b) {
-      const std::string p = absl::StrCat("blocks.", b, ".");
-      auto h = Linear(p + "w1", whole, w(p + "w1.weight"));
-      if (!h.ok()) return h.status();
-      auto out = Linear(p + "w2", *h, w(p + "w2.weight"));
+  auto weights = [](const std::vector<std::string>& params) {
+    std::vector<std::string> out;
+    for (const std::string& p : params) {
+      if (!absl::EndsWith(p, ".bias")) out.push_back(p);
+    }
+    return out;
+  };
+  auto modules = [&](const std::vector<std::string>& params) {
+    std::vector<std::string> names;
+    for (const std::string& p : weights(params)) names.push_back(ModuleOf(p));
+    return absl::StrJoin(names, ", ");
+  };
+  bool split = false;
+  if (region.input == TensorParallelRegion::Input::kTokens) {
+    // A lookup table: split by vocabulary rows or whole (COLWISE was refused
+    // with the styles); its partial rows are reduced.
+    split = w(region.rowwise.front()).is_shard();
+  } else {
+    std::vector<std::pair<std::string, Placement>> ys;
+    for (const std::string& param : weights(region.colwise)) {
+      auto y = Linear(ModuleOf(param), Placement::Replicate(), w(param));
+      if (!y.ok()) return y.status();
+      ys.push_back({ModuleOf(param), *y});
+    }
+    if (auto s = Same(region.name, ys); !s.ok()) return s;
+    split = ys.front().second.is_shard();
+    for (const std::string& param : weights(region.rowwise)) {
+      auto out = Linear(ModuleOf(param), ys.front().second, w(param));
       if (!out.ok()) return out.status();
-      if (auto s = Reduced(p + "w2", *out); !s.ok()) return s;
+      if (auto s = Reduced(ModuleOf(param), *out); !s.ok()) return s;
     }
-    return Linear("head", whole, w("head.weight")).status();
+    if (plan.sequence_parallel && !split) {
+      return Invalid(absl::StrCat("sequence_parallel needs ", region.name, " split (COLWISE ", modules(region.colwise),
+                                  region.rowwise.empty() ? "" : absl::StrCat("; ROWWISE ", modules(region.rowwise)),
+                                  ")"));
+    }
+    if (plan.loss_parallel && !split && region.output == TensorParallelRegion::Output::kVocabLogits) {
+      return Invalid(absl::StrCat("loss_parallel needs vocabulary-sharded logits: make ", region.name, " COLWISE"));
+    }
   }
-  const auto& dec = model.decoder();
-  for (int l = 0; l < dec.layers(); ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    std::vector<std::pair<std::string, Placement>> qkv;
-    for (const char* m : {"wq", "wk", "wv"}) {
-      auto y = Linear(p + "attention." + m, whole, w(p + "attention." + m + ".weight"));
-      if (!y.ok()) return y.status();
-      qkv.push_back({p + "attention." + m, *y});
+  if (!split) return absl::OkStatus();
+  for (const auto& extent : region.extents) {
+    if (extent.count % plan.size != 0) {
+      return Invalid(absl::StrCat(region.name, ": ", extent.count, " ", extent.what, " do not split evenly over ",
+                                  plan.size, " tp ranks; use a multiple of ", plan.size, " or keep ", region.name,
+                                  " whole (REPLICATE_STYLE)"));
     }
-    if (auto s = Same("attention", qkv); !s.ok()) return s;
-    if (plan.sequence_parallel && !qkv[0].second.is_shard()) {
-      return Invalid(absl::StrCat("sequence_parallel needs ", p, "attention split (COLWISE wq, wk, wv; ROWWISE wo)"));
-    }
-    if (qkv[0].second.is_shard() && dec.heads() % plan.size != 0) {
-      return Invalid(absl::StrCat(p, "attention: ", dec.heads(), " heads do not split into whole heads over ",
-                                  plan.size, " tp ranks"));
-    }
-    const int kv_heads = dec.has_n_kv_heads() ? dec.n_kv_heads() : dec.heads();
-    if (qkv[0].second.is_shard() && kv_heads % plan.size != 0) {
-      return Invalid(absl::StrCat(p, "attention: ", kv_heads, " key/value heads (n_kv_heads) do not split into whole "
-                                  "heads over ", plan.size, " tp ranks; use a multiple of ", plan.size,
-                                  " or replicate attention (REPLICATE_STYLE)"));
-    }
-    auto attn = Linear(p + "attention.wo", qkv[0].second, w(p + "attention.wo.weight"));
-    if (!attn.ok()) return attn.status();
-    if (auto s = Reduced(p + "attention.wo", *attn); !s.ok()) return s;
-    std::vector<std::pair<std::string, Placement>> up;
-    for (const char* m : {"w1", "w3"}) {
-      const std::string name = p + "feed_forward." + m + ".weight";
-      if (!plan.placement.count(name)) continue;
-      auto y = Linear(p + "feed_forward." + m, whole, w(name));
-      if (!y.ok()) return y.status();
-      up.push_back({p + "feed_forward." + m, *y});
-    }
-    if (auto s = Same("feed_forward", up); !s.ok()) return s;
-    if (plan.sequence_parallel && !up[0].second.is_shard()) {
-      return Invalid(absl::StrCat("sequence_parallel needs ", p, "feed_forward split (COLWISE w1, w3; ROWWISE w2)"));
-    }
-    auto ffn = Linear(p + "feed_forward.w2", up[0].second, w(p + "feed_forward.w2.weight"));
-    if (!ffn.ok()) return ffn.status();
-    if (auto s = Reduced(p + "feed_forward.w2", *ffn); !s.ok()) return s;
-  }
-  auto logits = Linear("output", whole, w("output.weight"));
-  if (!logits.ok()) return logits.status();
-  if (plan.sequence_parallel && !logits->is_shard()) {
-    return Invalid("sequence_parallel needs output split (COLWISE)");
-  }
-  if (plan.loss_parallel && !logits->is_shard()) {
-    return Invalid("loss_parallel needs vocabulary-sharded logits: make output COLWISE");
   }
   return absl::OkStatus();
+}
+
+// Calls `f` with every tensor-parallel region of every stage, in forward order.
+void ForEachRegion(const baton::v1::ModelSpec& spec, const ModelLayout& model,
+                   const std::function<void(const TensorParallelRegion&)>& f) {
+  for (const baton::v1::Stage& stage : model.stages) {
+    const StageDef& def = StageOf(stage.kind());
+    if (!def.regions) continue;
+    const std::string unit = stage.unit() >= 0 ? model.units[stage.unit()].name : std::string();
+    for (const TensorParallelRegion& region : def.regions(spec, unit)) f(region);
+  }
+}
+
+// The default plan (torchtitan's): every region split by default, its
+// colwise weights COLWISE and its rowwise ones ROWWISE; the rest whole.
+std::vector<baton::v1::StyleRule> DefaultRules(const baton::v1::ModelSpec& spec, const ModelLayout& model) {
+  std::vector<baton::v1::StyleRule> rules;
+  auto rule = [&](const std::string& param, ParallelStyle style) {
+    baton::v1::StyleRule r;
+    r.set_module(ModuleOf(param));
+    r.set_style(style);
+    rules.push_back(r);
+  };
+  ForEachRegion(spec, model, [&](const TensorParallelRegion& region) {
+    if (!region.split_by_default) return;
+    for (const std::string& w : region.colwise) rule(w, baton::v1::COLWISE);
+    for (const std::string& w : region.rowwise) rule(w, baton::v1::ROWWISE);
+  });
+  return rules;
+}
+
+// Follows the activations through every tensor-parallel region of the
+// model, checking every op as DTensor would.
+absl::Status CheckDataflow(const baton::v1::ModelSpec& spec, const ModelLayout& model,
+                           const TensorParallelPlan& plan) {
+  absl::Status status;
+  ForEachRegion(spec, model, [&](const TensorParallelRegion& region) {
+    if (!status.ok()) return;
+    status = CheckRegion(region, plan);
+  });
+  return status;
 }
 
 // Whether `text` matches `pattern`, where "*" matches any run of characters.
@@ -195,12 +212,19 @@ absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& 
   // The style of every module: the defaults, then the job's rules in order.
   std::map<std::string, ParallelStyle> style;
   std::map<std::string, std::vector<int64_t>> weight_shape;
+  std::set<std::string> tables, in_region;
   for (const auto& unit : model.units) {
     for (const auto& param : unit.params) {
       style.emplace(ModuleOf(param.name), baton::v1::REPLICATE_STYLE);
       if (absl::EndsWith(param.name, ".weight")) weight_shape[ModuleOf(param.name)] = param.shape;
+      if (param.embedding) tables.insert(ModuleOf(param.name));
     }
   }
+  ForEachRegion(job.model(), model, [&](const TensorParallelRegion& region) {
+    for (const auto* members : {&region.colwise, &region.rowwise}) {
+      for (const std::string& param : *members) in_region.insert(ModuleOf(param));
+    }
+  });
   auto apply = [&](const baton::v1::StyleRule& rule, bool user) -> absl::Status {
     if (!baton::v1::ParallelStyle_IsValid(rule.style())) {
       return Invalid(absl::StrCat("styles: \"", rule.module(), "\" has an unknown style ", rule.style()));
@@ -221,7 +245,7 @@ absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& 
     }
     return absl::OkStatus();
   };
-  for (const auto& rule : DefaultRules(job.model())) {
+  for (const auto& rule : DefaultRules(job.model(), model)) {
     if (auto s = apply(rule, false); !s.ok()) return s;
   }
   for (const auto& rule : tp.styles()) {
@@ -238,11 +262,15 @@ absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& 
         return Invalid(absl::StrCat(baton::v1::ParallelStyle_Name(s), " needs a 2-D weight: ", module, ".weight is (",
                                     absl::StrJoin(weight, ", "), ")"));
       }
-      const bool embedding = module == "tok_embeddings";
+      if (!in_region.count(module)) {
+        return Invalid(absl::StrCat(module, " is ", baton::v1::ParallelStyle_Name(s),
+                                    " but belongs to no tensor-parallel region of its stage: it stays whole"));
+      }
+      const bool embedding = tables.count(module) > 0;
       const bool bias = absl::EndsWith(param.name, ".bias");
       int dim = -1;
       if (s == baton::v1::COLWISE) {
-        if (embedding) return Invalid("tok_embeddings can be ROWWISE (vocabulary split) or whole, not COLWISE");
+        if (embedding) return Invalid(module + " can be ROWWISE (vocabulary split) or whole, not COLWISE");
         dim = 0;  // output features; the bias follows them
       } else if (!bias) {
         dim = embedding ? 0 : 1;  // the vocabulary, or the input features
@@ -256,12 +284,11 @@ absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& 
       plan.placement.insert_or_assign(param.name, Placement::Shard(dim));
     }
   }
-  if (auto s = CheckDataflow(job.model(), plan); !s.ok()) return s;
+  if (auto s = CheckDataflow(job.model(), model, plan); !s.ok()) return s;
   if (plan.sequence_parallel) {
-    for (const auto& [name, p] : plan.placement) {
-      const std::string module = ModuleOf(name);
-      if (p.is_replicate() && (absl::EndsWith(module, "norm") || module == "tok_embeddings")) {
-        plan.grad_partial.insert(name);
+    for (const auto& unit : model.units) {
+      for (const auto& param : unit.params) {
+        if (param.on_sequence_shards && plan.placement.at(param.name).is_replicate()) plan.grad_partial.insert(param.name);
       }
     }
   }

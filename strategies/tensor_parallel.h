@@ -1,8 +1,9 @@
 // Tensor parallelism in the planner (torchtitan's apply_tp): which weight
 // each parallel style splits along the tp axis, and a check that follows the
-// activations' placements through every block as DTensor would, so a plan
-// that would mix a sharded and a plain operand in one op, or feed partial
-// sums through a nonlinearity, is refused before any worker runs.
+// activations' placements through every tensor-parallel region of the model
+// definition (models/model.h) as DTensor would, so a plan that would mix a
+// sharded and a plain operand in one op, or feed partial sums through a
+// nonlinearity, is refused before any worker runs.
 //
 //   Linear(x, W):  Replicate x, COLWISE W  -> Shard(-1)    (no communication)
 //                  Shard(-1) x, ROWWISE W  -> Partial      (all-reduce, or reduce-scatter
@@ -24,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "mesh/placement.h"
 #include "proto/job.pb.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 
 namespace baton {
 

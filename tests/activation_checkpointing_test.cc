@@ -166,7 +166,7 @@ TEST(ActivationCheckpointingPlanTest, MarksTheBlocksAndPricesTheRecompute) {
     auto programs = CompilePrograms(Job(With(base, "plan { ", "plan { " + ac)), "t");
     EXPECT_TRUE(programs.ok()) << programs.status();
     std::string out;
-    for (const auto& s : programs->front().stages()) out += s.recompute() ? "R" : IsBlockStage(s.kind()) ? "b" : "-";
+    for (const auto& s : programs->front().stages()) out += s.recompute() ? "R" : StageOf(s.kind()).block ? "b" : "-";
     return out;
   };
   EXPECT_EQ(marked(""), "-bbbbb-");

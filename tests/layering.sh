@@ -3,6 +3,7 @@
 # fails when it does): Bazel's own graph, and - because system headers
 # compile from anywhere - what the sources include.
 #   mesh/         a leaf: absl only
+#   models/       the model definition: mesh, proto and absl only (no LibTorch, gRPC, file I/O)
 #   strategies/   plans: no LibTorch, no gRPC, no file I/O
 #   worker/       never the planner (strategies/) or the controller
 #   client/       no LibTorch, nothing of worker/ (nor the controller's daemon)
@@ -25,7 +26,8 @@ queries=0
 errors=$(mktemp)
 trap 'rm -f "$errors"' EXIT
 query 'deps(//mesh)' '^//(common|proto|strategies|worker|controller|client|checkpoint)|torch|grpc' "//mesh depends on more than absl"
-query 'deps(//strategies) union deps(//mesh)' 'torch|grpc' "strategies/ or mesh/ reach LibTorch or gRPC"
+query 'deps(//strategies) union deps(//mesh) union deps(//models)' 'torch|grpc' "strategies/, models/ or mesh/ reach LibTorch or gRPC"
+query 'deps(//models)' '^//(common|strategies|worker|controller|client|checkpoint)' "models/ depends on more than mesh, proto and absl"
 query 'somepath(//strategies, //checkpoint:files)' '.' "strategies/ reaches file I/O (//checkpoint:files)"
 query 'rdeps(//worker/..., //strategies/...)' '^//worker' "worker/ depends on the planner"
 query 'rdeps(//worker/..., //controller/...)' '^//worker' "worker/ depends on the controller"
@@ -44,6 +46,8 @@ scan() {  # scan DIR REGEX WHAT
 }
 scan mesh 'torch|ATen|c10|grpc|google/protobuf|proto/|strategies/|worker/|controller/|common/|fstream|sys/stat|fcntl|dirent' \
   "mesh/ includes more than the standard library and absl"
+scan models 'torch|ATen|c10|grpc|strategies/|worker/|controller/|common/|checkpoint/|fstream|sys/stat|fcntl|dirent|unistd' \
+  "models/ includes LibTorch, gRPC, file I/O or a layer above it"
 scan strategies 'torch|ATen|c10|grpc|worker/|controller/|checkpoint/files|common/file_root|fstream|sys/stat|fcntl|dirent|unistd' \
   "strategies/ includes LibTorch, gRPC or file I/O"
 scan worker 'strategies/|controller/' "worker/ includes the planner or the controller"

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "strategies/job_spec.h"
-#include "strategies/model_layout.h"
+#include "models/model.h"
 #include "tests/training_harness.h"
 
 namespace baton {

@@ -81,14 +81,14 @@ Program Skeleton(const std::string& axis, int rank, int blocks) {
   p.set_compute_dtype(baton::v1::FP32);
   p.set_threads(1);
   p.set_microbatches(1);
-  auto stage = [&](baton::v1::Stage::Kind kind, int unit) {
+  auto stage = [&](baton::v1::StageKind kind, int unit) {
     auto* s = p.add_stages();
     s->set_kind(kind);
     s->set_unit(unit);
   };
-  stage(baton::v1::Stage::MLP_INPUT, -1);
-  for (int b = 0; b < blocks; ++b) stage(baton::v1::Stage::MLP_BLOCK, b);
-  stage(baton::v1::Stage::MLP_HEAD_MSE, blocks);
+  stage(baton::v1::MLP_INPUT, -1);
+  for (int b = 0; b < blocks; ++b) stage(baton::v1::MLP_BLOCK, b);
+  stage(baton::v1::MLP_HEAD_MSE, blocks);
   return p;
 }
 

@@ -142,9 +142,9 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
   };
   const std::string p = unit_name + ".";
   switch (stage.kind()) {
-    case Stage::MLP_INPUT:
+    case baton::v1::MLP_INPUT:
       return batch.x.to(compute_dtype);
-    case Stage::MLP_BLOCK: {
+    case baton::v1::MLP_BLOCK: {
       const bool bias = model.mlp().bias();
       const at::Tensor none;
       if (Split(tp, p + "w1.weight")) {
@@ -159,20 +159,20 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
                                               bias ? params(p + "w1.bias") : none));
       return input.add(at::linear(hidden, params(p + "w2.weight"), bias ? params(p + "w2.bias") : none));
     }
-    case Stage::MLP_HEAD_MSE: {
+    case baton::v1::MLP_HEAD_MSE: {
       const bool bias = model.mlp().bias();
       at::Tensor out = at::linear(input, params("head.weight"), bias ? params("head.bias") : at::Tensor());
       return at::mse_loss(out.to(at::kFloat), batch.y);
     }
-    case Stage::EMBEDDING: {
+    case baton::v1::EMBEDDING: {
       const at::Tensor& weight = params("tok_embeddings.weight");
       if (Split(tp, "tok_embeddings.weight")) return VocabParallelEmbedding(weight, batch.tokens, *tp);
       at::Tensor h = at::embedding(weight, batch.tokens);
       return tp != nullptr && tp->sequence_parallel ? ScatterSequence(h, *tp) : h;
     }
-    case Stage::DECODER_BLOCK:
+    case baton::v1::DECODER_BLOCK:
       return DecoderBlock(model.decoder(), p, params, input, tp);
-    case Stage::LM_HEAD_CE: {
+    case baton::v1::LM_HEAD_CE: {
       const auto& m = model.decoder();
       at::Tensor h = RmsNorm(input, params("norm.weight"), m.norm_eps());
       if (Split(tp, "output.weight")) {
