@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target (clang, with ASan + UBSan and leak detection)
 # for SECONDS in total, split evenly, each from the seed corpus that
-# fuzz/make_seeds writes (the examples, compiled Programs, tensor chunks, KV
+# fuzz/make_seeds writes (the examples, compiled Programs, KV
 # requests, checkpoint metadata). Prints, per target, runs, coverage and
 # crashes; exits 1 if any target crashed or leaked. Not part of CI.
 #
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TOTAL=${1:-300}
-targets=(job_spec_fuzzer program_fuzzer tensor_codec_fuzzer kv_store_fuzzer checkpoint_fuzzer)
+targets=(job_spec_fuzzer program_fuzzer kv_store_fuzzer checkpoint_fuzzer)
 each=$((SECONDS_TOTAL / ${#targets[@]}))
 [ "$each" -ge 1 ] || each=1
 work=$(mktemp -d)

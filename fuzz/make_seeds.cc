@@ -1,5 +1,5 @@
 // Writes the fuzzers' seed corpus into DIR/<target>/: job files (the
-// examples, passed as arguments), compiled Programs, tensor chunks, KV
+// examples, passed as arguments), compiled Programs, KV
 // requests and checkpoint metadata. Built with the normal toolchain.
 #include <cstdio>
 #include <fstream>
@@ -7,7 +7,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/tensor_codec.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/registry.pb.h"
 #include "strategies/checkpoint_plan.h"
@@ -70,14 +69,6 @@ int main(int argc, char** argv) {
       Write(absl::StrCat(dir, "/checkpoint/seed", i), json_md);
     }
   }
-  baton::v1::TensorMeta meta;
-  meta.set_dtype(baton::v1::FLOAT32);
-  meta.add_shape(4);
-  meta.add_shape(3);
-  std::string floats(48, '\1');
-  std::string chunks;
-  for (const auto& c : baton::SplitTensor(meta, floats, 16)) chunks += Framed(c.SerializeAsString(), 2);
-  Write(dir + "/tensor_codec/seed1", chunks);
   baton::v1::KvSetRequest set;
   set.set_key("mesh/1/rank0");
   set.set_value("127.0.0.1:1234");

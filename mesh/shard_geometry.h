@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/statusor.h"
 
 namespace baton {
 
@@ -35,22 +34,6 @@ class ChunkGeometry {
   int world_;
   int64_t chunk_;
 };
-
-// The local piece of a tensor of `shape` under Shard(dim) along `world` ranks.
-struct ShardSpec {
-  std::vector<int64_t> global_shape;
-  int dim = 0;
-  int world = 1;
-  int rank = 0;
-  std::vector<int64_t> local_shape;   // may have 0 rows
-  std::vector<int64_t> padded_shape;  // local_shape with chunk rows on `dim`
-  int64_t offset = 0;                 // first row (along dim) held here
-  int64_t local_numel = 0;
-  int64_t padded_numel = 0;
-};
-
-absl::StatusOr<ShardSpec> ComputeShard(const std::vector<int64_t>& shape, int dim, int world,
-                                       int rank);
 
 int64_t NumElements(const std::vector<int64_t>& shape);
 

@@ -34,35 +34,5 @@ TEST(ChunkGeometryTest, MatchesTorchChunk) {
   }
 }
 
-// The seed lab: a (1, 32) head weight and a (1,) bias over 2 ranks leave
-// rank 1 with empty shards.
-TEST(ShardSpecTest, SeedLabHeadLeavesRankOneEmpty) {
-  auto w0 = ComputeShard({1, 32}, 0, 2, 0);
-  auto w1 = ComputeShard({1, 32}, 0, 2, 1);
-  auto b1 = ComputeShard({1}, 0, 2, 1);
-  ASSERT_TRUE(w0.ok() && w1.ok() && b1.ok());
-  EXPECT_EQ(w0->local_shape, (std::vector<int64_t>{1, 32}));
-  EXPECT_EQ(w1->local_shape, (std::vector<int64_t>{0, 32}));
-  EXPECT_EQ(w1->local_numel, 0);
-  EXPECT_EQ(w1->padded_numel, 32);  // padded to one row for the all-gather
-  EXPECT_EQ(b1->local_numel, 0);
-  EXPECT_EQ(b1->padded_shape, (std::vector<int64_t>{1}));
-}
-
-TEST(ShardSpecTest, ShardsAlongOtherDims) {
-  auto s = ComputeShard({4, 10}, 1, 3, 2);
-  ASSERT_TRUE(s.ok());
-  EXPECT_EQ(s->local_shape, (std::vector<int64_t>{4, 2}));
-  EXPECT_EQ(s->padded_shape, (std::vector<int64_t>{4, 4}));
-  EXPECT_EQ(s->offset, 8);
-}
-
-TEST(ShardSpecTest, RejectsBadArguments) {
-  EXPECT_FALSE(ComputeShard({}, 0, 2, 0).ok());
-  EXPECT_FALSE(ComputeShard({4}, 1, 2, 0).ok());
-  EXPECT_FALSE(ComputeShard({4}, 0, 2, 2).ok());
-  EXPECT_FALSE(ComputeShard({4}, 0, 0, 0).ok());
-}
-
 }  // namespace
 }  // namespace baton

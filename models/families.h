@@ -13,7 +13,9 @@
 namespace baton {
 
 struct ModelFamily {
-  baton::v1::StageKind first, block, last;
+  baton::v1::StageKind first, last;
+  // The repeated block's kind, as the spec asks for it.
+  std::function<baton::v1::StageKind(const baton::v1::ModelSpec&)> block;
   std::string first_unit, block_prefix, last_unit;  // block units are block_prefix + index
   std::function<int(const baton::v1::ModelSpec&)> blocks;
   std::function<int64_t(const baton::v1::ModelSpec&)> tokens_per_row;

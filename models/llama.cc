@@ -237,8 +237,8 @@ StageDef HeadCrossEntropy() {
 const ModelFamily& LlamaFamily() {
   static const auto* family = new ModelFamily{
       baton::v1::EMBEDDING,
-      baton::v1::DECODER_BLOCK,
       baton::v1::LM_HEAD_CE,
+      [](const ModelSpec&) { return baton::v1::DECODER_BLOCK; },
       "tok_embeddings",
       "layers.",
       "head",

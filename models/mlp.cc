@@ -100,8 +100,8 @@ StageDef HeadMse() {
 const ModelFamily& MlpFamily() {
   static const auto* family = new ModelFamily{
       baton::v1::MLP_INPUT,
-      baton::v1::MLP_BLOCK,
       baton::v1::MLP_HEAD_MSE,
+      [](const ModelSpec&) { return baton::v1::MLP_BLOCK; },
       "",
       "blocks.",
       "head",

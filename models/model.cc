@@ -125,7 +125,7 @@ ModelLayout BuildModelLayout(const ModelSpec& model) {
     layout.units.push_back(UnitInfo{unit, def.params(model, unit), root});
   };
   add(family.first, family.first_unit, /*root=*/true);
-  for (int b = 0; b < family.blocks(model); ++b) add(family.block, absl::StrCat(family.block_prefix, b), false);
+  for (int b = 0; b < family.blocks(model); ++b) add(family.block(model), absl::StrCat(family.block_prefix, b), false);
   add(family.last, family.last_unit, /*root=*/true);
   return layout;
 }
@@ -145,7 +145,7 @@ double ParameterCount(const ModelSpec& model) {
   };
   // Every block has the same parameters: one stands for all.
   return unit(family.first, family.first_unit) +
-         family.blocks(model) * unit(family.block, absl::StrCat(family.block_prefix, 0)) +
+         family.blocks(model) * unit(family.block(model), absl::StrCat(family.block_prefix, 0)) +
          unit(family.last, family.last_unit);
 }
 

@@ -14,14 +14,15 @@
 //                    holds worker/model/stages.cc to the allocations and
 //                    collectives written here.
 //
-// A stage kind (models/stage_kind.proto) is defined by a StageDef: its
+// A stage kind (models/model.proto) is defined by a StageDef: its
 // traits, its unit's parameters (name, shape, init), the tensor-parallel
 // regions it enters and leaves, and its footprint on one rank for one
 // microbatch (what it returns, what autograd saves from the forward until the
 // backward, the temporaries at each pass's worst point, its matmul FLOPs).
 // A model family (the residual MLP of the seed's lab, the Llama decoder) is
 // a first stage, a repeated block and a last, loss stage. Adding a stage
-// kind touches its family's file here, the worker's compute and the oracle.
+// kind touches models/ (its value and spec field in model.proto, its StageDef
+// in its family's file), the worker's compute and the oracle.
 #ifndef BATON_MODELS_MODEL_H_
 #define BATON_MODELS_MODEL_H_
 
@@ -30,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "models/stage_kind.pb.h"
+#include "models/model.pb.h"
 #include "proto/job.pb.h"
 #include "proto/program.pb.h"
 

@@ -8,10 +8,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/local_cluster.h"
 #include "tests/cluster_util.h"
@@ -28,14 +31,15 @@ using testing::Runfile;
 constexpr char kPython[] = "/usr/bin/python3";
 
 TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
-  const std::vector<std::string> examples = {
-      "decoder_fsdp2.textproto", "decoder_fsdp4.textproto", "decoder_zero1.textproto",
-      "decoder_zero2.textproto", "decoder_ddp.textproto",   "decoder_hsdp.textproto",
-      "decoder_demo.textproto",  "mlp_seed_lab.textproto",  "decoder_zero2.json",
-      "decoder_tp2.textproto",   "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto",
-      "decoder_pp4_gpipe.textproto", "decoder_pp4_1f1b.textproto", "decoder_pp4_interleaved.textproto",
-      "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto", "llama_gqa_tp2.textproto",
-      "llama_gqa_pp2.textproto"};
+  // Every job file in examples/, whatever is added there.
+  std::vector<std::string> examples;
+  const std::filesystem::path examples_dir = std::filesystem::path(Runfile("examples/mlp_seed_lab.textproto")).parent_path();
+  for (const auto& entry : std::filesystem::directory_iterator(examples_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::EndsWith(name, ".textproto") || absl::EndsWith(name, ".json")) examples.push_back(name);
+  }
+  std::sort(examples.begin(), examples.end());
+  ASSERT_GE(examples.size(), 19u);
   const std::string dir = testing::TempDir("oracle");
   std::vector<std::string> files;
   for (const auto& e : examples) files.push_back(Runfile("examples/" + e));

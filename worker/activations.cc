@@ -76,7 +76,7 @@ absl::StatusOr<at::Tensor> Activations::RunStage(int stage, int microbatch, cons
   };
   // Tensor parallelism: the stage's collectives run along its axis, and a
   // weight is split when its compute layout shards it there.
-  TensorParallel tp;
+  TensorParallelGroup tp;
   if (spec.has_tensor_parallel()) {
     auto comm = groups_->Axis(spec.tensor_parallel().axis());
     if (!comm.ok()) return comm.status();

@@ -37,7 +37,9 @@ absl::StatusOr<at::Tensor> Redistribute(const at::Tensor& local, const std::vect
   auto plan = PlanRedistribute(shape, from, to, comm.size(), local.element_size());
   if (!plan.ok()) return plan.status();
   const int n = comm.size(), me = comm.rank();
-  const std::vector<int64_t> want = from.is_shard() ? ComputeShard(shape, from.dim(), n, me)->local_shape : shape;
+  // Under Shard(d) this rank holds torch.chunk's piece me of dim d.
+  std::vector<int64_t> want = shape;
+  if (from.is_shard()) want[from.dim()] = ChunkGeometry(shape[from.dim()], n).length(me);
   if (local.sizes().vec() != want) {
     return absl::InvalidArgumentError(absl::StrCat("the local piece is [", absl::StrJoin(local.sizes(), ", "),
                                                    "]; under ", from.ToString(), " rank ", me, " of ", n,

@@ -256,40 +256,46 @@ def rotary_pairs(x, theta, hd):
     return out.flatten(3).type_as(x)
 
 
-def decoder_loss(c, p, tokens, targets):
-    b, t = tokens.shape
+def attention(c, p, pre, a):
+    b, t, _ = a.shape
     d, heads, kv_heads = c["dim"], c["heads"], c["n_kv_heads"]
     hd = d // heads
     mask = torch.full((t, t), float("-inf")).triu(1)
+    q = F.linear(a, p[pre + "attention.wq.weight"]).view(b, t, heads, hd)
+    k = F.linear(a, p[pre + "attention.wk.weight"]).view(b, t, kv_heads, hd)
+    v = F.linear(a, p[pre + "attention.wv.weight"]).view(b, t, kv_heads, hd)
+    q = rotary(q, c["rope_theta"])
+    if MUTANT == "rope_on_v":
+        v = rotary(v, c["rope_theta"])
+    else:
+        k = rotary(k, c["rope_theta"])
+    # Llama's repeat_kv: query head j uses key/value head j // (heads / kv_heads).
+    group = heads // kv_heads
+    q, k, v = (x.transpose(1, 2) for x in (q, torch.repeat_interleave(k, group, dim=2),
+                                          torch.repeat_interleave(v, group, dim=2)))
+    # The contract's scale is a multiplication by 1 / sqrt(head_dim)
+    # (as scaled_dot_product_attention applies it): dividing instead
+    # rounds the scores differently, and this model's gradient norm
+    # amplifies that to ~1e-5 over a few AdamW steps.
+    probs = torch.softmax((q @ k.transpose(-2, -1)).mul(1.0 / math.sqrt(hd)) + mask, dim=-1)
+    out = (probs @ v).transpose(1, 2).reshape(b, t, d)
+    return F.linear(out, p[pre + "attention.wo.weight"])
+
+
+def feed_forward(c, p, pre, x):
+    if c["mlp"] == "SWIGLU":
+        inner = F.silu(F.linear(x, p[pre + "feed_forward.w1.weight"])) * F.linear(x, p[pre + "feed_forward.w3.weight"])
+    else:
+        inner = F.gelu(F.linear(x, p[pre + "feed_forward.w1.weight"]))
+    return F.linear(inner, p[pre + "feed_forward.w2.weight"])
+
+
+def decoder_loss(c, p, tokens, targets):
     h = F.embedding(tokens, p["tok_embeddings.weight"])
     for layer in range(c["layers"]):
         pre = f"layers.{layer}."
-        a = rms(h, p[pre + "attention_norm.weight"], c["norm_eps"])
-        q = F.linear(a, p[pre + "attention.wq.weight"]).view(b, t, heads, hd)
-        k = F.linear(a, p[pre + "attention.wk.weight"]).view(b, t, kv_heads, hd)
-        v = F.linear(a, p[pre + "attention.wv.weight"]).view(b, t, kv_heads, hd)
-        q = rotary(q, c["rope_theta"])
-        if MUTANT == "rope_on_v":
-            v = rotary(v, c["rope_theta"])
-        else:
-            k = rotary(k, c["rope_theta"])
-        # Llama's repeat_kv: query head j uses key/value head j // (heads / kv_heads).
-        group = heads // kv_heads
-        q, k, v = (x.transpose(1, 2) for x in (q, torch.repeat_interleave(k, group, dim=2),
-                                              torch.repeat_interleave(v, group, dim=2)))
-        # The contract's scale is a multiplication by 1 / sqrt(head_dim)
-        # (as scaled_dot_product_attention applies it): dividing instead
-        # rounds the scores differently, and this model's gradient norm
-        # amplifies that to ~1e-5 over a few AdamW steps.
-        probs = torch.softmax((q @ k.transpose(-2, -1)).mul(1.0 / math.sqrt(hd)) + mask, dim=-1)
-        out = (probs @ v).transpose(1, 2).reshape(b, t, d)
-        h = h + F.linear(out, p[pre + "attention.wo.weight"])
-        x = rms(h, p[pre + "ffn_norm.weight"], c["norm_eps"])
-        if c["mlp"] == "SWIGLU":
-            inner = F.silu(F.linear(x, p[pre + "feed_forward.w1.weight"])) * F.linear(x, p[pre + "feed_forward.w3.weight"])
-        else:
-            inner = F.gelu(F.linear(x, p[pre + "feed_forward.w1.weight"]))
-        h = h + F.linear(inner, p[pre + "feed_forward.w2.weight"])
+        h = h + attention(c, p, pre, rms(h, p[pre + "attention_norm.weight"], c["norm_eps"]))
+        h = h + feed_forward(c, p, pre, rms(h, p[pre + "ffn_norm.weight"], c["norm_eps"]))
     logits = F.linear(rms(h, p["norm.weight"], c["norm_eps"]), p["output.weight"])
     return F.cross_entropy(logits.view(-1, c["vocab"]), targets.reshape(-1))
 

@@ -56,12 +56,6 @@ CommStats Communicator::stats() const {
   return s;
 }
 
-void Communicator::ResetStats() {
-  bytes_received_ = 0;
-  operations_ = 0;
-  for (auto& sent : sent_by_op_) sent = 0;
-}
-
 const char* CommOpName(CommOp op) {
   switch (op) {
     case CommOp::kAllGather: return "all_gather";

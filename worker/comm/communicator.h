@@ -164,7 +164,6 @@ class Communicator {
   }
 
   CommStats stats() const;
-  void ResetStats();
 
   // Ends what is in flight and everything after with ABORTED: `reason`.
   // Thread-safe, also while another thread waits on a handle; idempotent

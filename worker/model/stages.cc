@@ -40,17 +40,17 @@ at::Tensor CausalMask(int64_t t, at::ScalarType dtype) {
 // Entering and leaving a tensor-parallel region (attention, MLP): without
 // sequence parallelism f and g (all-reduce of the gradient, of the output);
 // with it, an all-gather of the sequence shards in and a reduce-scatter out.
-at::Tensor Enter(const at::Tensor& x, bool split, const TensorParallel* tp) {
+at::Tensor Enter(const at::Tensor& x, bool split, const TensorParallelGroup* tp) {
   if (tp != nullptr && tp->sequence_parallel) return GatherSequence(x, *tp);
   return split ? CopyToTensorParallel(x, *tp) : x;
 }
 
-at::Tensor Leave(const at::Tensor& partial, bool split, const TensorParallel* tp) {
+at::Tensor Leave(const at::Tensor& partial, bool split, const TensorParallelGroup* tp) {
   if (!split) return partial;
   return tp->sequence_parallel ? ReduceScatterSequence(partial, *tp) : ReduceFromTensorParallel(partial, *tp);
 }
 
-bool Split(const TensorParallel* tp, const std::string& param) { return tp != nullptr && tp->split(param); }
+bool Split(const TensorParallelGroup* tp, const std::string& param) { return tp != nullptr && tp->split(param); }
 
 // Rotary positions, as Meta's Llama: feature pairs (x[2i], x[2i+1]) of each
 // head at position t turned by the angle t * theta^(-2i / head_dim), in
@@ -82,15 +82,16 @@ std::pair<at::Tensor, at::Tensor> RotaryTables(int64_t seq, int64_t head_dim, do
   return {at::stack({cos, cos}, -1).flatten(-2), at::stack({sin.neg(), sin}, -1).flatten(-2)};
 }
 
-// With attention split, each rank holds whole heads: wq's and wk/wv's rows
-// and wo's columns of its query and key/value heads (groups stay whole:
-// query head j uses key/value head j / (heads / n_kv_heads)).
-at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p,
-                        const ParamLookup& w, const at::Tensor& x, const TensorParallel* tp) {
-  const bool attn_split = Split(tp, p + "attention.wq.weight");
-  const bool ffn_split = Split(tp, p + "feed_forward.w1.weight");
+// Attention on the normalised `a` (a region's whole input): q, k, v with
+// rotary positions on q and k, causal softmax, wo; the partial sums leave
+// the region. With attention split, each rank holds whole heads: wq's and
+// wk/wv's rows and wo's columns of its query and key/value heads (groups
+// stay whole: query head j uses key/value head j / (heads / n_kv_heads)).
+at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, const ParamLookup& w,
+                     const at::Tensor& normed, const TensorParallelGroup* tp) {
+  const bool split = Split(tp, p + "attention.wq.weight");
   const int64_t hd = m.dim() / m.heads();
-  at::Tensor a = Enter(RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps()), attn_split, tp);
+  const at::Tensor a = Enter(normed, split, tp);
   const int64_t b = a.size(0), t = a.size(1);
   auto heads = [&](const char* name) {
     const at::Tensor& weight = w(p + "attention." + name + ".weight");
@@ -106,23 +107,35 @@ at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p,
   }
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(1.0 / std::sqrt(static_cast<double>(hd)));
   scores = scores.add(CausalMask(t, scores.scalar_type()));
-  at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(x.scalar_type());
+  at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(normed.scalar_type());
   at::Tensor o = at::matmul(probs, v).transpose(1, 2).reshape({b, t, q.size(1) * hd});
-  at::Tensor hidden = x.add(Leave(at::linear(o, w(p + "attention.wo.weight")), attn_split, tp));
-  at::Tensor f = Enter(RmsNorm(hidden, w(p + "ffn_norm.weight"), m.norm_eps()), ffn_split, tp);
-  at::Tensor ffn;
+  return Leave(at::linear(o, w(p + "attention.wo.weight")), split, tp);
+}
+
+// The MLP on the normalised `f`: GELU, or SwiGLU's silu(w1 f) * w3 f; w2.
+at::Tensor FeedForward(const baton::v1::DecoderModel& m, const std::string& p, const ParamLookup& w,
+                       const at::Tensor& normed, const TensorParallelGroup* tp) {
+  const bool split = Split(tp, p + "feed_forward.w1.weight");
+  const at::Tensor f = Enter(normed, split, tp);
+  at::Tensor inner;
   if (m.mlp() == baton::v1::DecoderModel::SWIGLU) {
-    ffn = at::silu(at::linear(f, w(p + "feed_forward.w1.weight")))
-              .mul(at::linear(f, w(p + "feed_forward.w3.weight")));
+    inner = at::silu(at::linear(f, w(p + "feed_forward.w1.weight"))).mul(at::linear(f, w(p + "feed_forward.w3.weight")));
   } else {
-    ffn = at::gelu(at::linear(f, w(p + "feed_forward.w1.weight")));
+    inner = at::gelu(at::linear(f, w(p + "feed_forward.w1.weight")));
   }
-  return hidden.add(Leave(at::linear(ffn, w(p + "feed_forward.w2.weight")), ffn_split, tp));
+  return Leave(at::linear(inner, w(p + "feed_forward.w2.weight")), split, tp);
+}
+
+// Llama's block: h = x + attention(norm(x)); h + mlp(norm(h)).
+at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p, const ParamLookup& w,
+                        const at::Tensor& x, const TensorParallelGroup* tp) {
+  at::Tensor hidden = x.add(Attention(m, p, w, RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps()), tp));
+  return hidden.add(FeedForward(m, p, w, RmsNorm(hidden, w(p + "ffn_norm.weight"), m.norm_eps()), tp));
 }
 
 // A vocabulary-sharded embedding: ids outside this rank's rows give zeros,
 // and the ranks' partial rows are summed.
-at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp) {
+at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallelGroup& tp) {
   const int64_t rows = weight.size(0), offset = tp.rank() * rows;
   at::Tensor mine = tokens.ge(offset).logical_and(tokens.lt(offset + rows));
   at::Tensor ids = tokens.sub(offset).masked_fill(mine.logical_not(), 0);
@@ -135,7 +148,7 @@ at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& to
 at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
                         const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
-                        const TensorParallel* tp, int64_t* logits_elements) {
+                        const TensorParallelGroup* tp, int64_t* logits_elements) {
   auto held = [logits_elements](const at::Tensor& logits) {
     if (logits_elements != nullptr) *logits_elements = logits.numel();
     return logits;

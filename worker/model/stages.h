@@ -41,7 +41,7 @@ using ParamLookup = std::function<const at::Tensor&(const std::string& fqn)>;
 at::Tensor StageForward(const baton::v1::Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
                         const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
-                        const TensorParallel* tp = nullptr, int64_t* logits_elements = nullptr);
+                        const TensorParallelGroup* tp = nullptr, int64_t* logits_elements = nullptr);
 
 }  // namespace baton
 

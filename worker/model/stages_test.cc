@@ -191,7 +191,7 @@ Measured RunStage(const Config& c, const baton::v1::Stage& stage, const std::str
     }
   }
   ParamLookup lookup = [&params](const std::string& name) -> const at::Tensor& { return params.at(name); };
-  TensorParallel tp;
+  TensorParallelGroup tp;
   tp.comm = comm;
   tp.sequence_parallel = c.sequence_parallel;
   tp.loss_parallel = c.loss_parallel;

@@ -66,7 +66,7 @@ class TpFunction : public torch::autograd::Function<TpFunction> {
   }
 };
 
-at::Tensor Apply(const at::Tensor& x, Step fwd, Step bwd, int64_t dim, const TensorParallel& tp) {
+at::Tensor Apply(const at::Tensor& x, Step fwd, Step bwd, int64_t dim, const TensorParallelGroup& tp) {
   return TpFunction::apply(x, static_cast<int64_t>(fwd), static_cast<int64_t>(bwd), dim,
                            reinterpret_cast<int64_t>(tp.comm), static_cast<int64_t>(tp.timeout.count()));
 }
@@ -75,31 +75,31 @@ constexpr int64_t kSequenceDim = 1;  // activations are (batch, sequence, featur
 
 }  // namespace
 
-at::Tensor CopyToTensorParallel(const at::Tensor& x, const TensorParallel& tp) {
+at::Tensor CopyToTensorParallel(const at::Tensor& x, const TensorParallelGroup& tp) {
   return Apply(x, kIdentity, kAllReduce, 0, tp);
 }
 
-at::Tensor ReduceFromTensorParallel(const at::Tensor& x, const TensorParallel& tp) {
+at::Tensor ReduceFromTensorParallel(const at::Tensor& x, const TensorParallelGroup& tp) {
   return Apply(x, kAllReduce, kIdentity, 0, tp);
 }
 
-at::Tensor GatherSequence(const at::Tensor& x, const TensorParallel& tp) {
+at::Tensor GatherSequence(const at::Tensor& x, const TensorParallelGroup& tp) {
   return Apply(x, kAllGather, kReduceScatter, kSequenceDim, tp);
 }
 
-at::Tensor ReduceScatterSequence(const at::Tensor& x, const TensorParallel& tp) {
+at::Tensor ReduceScatterSequence(const at::Tensor& x, const TensorParallelGroup& tp) {
   return Apply(x, kReduceScatter, kAllGather, kSequenceDim, tp);
 }
 
-at::Tensor ScatterSequence(const at::Tensor& x, const TensorParallel& tp) {
+at::Tensor ScatterSequence(const at::Tensor& x, const TensorParallelGroup& tp) {
   return Apply(x, kChunk, kPadPartial, kSequenceDim, tp);
 }
 
-at::Tensor GatherVocab(const at::Tensor& x, const TensorParallel& tp) {
+at::Tensor GatherVocab(const at::Tensor& x, const TensorParallelGroup& tp) {
   return Apply(x, kAllGather, kChunk, x.dim() - 1, tp);
 }
 
-at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets, const TensorParallel& tp) {
+at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets, const TensorParallelGroup& tp) {
   const int64_t vocab_local = logits.size(-1);
   // The max only keeps exp() in range; no gradient flows through it.
   at::Tensor max = std::get<0>(logits.detach().max(-1)).contiguous();

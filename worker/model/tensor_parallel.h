@@ -25,7 +25,11 @@
 
 namespace baton {
 
-struct TensorParallel {
+// One stage's tensor-parallel group on this rank: the communicator along the
+// tp axis, the stage's sequence and loss parallelism, and which weights are
+// split. (baton.v1.TensorParallel is the job file's plan; the regions a
+// stage splits are the model definition's, models/model.h.)
+struct TensorParallelGroup {
   Communicator* comm = nullptr;  // the group along the tp axis
   bool sequence_parallel = false;
   bool loss_parallel = false;
@@ -37,17 +41,17 @@ struct TensorParallel {
   int rank() const { return comm->rank(); }
 };
 
-at::Tensor CopyToTensorParallel(const at::Tensor& x, const TensorParallel& tp);
-at::Tensor ReduceFromTensorParallel(const at::Tensor& x, const TensorParallel& tp);
-at::Tensor GatherSequence(const at::Tensor& x, const TensorParallel& tp);
-at::Tensor ReduceScatterSequence(const at::Tensor& x, const TensorParallel& tp);
-at::Tensor ScatterSequence(const at::Tensor& x, const TensorParallel& tp);
-at::Tensor GatherVocab(const at::Tensor& x, const TensorParallel& tp);
+at::Tensor CopyToTensorParallel(const at::Tensor& x, const TensorParallelGroup& tp);
+at::Tensor ReduceFromTensorParallel(const at::Tensor& x, const TensorParallelGroup& tp);
+at::Tensor GatherSequence(const at::Tensor& x, const TensorParallelGroup& tp);
+at::Tensor ReduceScatterSequence(const at::Tensor& x, const TensorParallelGroup& tp);
+at::Tensor ScatterSequence(const at::Tensor& x, const TensorParallelGroup& tp);
+at::Tensor GatherVocab(const at::Tensor& x, const TensorParallelGroup& tp);
 
 // Mean cross-entropy of fp32 logits whose last dim is this rank's contiguous
 // share of the vocabulary, without gathering them: the max, the sum of
 // exponentials and the target logit are reduced over the tp ranks instead.
-at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets, const TensorParallel& tp);
+at::Tensor VocabParallelCrossEntropy(const at::Tensor& logits, const at::Tensor& targets, const TensorParallelGroup& tp);
 
 }  // namespace baton
 
