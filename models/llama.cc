@@ -72,20 +72,26 @@ StageDef Embedding() {
   return def;
 }
 
-StageDef Block() {
+// Llama's block (`parallel` false): h = x + attention(norm(x)), then
+// h + mlp(norm(h)). The parallel block of GPT-J and PaLM (`parallel` true):
+// x + attention(norm(x)) + mlp(norm(x)), one norm, both regions entered from
+// its output. Same weights but ffn_norm, same regions.
+StageDef Block(bool parallel) {
   StageDef def;
-  def.kind = baton::v1::DECODER_BLOCK;
+  def.kind = parallel ? baton::v1::PARALLEL_DECODER_BLOCK : baton::v1::DECODER_BLOCK;
   def.family = ModelSpec::kDecoder;
   def.block = true;
-  def.params = [](const ModelSpec& model, const std::string& unit) {
+  def.params = [parallel](const ModelSpec& model, const std::string& unit) {
     const auto& m = model.decoder();
     const int64_t d = m.dim(), f = m.ffn_dim(), kv = KvHeads(m) * HeadDim(m);
     const std::string p = unit + ".";
     std::vector<ParamInfo> params = {
-        NormWeight(p + "attention_norm.weight", d),      LinearWeight(p + "attention.wq.weight", d, d),
-        LinearWeight(p + "attention.wk.weight", kv, d),  LinearWeight(p + "attention.wv.weight", kv, d),
-        LinearWeight(p + "attention.wo.weight", d, d),   NormWeight(p + "ffn_norm.weight", d),
-        LinearWeight(p + "feed_forward.w1.weight", f, d), LinearWeight(p + "feed_forward.w2.weight", d, f)};
+        NormWeight(p + "attention_norm.weight", d),     LinearWeight(p + "attention.wq.weight", d, d),
+        LinearWeight(p + "attention.wk.weight", kv, d), LinearWeight(p + "attention.wv.weight", kv, d),
+        LinearWeight(p + "attention.wo.weight", d, d)};
+    if (!parallel) params.push_back(NormWeight(p + "ffn_norm.weight", d));
+    params.push_back(LinearWeight(p + "feed_forward.w1.weight", f, d));
+    params.push_back(LinearWeight(p + "feed_forward.w2.weight", d, f));
     if (SwiGlu(m)) params.push_back(LinearWeight(p + "feed_forward.w3.weight", f, d));
     return params;
   };
@@ -109,10 +115,11 @@ StageDef Block() {
     mlp.width = m.dim();
     return std::vector<Region>{attention, mlp};
   };
-  def.footprint = [](const StageShape& s) {
+  def.footprint = [parallel](const StageShape& s) {
     const auto& m = s.model->decoder();
     const std::string p = s.unit + ".";
     const int64_t rows = s.rows, seq = m.seq_len(), d = m.dim(), hd = HeadDim(m), elem = s.elem;
+    const int64_t norms = parallel ? 1 : 2;
     const int64_t heads = s.Local(m.heads(), p + "attention.wq.weight");
     const int64_t kv_heads = s.Local(KvHeads(m), p + "attention.wq.weight");
     const int64_t ffn = s.Local(m.ffn_dim(), p + "feed_forward.w1.weight");
@@ -128,10 +135,10 @@ StageDef Block() {
     f.saved = {
         // Under sequence parallelism a norm's output is gathered before use:
         // the gather is kept, not the output.
-        {"two RMSNorms' squares and normalised inputs, and (unless gathered) outputs",
-         (s.sequence_parallel ? 4 : 6) * activation},
-        {"the residual stream after attention", activation},
-        {"the rsqrt vectors of both norms", 2 * rows * LocalSeq(s) * elem},
+        {"the RMSNorms' squares and normalised inputs, and (unless gathered) outputs",
+         norms * (s.sequence_parallel ? 2 : 3) * activation},
+        {"the residual stream after attention", parallel ? 0 : activation},
+        {"the norms' rsqrt vectors", norms * rows * LocalSeq(s) * elem},
         {"the sequence-parallel gathers into attention and the MLP", s.sequence_parallel ? 2 * gathered : 0},
         // q and k rotated, k and v repeated to every query head of their
         // group (the unrotated, unrepeated ones are not kept), the output.
@@ -217,13 +224,15 @@ StageDef HeadCrossEntropy() {
       f.backward = {{"the local logits' gradient (fp32)", local * 4}};
     } else {
       // log_softmax's fp32 output over the whole vocabulary is saved (and
-      // the loss's total weight); the logits are alive while it is made -
-      // local, and when split their gather (the shards moved, the gathered
-      // buffer, the logits put back in order) - and their fp32 copy;
+      // the loss's total weight). The forward's worst point is the gather of
+      // split logits (the shards moved, the gathered buffer, the logits put
+      // back in order) or the loss beside the logits and their fp32 copy;
       // backward: the loss's dense gradient and log_softmax's.
       f.saved.push_back({"log_softmax over the vocabulary (fp32), the loss's total weight", tokens * v * 4 + 4});
-      f.forward = {{"the logits: local, gathered, in fp32",
-                    local * elem + (vocab_split ? local * elem + 2 * tokens * v * elem : 0) + tokens * v * fp32_extra}};
+      f.forward = {{"gathering the logits: local, the shards moved, gathered, put back in order",
+                    local * elem + (vocab_split ? local * elem + 2 * tokens * v * elem : 0)},
+                   {"the loss over them: local, gathered, in fp32",
+                    local * elem + (vocab_split ? tokens * v * elem : 0) + tokens * v * fp32_extra}};
       f.backward = {{"the loss's dense gradient and log_softmax's", 2 * tokens * v * 4}};
     }
     f.flops = 2 * tokens * m.dim() * (vocab_split ? v / s.tp : v);
@@ -238,13 +247,16 @@ const ModelFamily& LlamaFamily() {
   static const auto* family = new ModelFamily{
       baton::v1::EMBEDDING,
       baton::v1::LM_HEAD_CE,
-      [](const ModelSpec&) { return baton::v1::DECODER_BLOCK; },
+      [](const ModelSpec& model) {
+        return model.decoder().block() == DecoderModel::PARALLEL ? baton::v1::PARALLEL_DECODER_BLOCK
+                                                                 : baton::v1::DECODER_BLOCK;
+      },
       "tok_embeddings",
       "layers.",
       "head",
       [](const ModelSpec& model) { return model.decoder().layers(); },
       [](const ModelSpec& model) -> int64_t { return model.decoder().seq_len(); },
-      {Embedding(), Block(), HeadCrossEntropy()},
+      {Embedding(), Block(false), Block(true), HeadCrossEntropy()},
   };
   return *family;
 }

@@ -104,6 +104,7 @@ def load_job(path):
         d = model["decoder"]
         d.setdefault("norm_eps", 1e-5)
         d.setdefault("mlp", "GELU")
+        d.setdefault("block", "SEQUENTIAL")
         d["norm_eps"] = f32(d["norm_eps"])
         d.setdefault("n_kv_heads", d["heads"])
         d["rope_theta"] = f32(d.get("rope_theta", 10000.0))
@@ -211,7 +212,8 @@ def build_params(job):
         for w, rows in (("wq", d), ("wk", kv), ("wv", kv), ("wo", d)):
             name = pre + f"attention.{w}.weight"
             p[name] = init_param(seed, name, (rows, d), "uniform", d)
-        p[pre + "ffn_norm.weight"] = init_param(seed, pre + "ffn_norm.weight", (d,), "ones")
+        if c["block"] != "PARALLEL":
+            p[pre + "ffn_norm.weight"] = init_param(seed, pre + "ffn_norm.weight", (d,), "ones")
         p[pre + "feed_forward.w1.weight"] = init_param(seed, pre + "feed_forward.w1.weight", (f, d), "uniform", d)
         p[pre + "feed_forward.w2.weight"] = init_param(seed, pre + "feed_forward.w2.weight", (d, f), "uniform", f)
         if c["mlp"] == "SWIGLU":
@@ -294,7 +296,11 @@ def decoder_loss(c, p, tokens, targets):
     h = F.embedding(tokens, p["tok_embeddings.weight"])
     for layer in range(c["layers"]):
         pre = f"layers.{layer}."
-        h = h + attention(c, p, pre, rms(h, p[pre + "attention_norm.weight"], c["norm_eps"]))
+        a = rms(h, p[pre + "attention_norm.weight"], c["norm_eps"])
+        if c["block"] == "PARALLEL":  # GPT-J / PaLM: both from the one norm
+            h = h + attention(c, p, pre, a) + feed_forward(c, p, pre, a)
+            continue
+        h = h + attention(c, p, pre, a)
         h = h + feed_forward(c, p, pre, rms(h, p[pre + "ffn_norm.weight"], c["norm_eps"]))
     logits = F.linear(rms(h, p["norm.weight"], c["norm_eps"]), p["output.weight"])
     return F.cross_entropy(logits.view(-1, c["vocab"]), targets.reshape(-1))

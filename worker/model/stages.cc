@@ -133,6 +133,13 @@ at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p, 
   return hidden.add(FeedForward(m, p, w, RmsNorm(hidden, w(p + "ffn_norm.weight"), m.norm_eps()), tp));
 }
 
+// The parallel block (GPT-J, PaLM): x + attention(norm(x)) + mlp(norm(x)).
+at::Tensor ParallelDecoderBlock(const baton::v1::DecoderModel& m, const std::string& p, const ParamLookup& w,
+                                const at::Tensor& x, const TensorParallelGroup* tp) {
+  const at::Tensor normed = RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps());
+  return x.add(Attention(m, p, w, normed, tp)).add(FeedForward(m, p, w, normed, tp));
+}
+
 // A vocabulary-sharded embedding: ids outside this rank's rows give zeros,
 // and the ranks' partial rows are summed.
 at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallelGroup& tp) {
@@ -185,6 +192,8 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
     }
     case baton::v1::DECODER_BLOCK:
       return DecoderBlock(model.decoder(), p, params, input, tp);
+    case baton::v1::PARALLEL_DECODER_BLOCK:
+      return ParallelDecoderBlock(model.decoder(), p, params, input, tp);
     case baton::v1::LM_HEAD_CE: {
       const auto& m = model.decoder();
       at::Tensor h = RmsNorm(input, params("norm.weight"), m.norm_eps());
