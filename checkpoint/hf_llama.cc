@@ -154,6 +154,10 @@ absl::Status PermuteRows(baton::v1::CheckpointTensor* t, int64_t head_dim) {
 }  // namespace
 
 absl::Status CheckHfLlamaExportable(const baton::v1::DecoderModel& m) {
+  if (m.block() != baton::v1::DecoderModel::SEQUENTIAL) {
+    return absl::InvalidArgumentError(
+        "Hugging Face's Llama runs attention and the MLP one after the other; this decoder's blocks are parallel");
+  }
   if (m.mlp() != baton::v1::DecoderModel::SWIGLU) {
     return absl::InvalidArgumentError("Hugging Face's Llama has a SwiGLU MLP; this decoder's is GELU");
   }
@@ -280,6 +284,10 @@ absl::StatusOr<baton::v1::CheckpointMetadata> ReadInitWeights(const std::string&
   if (!md.ok() || !IsHfLlama(*md)) return md;
   if (!model.has_decoder()) {
     return absl::InvalidArgumentError(absl::StrCat(*file, " holds Hugging Face Llama weights; this job's model is an MLP"));
+  }
+  if (auto s = CheckHfLlamaExportable(model.decoder()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(*file, " holds Hugging Face Llama weights, which this job's model "
+                                                   "cannot take: ", s.message()));
   }
   const std::string config_path = absl::StrCat(file->substr(0, file->rfind('/') + 1), kHfConfigFile);
   std::optional<std::string> config;

@@ -198,6 +198,9 @@ TEST(HfLlamaTest, ExportReadsBackAsTheSameTensors) {
   other = model;
   other.set_dim(6);  // head_dim 3
   EXPECT_TRUE(absl::StrContains(CheckHfLlamaExportable(other).message(), "even head_dim"));
+  other = model;
+  other.set_block(baton::v1::DecoderModel::PARALLEL);
+  EXPECT_TRUE(absl::StrContains(CheckHfLlamaExportable(other).message(), "blocks are parallel"));
   std::printf("refused: %s\n", wrong.status().ToString().c_str());
 }
 
