@@ -51,9 +51,9 @@ def grpc_floor(bin_dir, n, shared):
     return floor
 
 
-def run_size(bin_dir, n, steps, tmp, shared):
+def run_size(bin_dir, n, steps, tmp, shared, per_call=1):
     procs = []
-    tmp = os.path.join(tmp, "%s-%d" % ("shared" if shared else "own", n))
+    tmp = os.path.join(tmp, "%s-%d-k%d" % ("shared" if shared else "own", n, per_call))
     os.makedirs(tmp)
     try:
         port_file = os.path.join(tmp, "controller-%d.addr" % n)
@@ -78,7 +78,7 @@ def run_size(bin_dir, n, steps, tmp, shared):
         env = dict(os.environ)
         env.pop("BATON_TOKEN_FILE", None)
         run = subprocess.Popen([os.path.join(bin_dir, "client/baton"), "run", "--controller=" + addr, job,
-                                "--output=json"], stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "run-%d.log" % n), "w"),
+                                "--output=json", "--steps_per_call=%d" % per_call], stdout=subprocess.PIPE, stderr=open(os.path.join(tmp, "run-%d.log" % n), "w"),
                                env=env, text=True)
         procs.append(run)
         most_threads = [0]
@@ -110,8 +110,81 @@ def run_size(bin_dir, n, steps, tmp, shared):
             raise RuntimeError("baton run exited %s: %s" % (run.returncode,
                                                             open(os.path.join(tmp, "run-%d.log" % n)).read()[-2000:]))
         k = len(dispatch)
-        return {"workers": n, "shared": shared, "p50": pct(dispatch, 50), "p99": pct(dispatch, 99), "step": (t1 - t0) / k * 1e3,
+        return {"workers": n, "shared": shared, "per_call": per_call, "p50": pct(dispatch, 50), "p99": pct(dispatch, 99), "step": (t1 - t0) / k * 1e3,
                 "cpu": (c1 - c0) / k * 1e3, "threads": most_threads[0], "steps": k}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+# Real workers: a ~2 ms and a ~20 ms step, each run with one step per call
+# and with every step in one call.
+REAL_JOBS = [
+    ("tiny MLP, DDP x 2", 'model { mlp { d_model: 32 blocks: 2 } }\nmesh { name: "dp" size: 2 }\nplan { mode: DDP }\n'
+     'optimizer { lr: 0.01 }\ndata { synthetic {} batch_size: 16 }\n'),
+    ("small decoder, FSDP x 2", 'model { decoder { vocab: 256 dim: 64 layers: 2 heads: 4 ffn_dim: 128 seq_len: 64 } }\n'
+     'mesh { name: "dp" size: 2 }\nplan { mode: FSDP }\noptimizer { lr: 0.001 }\ndata { synthetic {} batch_size: 8 }\n'),
+]
+
+
+def start_real_fleet(bin_dir, tmp, workers=2):
+    procs = []
+    port_file = os.path.join(tmp, "controller.addr")
+    ctl = subprocess.Popen([os.path.join(bin_dir, "controller/baton-controller"), "--port=0", "--port_file=" + port_file,
+                            "--checkpoint_root=" + tmp, "--state_dir=" + os.path.join(tmp, "state")],
+                           stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "ctl.log"), "w"))
+    procs.append(ctl)
+    addr = wait_file(port_file, ctl, "baton-controller")
+    for i in range(workers):
+        wf = os.path.join(tmp, "worker-%d.addr" % i)
+        w = subprocess.Popen([os.path.join(bin_dir, "worker/baton-worker"), "--controller=" + addr, "--port=0",
+                              "--name=worker-%d" % i, "--port_file=" + wf, "--data_root=" + tmp],
+                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "worker-%d.log" % i), "w"))
+        procs.append(w)
+        wait_file(wf, w, "baton-worker")
+    time.sleep(1.0)  # registered
+    return addr, procs
+
+
+def stepping_ms(bin_dir, addr, job_file, per_call):
+    env = dict(os.environ)
+    env.pop("BATON_TOKEN_FILE", None)
+    out = subprocess.run([os.path.join(bin_dir, "client/baton"), "run", "--controller=" + addr, job_file,
+                          "--output=json", "--steps_per_call=%d" % per_call], capture_output=True, text=True,
+                         timeout=600, env=env)
+    if out.returncode != 0:
+        raise RuntimeError("baton run exited %s: %s" % (out.returncode, out.stderr[-2000:]))
+    for line in out.stdout.splitlines():
+        if line.startswith('{"stepping":'):
+            s = json.loads(line)["stepping"]
+            return s["wall_ms"] / s["steps"]
+    raise RuntimeError("no stepping line")
+
+
+def real_section(bin_dir, tmp, steps, rounds=3):
+    tmp = os.path.join(tmp, "real")
+    os.makedirs(tmp)
+    addr, procs = start_real_fleet(bin_dir, tmp)
+    try:
+        print("real workers (2), %d steps per run, medians of %d interleaved rounds:" % (steps, rounds), flush=True)
+        for name, text in REAL_JOBS:
+            job_file = os.path.join(tmp, "job-%d.textproto" % len(name))
+            with open(job_file, "w") as f:
+                f.write('name: "k-steps"\n' + text + "steps: %d\nseed: 1\n" % steps)
+            one, all_ = [], []
+            for _ in range(rounds):
+                one.append(stepping_ms(bin_dir, addr, job_file, 1))
+                all_.append(stepping_ms(bin_dir, addr, job_file, steps))
+            a, b = pct(one, 50), pct(all_, 50)
+            print("  %-24s step through the controller: %7.3f ms with K = 1, %7.3f ms with K = %d: "
+                  "K = 1 / K = %d = %.3f" % (name, a, b, steps, steps, a / b), flush=True)
     finally:
         for p in reversed(procs):
             if p.poll() is None:
@@ -128,11 +201,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="bazel-bin")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--real_steps", type=int, default=100)
     ap.add_argument("sizes", type=int, nargs="+")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="baton-dispatch-")
     rows = []
     try:
+        real_section(args.bin, tmp, args.real_steps)
         for shared in (True, False):
             print("%s:" % ("fake workers sharing their process's port and connection (as co-located workers do)"
                            if shared else "one port and one connection per fake worker"), flush=True)
@@ -144,6 +219,16 @@ def main():
                       "threads %3d  (%d steps) | raw gRPC: unary %7.2f ms, streams %7.2f ms; dispatch / raw unary %.2f"
                       % (r["workers"], r["p50"], r["p99"], r["step"], r["cpu"], r["threads"], r["steps"],
                          floor["unary"][0], floor["stream"][0], r["p50"] / floor["unary"][0]), flush=True)
+        # K steps per call: one round trip to every worker runs K steps; the
+        # dispatch figure per step is the call's time / K.
+        k = max(1, args.steps // 4)
+        print("K = %d steps per call (baton run --steps_per_call %d), sharing connections:" % (k, k), flush=True)
+        for n in args.sizes:
+            r = run_size(args.bin, n, args.steps, tmp, True, per_call=k)
+            rows.append(r)
+            print("  %5d workers: dispatch per step p50 %7.2f ms  p99 %7.2f ms  step %7.2f ms  controller CPU/step "
+                  "%6.2f ms  threads %3d  (%d steps)" % (r["workers"], r["p50"], r["p99"], r["step"], r["cpu"],
+                                                      r["threads"], r["steps"]), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     status = 0
@@ -151,10 +236,13 @@ def main():
         if r["workers"] != 1024:
             continue
         ok = r["p50"] <= 10.0 and r["threads"] <= 64
+        how = "shared connections" if r["shared"] else "a connection each"
+        if r["per_call"] > 1:
+            how = "K = %d steps per call" % r["per_call"]
         print("at 1024 workers, %s: p50 %.2f ms (target <= 10), controller threads %d (target <= 64): %s"
-              % ("shared connections" if r["shared"] else "a connection each", r["p50"], r["threads"],
-                 "targets met" if ok else "TARGET MISSED"))
-        status = status or (0 if ok else 1)
+              % (how, r["p50"], r["threads"], "targets met" if ok else "TARGET MISSED"))
+        if r["per_call"] == 1 and r["shared"]:
+            status = status or (0 if ok else 1)
     return status
 
 

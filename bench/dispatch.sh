@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
-# The controller's dispatch at scale: a controller driving 8, 64, 256 and
+# First, K steps per call on real workers: a controller and 2 workers run a
+# ~2 ms step (a tiny MLP, DDP x 2) and a ~20 ms one (a small decoder, FSDP
+# x 2) 100 steps each way, with one step per call and with all of them in one
+# (baton run --steps_per_call); printed: the step time through the
+# controller as the client sees it, and their ratio (medians of 3 rounds).
+#
+# Then the controller's dispatch at scale: a controller driving 8, 64, 256 and
 # 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering
 # LoadProgram and RunStep at once, so only the controller's own work is
 # measured). For each size, a DDP job of a tiny MLP on a mesh of all of them
@@ -13,7 +19,10 @@
 #                        Baton's in them (bench/grpc_floor.cc: unary calls,
 #                        and one message each on streams opened beforehand),
 #                        and dispatch / raw unary
-# Targets at 1,024 workers: p50 <= 10 ms and threads <= 64; exit 1 if missed.
+# Then the same with K = STEPS / 4 steps per call (baton run --steps_per_call
+# K: one RunStep round trip runs K steps; per step, the call's time / K).
+# Targets at 1,024 workers: p50 <= 10 ms and threads <= 64, printed for each
+# way; exit 1 if missed one step per call, with shared connections.
 #
 #   bench/dispatch.sh [STEPS] [SIZES...]    (default 40; 8 64 256 1024)
 #
@@ -24,6 +33,6 @@ STEPS=${1:-40}
 shift || true
 SIZES=("$@")
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(8 64 256 1024)
-targets=(//client:baton //controller:baton-controller //bench:fake_worker_fleet //bench:grpc_floor)
+targets=(//client:baton //controller:baton-controller //worker:baton-worker //bench:fake_worker_fleet //bench:grpc_floor)
 bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
 exec /usr/bin/python3 bench/dispatch.py --bin bazel-bin --steps "$STEPS" "${SIZES[@]}"

@@ -79,13 +79,16 @@ class FakeFleetService final : public baton::v1::Worker::CallbackService {
       absl::MutexLock lock(&mu_);
       rank = rank_[WorkerOf(ctx)];
     }
-    baton::v1::StepMetrics* m = resp->mutable_metrics();
-    m->set_step(req->step());
-    m->set_has_loss(rank == 0);
-    m->set_loss(1.0 / req->step());
-    m->set_tokens(1);
+    const int steps = std::max(1, req->steps());
+    for (int i = 0; i < steps; ++i) {
+      baton::v1::StepMetrics* m = resp->add_metrics();
+      m->set_step(req->step() + i);
+      m->set_has_loss(rank == 0);
+      m->set_loss(1.0 / (req->step() + i));
+      m->set_tokens(1);
+    }
     resp->set_rank(rank);
-    steps_.fetch_add(1);
+    steps_.fetch_add(steps);
     return Done(ctx);
   }
   ServerUnaryReactor* Abort(CallbackServerContext* ctx, const baton::v1::AbortRequest*,

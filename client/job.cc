@@ -58,10 +58,11 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Restore(Client* client, baton::v1::Job
   return Create(client, spec, backend);
 }
 
-absl::StatusOr<std::vector<baton::v1::StepMetrics>> Job::Step(int n) {
+absl::StatusOr<std::vector<baton::v1::StepMetrics>> Job::Step(int n, int steps_per_call) {
   baton::v1::StepRequest req;
   req.set_job_id(id_);
   req.set_steps(n);
+  req.set_steps_per_call(steps_per_call);
   auto resp = client_->Step(req);
   if (!resp.ok()) return ExplainLostCall(client_, id_, resp.status());
   status_ = resp->job();

@@ -48,8 +48,10 @@ class Job {
       Client* client, baton::v1::JobSpec spec, const std::string& dir,
       baton::v1::CommBackend backend = baton::v1::COMM_BACKEND_UNSPECIFIED);
 
-  // Runs the next `n` steps (fewer if the job ends); their metrics.
-  absl::StatusOr<std::vector<baton::v1::StepMetrics>> Step(int n = 1);
+  // Runs the next `n` steps (fewer if the job ends); their metrics. With
+  // `steps_per_call` K > 1 the workers run up to K of them per round trip
+  // (periodic checkpoints still fall on their steps).
+  absl::StatusOr<std::vector<baton::v1::StepMetrics>> Step(int n = 1, int steps_per_call = 1);
   // Saves at the current step under DIR/step-N; returns where. Async: the
   // save goes on while Step runs; WaitForSave publishes it.
   absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& dir, bool async = false);

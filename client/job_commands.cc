@@ -109,7 +109,10 @@ int Run(const std::string& path) {
   ProgressBar progress(steps, json);
   baton::v1::StepMetrics last;
   int failed_saves = 0;
-  for (int step = created->job().step() + 1; step <= steps; ++step) {
+  const int per_call = std::max(1, absl::GetFlag(FLAGS_steps_per_call));
+  const int first_step = created->job().step() + 1;
+  const absl::Time stepping = absl::Now();
+  for (int step = first_step; step <= steps;) {
     timespec no_wait{0, 0};
     if (int sig = sigtimedwait(&signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
       progress.Finish();
@@ -120,7 +123,8 @@ int Run(const std::string& path) {
     }
     baton::v1::StepRequest req;
     req.set_job_id(job_id);
-    req.set_steps(1);
+    req.set_steps(std::min(per_call, steps - step + 1));
+    req.set_steps_per_call(per_call);
     req.set_timeout_ms(absl::GetFlag(FLAGS_step_timeout_ms));
     auto resp = (*client)->Step(req, kStepCallDeadline);
     if (!resp.ok()) {
@@ -141,9 +145,20 @@ int Run(const std::string& path) {
       ++failed_saves;
     }
     std::fflush(stdout);
-    progress.Update(step, last);
+    progress.Update(last.step(), last);
+    step = std::max(step + 1, resp->job().step() + 1);
   }
   progress.Finish();
+  // The stepping's wall time as this client saw it (Step calls, their
+  // round trips to the workers and back), placement and loading excluded.
+  const double wall_ms = absl::ToDoubleMilliseconds(absl::Now() - stepping);
+  const int ran = steps - first_step + 1;
+  if (json) {
+    std::printf("{\"stepping\":{\"steps\":%d,\"wall_ms\":%.3f,\"steps_per_call\":%d}}\n", ran, wall_ms, per_call);
+  } else {
+    std::printf("stepped %d steps in %.1f ms (%.3f ms per step, %d per call)\n", ran, wall_ms, ran > 0 ? wall_ms / ran : 0.0,
+                per_call);
+  }
   if (create->job().checkpoint().async()) {
     // The last async save is published before the run ends.
     auto waited = (*client)->WaitCheckpoint(job_id);

@@ -15,6 +15,10 @@
 
 namespace baton {
 
+// The most steps one RunStep may ask a worker for (RunStepRequest.steps):
+// the controller asks for at most this many, the worker refuses more.
+inline constexpr int kMaxStepsPerRunStep = 10000;
+
 using WireAxes = google::protobuf::RepeatedPtrField<baton::v1::MeshAxis>;
 using WirePlacements = google::protobuf::RepeatedPtrField<baton::v1::Placement>;
 

@@ -1,3 +1,4 @@
+#include "common/wire.h"
 #include "controller/controller_service.h"
 
 #include <algorithm>
@@ -14,7 +15,7 @@ namespace {
 
 constexpr int64_t kDefaultStepTimeoutMs = 30000;
 constexpr int64_t kMaxStepTimeoutMs = 600000;
-constexpr int kMaxStepsPerCall = 1000000;
+constexpr int kMaxStepsAsked = 1000000;
 constexpr int64_t kDefaultWaitMs = 600000;
 // A Step answers this long before its deadline, so the answer arrives in
 // time; a call without a deadline waits at most kMaxStepWait.
@@ -183,10 +184,15 @@ grpc::Status ControllerService::Step(grpc::ServerContext* ctx, const baton::v1::
                         absl::StrCat("timeout_ms ", timeout_ms, " outside [1, ", kMaxStepTimeoutMs, "]"));
   }
   const int steps = req->steps() == 0 ? 1 : req->steps();
-  if (steps < 0 || steps > kMaxStepsPerCall) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("steps must be in [1, ", kMaxStepsPerCall, "]"));
+  if (steps < 0 || steps > kMaxStepsAsked) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("steps must be in [1, ", kMaxStepsAsked, "]"));
   }
-  auto outcome = jobs_->Step(req->job_id(), steps, timeout_ms, AnswerBy(ctx, kMaxStepWait),
+  const int per_call = req->steps_per_call() == 0 ? 1 : req->steps_per_call();
+  if (per_call < 0 || per_call > kMaxStepsPerRunStep) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("steps_per_call must be in [1, ", kMaxStepsPerRunStep, "]"));
+  }
+  auto outcome = jobs_->Step(req->job_id(), steps, per_call, timeout_ms, AnswerBy(ctx, kMaxStepWait),
                              [ctx] { return ctx->IsCancelled(); });
   if (!outcome.ok()) {
     return ToGrpcStatus(outcome.status().code() == absl::StatusCode::kNotFound

@@ -117,7 +117,7 @@ void Job::RecordStep(const baton::v1::StepMetrics& m, int64_t comm_bytes) {
   {
     absl::MutexLock lock(&mu_);
     status_.set_step(m.step());
-    step_running_ = false;  // with the count, so no caller sees both
+    steps_running_ = std::max(0, steps_running_ - 1);  // with the count, so no caller sees both
     *status_.mutable_last() = m;
     status_.set_comm_bytes_total(status_.comm_bytes_total() + comm_bytes);
     status_.set_tokens_total(status_.tokens_total() + m.tokens());
@@ -184,14 +184,14 @@ Job::Interrupt Job::interrupt(std::string* why) const {
 
 int Job::RequestSteps(int n) {
   absl::MutexLock lock(&mu_);
-  const int base = status_.step() + (step_running_ ? 1 : 0);
+  const int base = status_.step() + steps_running_;
   target_step_ = std::min(status_.steps(), std::max(target_step_, base + std::max(n, 0)));
   return target_step_;
 }
 
 void Job::WithdrawSteps() {
   absl::MutexLock lock(&mu_);
-  if (!detached_) target_step_ = std::min(target_step_, status_.step() + (step_running_ ? 1 : 0));
+  if (!detached_) target_step_ = std::min(target_step_, status_.step() + steps_running_);
 }
 
 Job::Interrupt Job::AwaitWork(absl::Duration timeout) {
@@ -209,9 +209,24 @@ bool Job::HasWork() const {
   return target_step_ > status_.step();
 }
 
-void Job::SetStepRunning(bool running) {
+void Job::SetStepsRunning(int n) {
   absl::MutexLock lock(&mu_);
-  step_running_ = running;
+  steps_running_ = n;
+}
+
+int Job::target_step() const {
+  absl::MutexLock lock(&mu_);
+  return target_step_;
+}
+
+void Job::set_steps_per_call(int k) {
+  absl::MutexLock lock(&mu_);
+  steps_per_call_ = std::max(1, k);
+}
+
+int Job::steps_per_call() const {
+  absl::MutexLock lock(&mu_);
+  return steps_per_call_;
 }
 
 void Job::SettleStep(int step) {

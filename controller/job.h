@@ -106,8 +106,14 @@ class Job {
   Interrupt AwaitWork(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a step is asked for that has not run yet.
   bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Marks the next step started (true) or not running any more.
-  void SetStepRunning(bool running) ABSL_LOCKS_EXCLUDED(mu_);
+  // The next `n` steps are running in one call (0: none is).
+  void SetStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
+  // The last step asked for so far.
+  int target_step() const ABSL_LOCKS_EXCLUDED(mu_);
+  // An attached job's client's K: up to this many steps per call to the
+  // workers (1 unless its Step asks for more).
+  void set_steps_per_call(int k) ABSL_LOCKS_EXCLUDED(mu_);
+  int steps_per_call() const ABSL_LOCKS_EXCLUDED(mu_);
   // The runner: everything of `step` is done (its periodic save too).
   void SettleStep(int step) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until `step` is done (SettleStep), the job ended or the deadline;
@@ -146,7 +152,8 @@ class Job {
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);
   int target_step_ ABSL_GUARDED_BY(mu_) = 0;
-  bool step_running_ ABSL_GUARDED_BY(mu_) = false;
+  int steps_running_ ABSL_GUARDED_BY(mu_) = 0;
+  int steps_per_call_ ABSL_GUARDED_BY(mu_) = 1;
   int settled_step_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_call_ ABSL_GUARDED_BY(mu_);

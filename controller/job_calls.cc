@@ -29,8 +29,9 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 }  // namespace
 
-absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, int n, int64_t collective_timeout_ms,
-                                                         absl::Time deadline, const std::function<bool()>& cancelled) {
+absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, int n, int per_call,
+                                                         int64_t collective_timeout_ms, absl::Time deadline,
+                                                         const std::function<bool()>& cancelled) {
   auto found = Find(id);
   if (!found.ok()) return found.status();
   Job& job = **found;
@@ -41,13 +42,14 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
   CallScope call(job);
   if (job.ended()) return NotRunning(job.status());
   job.set_collective_timeout_ms(collective_timeout_ms);
+  job.set_steps_per_call(per_call);
   const int64_t seen = job.log().last_sequence();
   const int target = job.RequestSteps(n);
   bool reached = false;
   while (!(reached = job.AwaitStep(target, std::min(deadline, absl::Now() + kCancelPoll)))) {
     if (job.ended() || absl::Now() >= deadline || (cancelled && cancelled())) break;
   }
-  const int running = job.step() + 1;
+  const int running = job.step() + 1;  // the first of those running
   if (!reached) job.WithdrawSteps();  // what has not started yet
   StepOutcome out;
   for (const auto& e : job.log().After(seen)) {

@@ -1,6 +1,8 @@
 // An attached job's client against in-process fake workers: leases that
 // lapse or are kept, Step's deadline and the step it leaves running counted
-// once, metrics answered once, an idle job whose worker dies.
+// once, metrics answered once, an idle job whose worker dies; K steps per
+// call, asked by a client or taken by a detached job, never past a
+// checkpoint's step.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@ using testing::ControllerHarness;
 using testing::HarnessOptions;
 using testing::MlpJob;
 using testing::SlowSteps;
+using testing::TempDir;
 using testing::WaitFor;
 
 TEST(JobManagerTest, ALapsedLeaseStopsTheJobAndFreesItsWorkers) {
@@ -31,7 +34,7 @@ TEST(JobManagerTest, ALapsedLeaseStopsTheJobAndFreesItsWorkers) {
   ControllerHarness h(options);
   auto job = h.jobs().Create(MlpJob("leased", 100), absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(job.ok()) << job.status();
-  auto stepped = h.jobs().Step((*job)->id(), 2, 30000, absl::Now() + absl::Seconds(5), nullptr);
+  auto stepped = h.jobs().Step((*job)->id(), 2, 1, 30000, absl::Now() + absl::Seconds(5), nullptr);
   ASSERT_TRUE(stepped.ok()) << stepped.status();
   const absl::Time last_call = absl::Now();
   EXPECT_EQ(h.meshes().FreeWorkers().size(), 2u);
@@ -68,7 +71,7 @@ TEST(JobManagerTest, StepHonoursItsDeadlineAndTheRunningStepIsCountedOnce) {
   auto job = h.jobs().Create(MlpJob("slow", 10), absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(job.ok());
   const absl::Time start = absl::Now();
-  auto stepped = h.jobs().Step((*job)->id(), 3, 30000, start + absl::Milliseconds(300), nullptr);
+  auto stepped = h.jobs().Step((*job)->id(), 3, 1, 30000, start + absl::Milliseconds(300), nullptr);
   const double returned = absl::ToDoubleSeconds(absl::Now() - start);
   std::printf("Step(3) with a 0.3 s deadline, steps of 1.5 s: returned after %.2f s: %s\n", returned,
               stepped.status().ToString().c_str());
@@ -91,8 +94,8 @@ TEST(JobManagerTest, StepReturnsEveryMetricOnceAndTheLogAgrees) {
   ControllerHarness h({});
   auto job = h.jobs().Create(MlpJob("count", 10), absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(job.ok());
-  auto first = h.jobs().Step((*job)->id(), 3, 30000, absl::Now() + absl::Seconds(10), nullptr);
-  auto second = h.jobs().Step((*job)->id(), 2, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  auto first = h.jobs().Step((*job)->id(), 3, 1, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  auto second = h.jobs().Step((*job)->id(), 2, 1, 30000, absl::Now() + absl::Seconds(10), nullptr);
   ASSERT_TRUE(first.ok() && second.ok());
   std::vector<int> steps;
   for (const auto& m : first->metrics) steps.push_back(m.step());
@@ -115,8 +118,58 @@ TEST(JobManagerTest, AnIdleAttachedJobWhoseWorkerDiesFails) {
   std::printf("%s: %s\n", baton::v1::JobState_Name((*job)->state()).c_str(), (*job)->status().error().c_str());
   EXPECT_EQ((*job)->state(), baton::v1::JOB_FAILED);
   EXPECT_TRUE(absl::StrContains((*job)->status().error(), victim + " (rank 0"));
-  auto step = h.jobs().Step((*job)->id(), 1, 30000, absl::Now() + absl::Seconds(2), nullptr);
+  auto step = h.jobs().Step((*job)->id(), 1, 1, 30000, absl::Now() + absl::Seconds(2), nullptr);
   EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition) << step.status();
+}
+
+TEST(JobManagerTest, AClientsKStepsRunInOneRoundTripEach) {
+  ControllerHarness h{HarnessOptions()};
+  auto job = h.jobs().Create(MlpJob("k-steps", 100), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stepped = h.jobs().Step((*job)->id(), 10, 4, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  std::string steps;
+  for (const auto& m : stepped->metrics) absl::StrAppend(&steps, steps.empty() ? "" : ",", m.step());
+  std::printf("Step(10) with steps_per_call 4: steps %s in %d RunStep calls on rank 0 (%d steps run)\n", steps.c_str(),
+              h.worker(0).step_calls(), h.worker(0).steps_run());
+  EXPECT_EQ(steps, "1,2,3,4,5,6,7,8,9,10");
+  EXPECT_EQ(h.worker(0).step_calls(), 3);  // 4 + 4 + 2
+  EXPECT_EQ(h.worker(0).steps_run(), 10);
+  EXPECT_EQ((*job)->step(), 10);
+}
+
+TEST(JobManagerTest, ADetachedJobTakesASecondsWorthOfStepsPerCallButStopsAtEachCheckpoint) {
+  HarnessOptions options;
+  options.jobs.checkpoints.file_root = TempDir("root");
+  ControllerHarness h(options);
+  SlowSteps(h, absl::Milliseconds(2));
+  auto job = h.jobs().Submit(MlpJob("k-detached", 40, "mesh { name: \"dp\" size: 2 } plan { mode: FSDP } "
+                                                      "checkpoint { dir: \"ckpt\" every_n_steps: 15 }"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitFor([&] { return (*job)->ended(); }));
+  std::string steps, saved;
+  int logged = 0;
+  for (const auto& e : (*job)->log().After(0)) {
+    if (e.has_step()) logged += e.step().step() == logged + 1;
+    // The fakes write nothing: each periodic save is tried at its step and fails.
+    if (e.entry_case() == baton::v1::JobLogEntry::kCheckpointError) {
+      for (int step : {15, 30, 45}) {
+        if (absl::StrContains(e.checkpoint_error(), absl::StrCat("saving step ", step, " "))) {
+          absl::StrAppend(&saved, saved.empty() ? "" : ",", step);
+        }
+      }
+    }
+  }
+  const int calls = std::max(h.worker(0).step_calls(), h.worker(2).step_calls());
+  std::printf("detached, 40 steps of 2 ms, checkpoint every 15: %s at step %d, %d steps logged in order, %d RunStep "
+              "calls, saves tried at steps %s\n", baton::v1::JobState_Name((*job)->state()).c_str(), (*job)->step(),
+              logged, calls, saved.c_str());
+  EXPECT_EQ((*job)->state(), baton::v1::JOB_FINISHED);
+  EXPECT_EQ(logged, 40);
+  EXPECT_EQ(saved, "15,30");
+  // One step to learn the pace, then up to each checkpoint and the end:
+  // [1], [2, 15], [16, 30], [31, 40].
+  EXPECT_EQ(calls, 4);
 }
 
 }  // namespace

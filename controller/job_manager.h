@@ -91,11 +91,12 @@ class JobManager {
     std::vector<std::string> checkpoint_errors;
     baton::v1::JobStatus status;
   };
-  // Asks an attached job for `n` more steps and waits for them until
-  // `deadline` (or `cancelled` says the caller left). A step running then
-  // completes on its own and is counted; steps not started are withdrawn.
-  absl::StatusOr<StepOutcome> Step(const std::string& id, int n, int64_t collective_timeout_ms, absl::Time deadline,
-                                   const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks an attached job for `n` more steps, up to `per_call` of them in one
+  // call to the workers, and waits for them until `deadline` (or
+  // `cancelled` says the caller left). Steps running then complete on their
+  // own and are counted; steps not started are withdrawn.
+  absl::StatusOr<StepOutcome> Step(const std::string& id, int n, int per_call, int64_t collective_timeout_ms,
+                                   absl::Time deadline, const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   // Renews an attached job's lease.
   absl::StatusOr<baton::v1::JobStatus> KeepAlive(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& id, const std::string& dir, bool async)

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "controller/controller_metrics.h"
+#include "common/wire.h"
 #include "controller/step_metrics.h"
 
 namespace baton {
@@ -115,11 +116,12 @@ void JobRunner::Run() {
     {
       absl::MutexLock work(&job_->work_mu());
       const int step = job_->step() + 1;
-      job_->SetStepRunning(true);
-      ran = RunStep(step);
-      job_->SetStepRunning(false);
+      const int k = StepsForCall(step);
+      job_->SetStepsRunning(k);
+      ran = RunSteps(step, k);
+      job_->SetStepsRunning(0);
       const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
-      if (ran.ok() && ck.every_n_steps() > 0 && step % ck.every_n_steps() == 0) {
+      if (ran.ok() && ck.every_n_steps() > 0 && (step + k - 1) % ck.every_n_steps() == 0) {
         checkpoints_.Save(mesh_, ck.dir(), ck.async(), /*periodic=*/true).IgnoreError();  // recorded in the job
       }
     }
@@ -148,13 +150,32 @@ void JobRunner::Run() {
   Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"));
 }
 
-absl::Status JobRunner::RunStep(int step) {
+int JobRunner::StepsForCall(int step) const {
+  int k = job_->steps_per_call();
+  if (job_->detached()) {
+    // A second's worth at the last call's pace (one step first, to learn it).
+    k = last_step_ms_ <= 0 ? 1
+                           : static_cast<int>(std::min<double>(kMaxStepsPerRunStep,
+                                                               absl::ToDoubleMilliseconds(kDetachedCallTarget) /
+                                                                   last_step_ms_));
+  }
+  k = std::min(k, job_->target_step() - step + 1);
+  // A periodic checkpoint's step ends the call, so the save follows it.
+  if (const int every = job_->spec().checkpoint().every_n_steps(); every > 0) {
+    k = std::min(k, (step + every - 1) / every * every - step + 1);
+  }
+  return std::clamp(k, 1, kMaxStepsPerRunStep);
+}
+
+absl::Status JobRunner::RunSteps(int first, int k) {
   const baton::v1::Mesh& mesh = mesh_;
+  const int step = first;
   const int64_t timeout_ms = job_->collective_timeout_ms();
   baton::v1::RunStepRequest rr;
   rr.set_epoch(mesh.epoch());
   rr.set_job_id(job_->id());
-  rr.set_step(step);
+  rr.set_step(first);
+  rr.set_steps(k);
   rr.set_timeout_ms(timeout_ms);
   std::string abort_reason, why;
   std::vector<size_t> dead;
@@ -169,7 +190,7 @@ absl::Status JobRunner::RunStep(int step) {
                     },
                     kStepDrain};
   FanOut fan_out;
-  fan_out.deadline = std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) +
+  fan_out.deadline = std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) * k +
                      context_.meshes->options().rpc_slack;
   fan_out.should_abort = [&]() -> std::string {
     std::string cause;
@@ -196,13 +217,24 @@ absl::Status JobRunner::RunStep(int step) {
         absl::StrAppendFormat(&ranks, "\n  %s returned after %.2f s: %s", label, seconds, s.error_message());
       }
     }
-    return absl::UnavailableError(absl::StrCat("job ", job_->id(), " step ", step, " failed: ", why, ranks));
+    const std::string steps = k == 1 ? absl::StrCat("step ", step) : absl::StrCat("steps ", first, "-", first + k - 1);
+    return absl::UnavailableError(absl::StrCat("job ", job_->id(), " ", steps, " failed: ", why, ranks));
   }
-  const baton::v1::StepMetrics m = AggregateStep(results, absl::ToDoubleMilliseconds(absl::Now() - started));
-  int64_t comm_bytes = 0;  // all ranks together
-  for (const auto& r : results) comm_bytes += r.response.metrics().comm_bytes();
-  job_->RecordStep(m, comm_bytes);
-  if (context_.metrics != nullptr) context_.metrics->ObserveStep(job_->status(), m, comm_bytes);
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].response.metrics_size() != k) {
+      return absl::InternalError(absl::StrCat("job ", job_->id(), " steps ", first, "-", first + k - 1, ": ",
+                                              WorkerLabel(mesh, static_cast<int>(r)), " answered ",
+                                              results[r].response.metrics_size(), " of ", k, " steps"));
+    }
+  }
+  last_step_ms_ = absl::ToDoubleMilliseconds(absl::Now() - started) / k;
+  for (int i = 0; i < k; ++i) {
+    const baton::v1::StepMetrics m = AggregateStep(results, i, last_step_ms_);
+    int64_t comm_bytes = 0;  // all ranks together
+    for (const auto& r : results) comm_bytes += r.response.metrics(i).comm_bytes();
+    job_->RecordStep(m, comm_bytes);
+    if (context_.metrics != nullptr) context_.metrics->ObserveStep(job_->status(), m, comm_bytes);
+  }
   return absl::OkStatus();
 }
 

@@ -2,8 +2,12 @@
 // own (one per placed job, none per worker). It forms the job's mesh on the
 // workers the job was given, loads its Programs and the checkpoint it
 // restores, then runs the steps asked of it - all of them for a detached
-// job, its client's for an attached one - each a RunStep on every rank at
-// once, taking periodic checkpoints as the spec says. It ends the job
+// job, its client's for an attached one - each call a RunStep on every rank
+// at once, taking periodic checkpoints as the spec says. One call runs K
+// consecutive steps (one round trip for K): an attached job's client says K
+// (steps_per_call); a detached job's runner takes a second's worth of steps
+// at its last step time, so a stop waits a second at most. A call never runs
+// past a periodic checkpoint's step or the steps asked. It ends the job
 // (FINISHED, or STOPPED / FAILED with the first cause) and gives its workers
 // back; when the controller shuts down it leaves the job as it is, for the
 // next controller to take up.
@@ -11,8 +15,8 @@
 //   Start ─> Place (form mesh, LoadProgram, LoadShards) ─> RUNNING
 //              │ fails: detached and the fleet's fault ─> PENDING again
 //              v
-//     ┌──> AwaitWork ──step asked──> RunStep ──> record, periodic save ──┐
-//     └───────────────────────────────────────────────────────────────────┘
+//     ┌──> AwaitWork ──steps asked──> RunSteps (K) ──> record, periodic save ──┐
+//     └────────────────────────────────────────────────────────────────────────┘
 //          stop / mesh lost / failure / last step ─> End ─> workers freed
 //
 // Thread-safety: the runner's thread owns the job's mesh while it runs;
@@ -57,6 +61,8 @@ class JobRunner {
   // mesh is aborted (they return within milliseconds: their waits are woken).
   static constexpr absl::Duration kStepDrain = absl::Seconds(10);
   static constexpr absl::Duration kLoadDeadline = absl::Seconds(60);
+  // A detached job's call runs about this long (K = this / its step time).
+  static constexpr absl::Duration kDetachedCallTarget = absl::Seconds(1);
 
   // `job` holds its workers (MeshManager::Reserve) already.
   JobRunner(std::shared_ptr<Job> job, RestorePlan restore, RunnerContext context);
@@ -75,7 +81,10 @@ class JobRunner {
  private:
   void Run();
   absl::Status Place();
-  absl::Status RunStep(int step);
+  // How many steps the call from `step` runs (K).
+  int StepsForCall(int step) const;
+  // Steps first .. first + k - 1, in one RunStep on every rank.
+  absl::Status RunSteps(int first, int k);
   // Ends the job in `state` (JOB_PENDING: back in line) and gives its
   // workers back; JOB_PENDING without a cause: the controller is shutting
   // down and the job stays as it is.
@@ -94,6 +103,7 @@ class JobRunner {
   const RunnerContext context_;
   CheckpointCoordinator checkpoints_;
   baton::v1::Mesh mesh_;  // the runner thread's; Save reads it under the work lock
+  double last_step_ms_ = 0;  // the runner thread's: the last call's time per step
   std::atomic<bool> finished_{false};
   std::thread thread_;
 };

@@ -4,12 +4,12 @@
 
 namespace baton {
 
-baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::RunStepResponse>>& results,
+baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int index,
                                      double wall_ms) {
   baton::v1::StepMetrics m;
   m.set_step_ms(wall_ms);
   for (const auto& r : results) {
-    const auto& rm = r.response.metrics();
+    const auto& rm = r.response.metrics(index);
     m.set_step(rm.step());
     if (rm.has_loss() && !m.has_loss()) {
       m.set_has_loss(true);

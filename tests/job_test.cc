@@ -47,7 +47,7 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
                               "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto", "decoder_pp4_gpipe.textproto",
                               "decoder_pp4_1f1b.textproto", "decoder_pp4_interleaved.textproto",
                               "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto",
-                              "llama_gqa_tp2.textproto", "llama_gqa_pp2.textproto"}) {
+                              "llama_gqa_tp2.textproto", "llama_gqa_pp2.textproto", "llama_parallel_tp2.textproto"}) {
     const std::string file = Runfile(absl::StrCat("examples/", example));
     // The dry run's predictions, made without any worker.
     auto plan = RunCommand({Baton(), "plan", file, "--output=json"}, absl::Seconds(60));
@@ -102,6 +102,36 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
     // And `baton run` closes with the same comparison.
     const std::vector<std::string> closing = JsonLines(run.output, "{\"measured_vs_predicted\":");
     ASSERT_EQ(closing.size(), 1u) << run.output;
+  }
+  StopAndExpectAllGone(*cluster);
+}
+
+// K steps per call: the workers run K steps per round trip; every step's
+// loss, gradient norm and bytes are the one-step-per-call run's, bit for bit.
+TEST(JobTest, KStepsPerCallGiveTheSameStepsBitForBit) {
+  auto cluster = StartCluster(4);
+  ASSERT_NE(cluster, nullptr);
+  for (const char* example : {"decoder_fsdp2.textproto", "decoder_pp4_1f1b.textproto"}) {
+    const std::string file = Runfile(absl::StrCat("examples/", example));
+    std::vector<std::vector<std::string>> lines;
+    for (const char* k : {"--steps_per_call=1", "--steps_per_call=4"}) {
+      auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file, "--output=json", k},
+                            absl::Seconds(120));
+      ASSERT_EQ(run.exit_code, 0) << run.output;
+      lines.push_back(JsonLines(run.output));
+    }
+    ASSERT_EQ(lines[0].size(), lines[1].size());
+    int same = 0;
+    for (size_t i = 0; i < lines[0].size(); ++i) {
+      bool equal = true;
+      for (const char* key : {"step", "loss", "grad_norm", "comm_bytes", "tokens"}) {
+        equal &= Field(lines[0][i], key) == Field(lines[1][i], key);
+      }
+      same += equal;
+      EXPECT_TRUE(equal) << lines[0][i] << "\n" << lines[1][i];
+    }
+    std::printf("%s: %d of %zu steps identical (step, loss, grad norm, bytes, tokens) with 4 steps per call\n", example,
+                same, lines[0].size());
   }
   StopAndExpectAllGone(*cluster);
 }

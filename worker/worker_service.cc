@@ -315,31 +315,48 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
     if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
       return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
     }
+    if (req->steps() < 0 || req->steps() > kMaxStepsPerRunStep) {
+      return Invalid(absl::StrCat("steps ", req->steps(), " outside [0, ", kMaxStepsPerRunStep, "]"));
+    }
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());
     std::shared_ptr<MeshState> mesh = std::move(*state);
-    absl::StatusOr<baton::v1::StepMetrics> metrics;
+    const int steps = std::max(1, req->steps());
+    absl::Status failed;
+    int64_t failed_step = 0;
     {
       absl::MutexLock lock(&mesh->run_mu);
       if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
-      metrics = mesh->executor->RunStep(req->step(), Milliseconds(req->timeout_ms()));
-      if (metrics.ok()) {
+      for (int i = 0; i < steps && failed.ok(); ++i) {
+        if (i > 0 && ctx->IsCancelled()) {
+          failed = absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps"));
+          failed_step = req->step() + i;
+          break;
+        }
+        auto metrics = mesh->executor->RunStep(req->step() + i, Milliseconds(req->timeout_ms()));
+        if (!metrics.ok()) {
+          failed = metrics.status();
+          failed_step = req->step() + i;
+          break;
+        }
         metrics->set_memory_growth_bytes(std::max<int64_t>(0, ReadProcessMemory().peak - mesh->memory_baseline));
+        *resp->add_metrics() = std::move(*metrics);
       }
     }
-    if (!metrics.ok()) {
+    if (!failed.ok()) {
       Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req->job_id().c_str(),
-           static_cast<long long>(req->step()), metrics.status().ToString().c_str());
+           static_cast<long long>(failed_step), failed.ToString().c_str());
       if (options_.metrics != nullptr) options_.metrics->ObserveFailedStep(req->job_id());
       // A failed step can leave transfers running under its aborted waits;
       // if the mesh was dropped meanwhile, this is its last reference, and
       // tearing it down waits for them: not before the answer goes out.
       DropInBackground(std::move(mesh));
-      return ToGrpcStatus(metrics.status());
+      return ToGrpcStatus(failed);
     }
     resp->set_rank(mesh->rank);
-    if (options_.metrics != nullptr) options_.metrics->ObserveStep(req->job_id(), *metrics);
-    *resp->mutable_metrics() = *metrics;
+    if (options_.metrics != nullptr) {
+      for (const auto& m : resp->metrics()) options_.metrics->ObserveStep(req->job_id(), m);
+    }
     return grpc::Status::OK;
   });
 }

@@ -41,6 +41,11 @@ int FakeWorker::steps_run() const {
   absl::MutexLock lock(&mu_);
   return steps_;
 }
+
+int FakeWorker::step_calls() const {
+  absl::MutexLock lock(&mu_);
+  return calls_;
+}
 int FakeWorker::aborts() const {
   absl::MutexLock lock(&mu_);
   return aborts_;
@@ -114,7 +119,8 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
     }
     script = script_;
   }
-  const absl::Time until = absl::Now() + (script.hang_steps ? absl::Seconds(30) : script.step_delay);
+  // step_delay per step; a call of K steps takes K of them.
+  const absl::Time until = absl::Now() + (script.hang_steps ? absl::Seconds(30) : script.step_delay * std::max(1, req->steps()));
   while (absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(5));
     absl::MutexLock lock(&mu_);
@@ -126,12 +132,19 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
   if (script.fail_at_step == req->step()) {
     return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", req->step()));
   }
-  ++steps_;
-  baton::v1::StepMetrics* m = resp->mutable_metrics();
-  m->set_step(req->step());
-  m->set_has_loss(rank_ == 0);
-  m->set_loss(10.0 / req->step());
-  m->set_tokens(8);
+  ++calls_;
+  for (int i = 0; i < std::max(1, req->steps()); ++i) {
+    const int step = req->step() + i;
+    if (i > 0 && script.fail_at_step == step) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", step));
+    }
+    ++steps_;
+    baton::v1::StepMetrics* m = resp->add_metrics();
+    m->set_step(step);
+    m->set_has_loss(rank_ == 0);
+    m->set_loss(10.0 / step);
+    m->set_tokens(8);
+  }
   resp->set_rank(rank_);
   return grpc::Status::OK;
 }

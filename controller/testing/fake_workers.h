@@ -49,7 +49,8 @@ class FakeWorker final : public baton::v1::Worker::Service {
   bool alive() const ABSL_LOCKS_EXCLUDED(mu_);
 
   int configures() const ABSL_LOCKS_EXCLUDED(mu_);
-  int steps_run() const ABSL_LOCKS_EXCLUDED(mu_);  // RunSteps answered OK
+  int steps_run() const ABSL_LOCKS_EXCLUDED(mu_);  // steps run (a RunStep may run several)
+  int step_calls() const ABSL_LOCKS_EXCLUDED(mu_);  // RunStep calls that ran their steps
   int aborts() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);  // its current mesh, 0 = none
   std::string job() const ABSL_LOCKS_EXCLUDED(mu_);  // the job loaded
@@ -77,6 +78,7 @@ class FakeWorker final : public baton::v1::Worker::Service {
   bool alive_ ABSL_GUARDED_BY(mu_) = true;
   int configures_ ABSL_GUARDED_BY(mu_) = 0;
   int steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int rank_ ABSL_GUARDED_BY(mu_) = 0;
