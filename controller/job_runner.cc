@@ -217,8 +217,12 @@ absl::Status JobRunner::RunSteps(int first, int k) {
         absl::StrAppendFormat(&ranks, "\n  %s returned after %.2f s: %s", label, seconds, s.error_message());
       }
     }
-    const std::string steps = k == 1 ? absl::StrCat("step ", step) : absl::StrCat("steps ", first, "-", first + k - 1);
-    return absl::UnavailableError(absl::StrCat("job ", job_->id(), " ", steps, " failed: ", why, ranks));
+    // The steps of the call before the failed one completed on every rank
+    // that said so (a failed rank's answer carries what it completed; a
+    // dead one's nothing: the others' stand for it): they are counted.
+    const int completed = RecordCompleted(results, k);
+    return absl::UnavailableError(
+        absl::StrCat("job ", job_->id(), " step ", first + completed, " failed: ", why, ranks));
   }
   for (size_t r = 0; r < results.size(); ++r) {
     if (results[r].response.metrics_size() != k) {
@@ -228,14 +232,36 @@ absl::Status JobRunner::RunSteps(int first, int k) {
     }
   }
   last_step_ms_ = absl::ToDoubleMilliseconds(absl::Now() - started) / k;
+  Record(results, k, last_step_ms_);
+  return absl::OkStatus();
+}
+
+void JobRunner::Record(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k, double step_ms) {
   for (int i = 0; i < k; ++i) {
-    const baton::v1::StepMetrics m = AggregateStep(results, i, last_step_ms_);
+    const baton::v1::StepMetrics m = AggregateStep(results, i, step_ms);
     int64_t comm_bytes = 0;  // all ranks together
     for (const auto& r : results) comm_bytes += r.response.metrics(i).comm_bytes();
     job_->RecordStep(m, comm_bytes);
     if (context_.metrics != nullptr) context_.metrics->ObserveStep(job_->status(), m, comm_bytes);
   }
-  return absl::OkStatus();
+}
+
+int JobRunner::RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k) {
+  std::vector<CallResult<baton::v1::RunStepResponse>> answered;
+  int completed = k;
+  for (const auto& r : results) {
+    CallResult<baton::v1::RunStepResponse> a;
+    if (r.status.ok()) {
+      a.response = r.response;
+    } else if (r.status.error_details().empty() || !a.response.ParseFromString(r.status.error_details())) {
+      continue;  // dead, cancelled or an old worker: says nothing
+    }
+    completed = std::min(completed, a.response.metrics_size());
+    answered.push_back(std::move(a));
+  }
+  if (answered.empty()) return 0;
+  Record(answered, completed, last_step_ms_);
+  return completed;
 }
 
 absl::StatusOr<baton::v1::CheckpointInfo> JobRunner::Save(const std::string& dir, bool async) {

@@ -85,6 +85,12 @@ class JobRunner {
   int StepsForCall(int step) const;
   // Steps first .. first + k - 1, in one RunStep on every rank.
   absl::Status RunSteps(int first, int k);
+  // Records the first `k` steps every result holds (the call's time per
+  // step `step_ms`).
+  void Record(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k, double step_ms);
+  // After a failed call: records the steps every rank that answered
+  // completed; how many.
+  int RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k);
   // Ends the job in `state` (JOB_PENDING: back in line) and gives its
   // workers back; JOB_PENDING without a cause: the controller is shutting
   // down and the job stays as it is.

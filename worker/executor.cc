@@ -67,6 +67,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   at::set_num_threads(std::max(1, program_.threads()));
   const auto start = std::chrono::steady_clock::now();
   const std::array<int64_t, kCommOpCount> sent_by_op_before = groups_.bytes_sent_by_op();
+  const Groups::CommTime comm_before = groups_.comm_time();
   store_->ResetPeak();
   activations_->BeginStep(step, timeout);
   loss_ = 0;
@@ -118,6 +119,13 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       m.set_comm_bytes(m.comm_bytes() + sent);
     }
   }
+  // Exposed communication: the time this thread waited on collectives and
+  // transfers (gathers not hidden by compute, blocking reductions, tensor
+  // parallelism's, receives); the rest of the step is compute.
+  const Groups::CommTime comm = groups_.comm_time();
+  m.set_comm_wait_ms(comm.waited_ms - comm_before.waited_ms);
+  m.set_comm_ms(comm.in_flight_ms - comm_before.in_flight_ms);
+  m.set_compute_ms(std::max(0.0, m.step_ms() - m.comm_wait_ms()));
   for (const auto& [op, ms] : op_ms) {
     (*m.mutable_instruction_seconds())[Instruction::Op_Name(static_cast<Instruction::Op>(op))] = ms / 1e3;
   }

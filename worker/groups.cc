@@ -42,4 +42,13 @@ std::array<int64_t, kCommOpCount> Groups::bytes_sent_by_op() const {
   return sent;
 }
 
+Groups::CommTime Groups::comm_time() const {
+  CommTime t;
+  for (const auto& [name, comm] : comms_) {
+    t.in_flight_ms += comm->clock().in_flight_ms();
+    t.waited_ms += comm->clock().waited_ms();
+  }
+  return t;
+}
+
 }  // namespace baton

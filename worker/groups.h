@@ -43,6 +43,12 @@ class Groups {
   // Bytes sent so far over every communicator, by collective (indexed by
   // CommOp).
   std::array<int64_t, kCommOpCount> bytes_sent_by_op() const;
+  // Time so far over every communicator: operations in flight, and waited on
+  // (worker/comm/communicator.h CommClock).
+  struct CommTime {
+    double in_flight_ms = 0, waited_ms = 0;
+  };
+  CommTime comm_time() const;
 
  private:
   DeviceMesh mesh_;

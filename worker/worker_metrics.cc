@@ -26,6 +26,11 @@ WorkerMetrics::WorkerMetrics()
                                .Name("baton_instruction_seconds_total")
                                .Help("Time spent executing Program instructions, by instruction kind")
                                .Register(registry_)),
+      comm_seconds_(prometheus::BuildCounter()
+                        .Name("baton_worker_comm_seconds_total")
+                        .Help("Communication time during steps, by job: waited (exposed: the computing thread "
+                              "blocked on it) and in_flight (every operation from issue to completion)")
+                        .Register(registry_)),
       tokens_(prometheus::BuildCounter()
                   .Name("baton_worker_tokens_total")
                   .Help("Tokens (or rows) this worker's rank processed, by job")
@@ -49,6 +54,8 @@ void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMet
   for (const auto& [instruction, seconds] : m.instruction_seconds()) {
     instruction_seconds_.Add({{"instruction", instruction}}).Increment(seconds);
   }
+  comm_seconds_.Add({{"job_id", job}, {"kind", "waited"}}).Increment(m.comm_wait_ms() / 1e3);
+  comm_seconds_.Add({{"job_id", job}, {"kind", "in_flight"}}).Increment(m.comm_ms() / 1e3);
   state_bytes_.Add({}).Set(static_cast<double>(m.state_bytes()));
 }
 

@@ -33,6 +33,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>& step_seconds_;
   prometheus::Family<prometheus::Counter>& comm_bytes_;
   prometheus::Family<prometheus::Counter>& instruction_seconds_;
+  prometheus::Family<prometheus::Counter>& comm_seconds_;
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Gauge>& state_bytes_;
   prometheus::Family<prometheus::Gauge>& resident_bytes_;

@@ -350,8 +350,12 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
       // A failed step can leave transfers running under its aborted waits;
       // if the mesh was dropped meanwhile, this is its last reference, and
       // tearing it down waits for them: not before the answer goes out.
+      resp->set_rank(mesh->rank);
       DropInBackground(std::move(mesh));
-      return ToGrpcStatus(failed);
+      // The steps before the failed one did complete here: their metrics
+      // travel in the error's details (a RunStepResponse).
+      const grpc::Status status = ToGrpcStatus(failed);
+      return grpc::Status(status.error_code(), status.error_message(), resp->SerializeAsString());
     }
     resp->set_rank(mesh->rank);
     if (options_.metrics != nullptr) {

@@ -129,15 +129,15 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
     if (epoch_ != req->epoch()) return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat(name_, ": mesh aborted"));
   }
   absl::MutexLock lock(&mu_);
-  if (script.fail_at_step == req->step()) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", req->step()));
-  }
-  ++calls_;
+  resp->set_rank(rank_);
   for (int i = 0; i < std::max(1, req->steps()); ++i) {
     const int step = req->step() + i;
-    if (i > 0 && script.fail_at_step == step) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", step));
+    if (script.fail_at_step == step) {
+      // As a worker does: the steps before it completed, said in the details.
+      return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", step),
+                          resp->SerializeAsString());
     }
+    if (i == 0) ++calls_;
     ++steps_;
     baton::v1::StepMetrics* m = resp->add_metrics();
     m->set_step(step);
@@ -145,7 +145,6 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
     m->set_loss(10.0 / step);
     m->set_tokens(8);
   }
-  resp->set_rank(rank_);
   return grpc::Status::OK;
 }
 

@@ -41,6 +41,15 @@ absl::Status AbortSignal::status(const std::string& op) const {
   return absl::AbortedError(absl::StrCat(op, " aborted: ", reason_));
 }
 
+void CommClock::Count(Time issued, Time completed, Time wait_began, Time wait_ended) {
+  auto ns = [](auto d) { return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()); };
+  // Blocked until the operation completed: the wake-up after it is the
+  // scheduler's, not communication.
+  const Time done = std::min(completed, wait_ended);
+  in_flight_ns_ += ns(done - issued);
+  waited_ns_ += ns(done - wait_began);
+}
+
 void Communicator::Abort(const std::string& reason) {
   if (abort_->Raise(reason)) WakeWaits();
 }

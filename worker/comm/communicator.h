@@ -77,6 +77,26 @@ struct CommStats {
   std::array<int64_t, kCommOpCount> bytes_sent_by_op{};  // indexed by CommOp
 };
 
+// How long a communicator's operations took, summed over operations and
+// counted once per operation when it is first waited on:
+//   in_flight  from its issue to its completion (when the backend learns the
+//              moment: gloo's collectives; otherwise the end of its wait);
+//   waited     what its caller spent blocked in Wait until it completed:
+//              the communication a computing thread did not hide (exposed
+//              communication); never more than in_flight.
+// Shared with the handles it issued. Thread-safe.
+class CommClock {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+  void Count(Time issued, Time completed, Time wait_began, Time wait_ended);
+  double in_flight_ms() const { return in_flight_ns_.load() / 1e6; }
+  double waited_ms() const { return waited_ns_.load() / 1e6; }
+
+ private:
+  std::atomic<int64_t> in_flight_ns_{0};
+  std::atomic<int64_t> waited_ns_{0};
+};
+
 // Why a communicator was aborted; shared with the handles it issued, which
 // may outlive it. Thread-safe.
 class AbortSignal {
@@ -164,6 +184,8 @@ class Communicator {
   }
 
   CommStats stats() const;
+  // Time its operations were in flight and its callers waited on them.
+  const CommClock& clock() const { return *clock_; }
 
   // Ends what is in flight and everything after with ABORTED: `reason`.
   // Thread-safe, also while another thread waits on a handle; idempotent
@@ -176,12 +198,15 @@ class Communicator {
   // after the signal is raised.
   virtual void WakeWaits() {}
   const std::shared_ptr<AbortSignal>& abort_signal() const { return abort_; }
+  // For handles to count their operation's time on.
+  const std::shared_ptr<CommClock>& shared_clock() const { return clock_; }
 
  private:
   std::atomic<int64_t> bytes_received_{0};
   std::atomic<int64_t> operations_{0};
   std::array<std::atomic<int64_t>, kCommOpCount> sent_by_op_{};
   std::shared_ptr<AbortSignal> abort_ = std::make_shared<AbortSignal>();
+  std::shared_ptr<CommClock> clock_ = std::make_shared<CommClock>();
 };
 
 // Shape checks shared by every backend; an error names the operation and what

@@ -265,6 +265,42 @@ TEST_P(CommunicatorContractTest, IssuingReturnsBeforePeersJoinSoComputeOverlaps)
   });
 }
 
+// The clock behind exposed communication: a rank that waits on a peer that
+// comes late has that wait counted as waited (and in flight); an operation
+// that completed while its rank computed costs its rank no wait.
+TEST_P(CommunicatorContractTest, TheClockCountsWaitsOnLatePeersAndNotHiddenOperations) {
+  const int64_t k = GetParam().numel;
+  if (GetParam().world < 2 || k != 4099) GTEST_SKIP() << "one group of two or more ranks and one size are enough";
+  constexpr auto kLate = std::chrono::milliseconds(300);
+  RunOnAllRanks([&](Communicator& c) {
+    const Milliseconds timeout(10000);
+    // Every rank but 0 joins late: rank 0 waits about that long.
+    const double waited0 = c.clock().waited_ms(), flight0 = c.clock().in_flight_ms();
+    if (c.rank() != 0) std::this_thread::sleep_for(kLate);
+    at::Tensor a = Input(c.rank(), k);
+    ASSERT_TRUE(c.AllReduce(a, ReduceOp::kSum, timeout).ok());
+    const double waited = c.clock().waited_ms() - waited0, flight = c.clock().in_flight_ms() - flight0;
+    if (c.rank() == 0) {
+      std::printf("rank 0, peers %lld ms late: waited %.1f ms, in flight %.1f ms\n",
+                  static_cast<long long>(kLate.count()), waited, flight);
+      EXPECT_GE(waited, 0.6 * kLate.count());
+      EXPECT_GE(flight, 0.6 * kLate.count());
+    }
+    // Everyone issues at once, then computes well past the operation's end
+    // (a barrier after the wait makes sure of it for the next figure).
+    ASSERT_TRUE(c.Barrier(timeout).ok());
+    at::Tensor b = Input(c.rank(), k);
+    auto h = c.AllReduceAsync(b, ReduceOp::kSum, timeout);
+    std::this_thread::sleep_for(kLate);
+    const double before = c.clock().waited_ms();
+    ASSERT_TRUE(h->Wait().ok());
+    const double hidden_wait = c.clock().waited_ms() - before;
+    if (c.rank() == 0) std::printf("an all-reduce hidden behind %lld ms of compute: waited %.2f ms\n",
+                                   static_cast<long long>(kLate.count()), hidden_wait);
+    EXPECT_LT(hidden_wait, 0.5 * kLate.count());
+  });
+}
+
 TEST_P(CommunicatorContractTest, WrongShapesAreRejectedWithoutBreakingTheGroup) {
   const int64_t k = GetParam().numel;
   RunOnAllRanks([&](Communicator& c) {

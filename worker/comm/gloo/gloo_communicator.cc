@@ -142,15 +142,26 @@ class GlooHandle : public CommHandle {
   // `in_flight` is set for sends and receives (see InFlight).
   GlooHandle(std::string op, c10::intrusive_ptr<c10d::Work> work, Milliseconds timeout,
              std::function<void()> finish, BrokenFlag broken, std::shared_ptr<AbortSignal> abort,
-             std::shared_ptr<InFlight> in_flight)
+             std::shared_ptr<InFlight> in_flight, std::shared_ptr<CommClock> clock)
       : op_(std::move(op)),
         work_(std::move(work)),
         timeout_(timeout),
         finish_(std::move(finish)),
         broken_(std::move(broken)),
         abort_(std::move(abort)),
-        in_flight_(std::move(in_flight)) {
+        in_flight_(std::move(in_flight)),
+        clock_(std::move(clock)) {
     if (in_flight_) in_flight_->Add(this, work_, *abort_);
+    // The moment a collective completes, told by its future on gloo's
+    // thread (sends and receives have none: the end of their wait stands).
+    if (!in_flight_) {
+      try {
+        work_->getFuture()->addCallback([completed = completed_](c10::ivalue::Future&) {
+          completed->store(std::chrono::steady_clock::now().time_since_epoch().count());
+        });
+      } catch (const std::exception&) {
+      }
+    }
   }
   ~GlooHandle() override {
     if (!in_flight_) return;
@@ -161,7 +172,11 @@ class GlooHandle : public CommHandle {
   absl::Status Wait() override {
     if (done_) return status_;
     done_ = true;
+    const auto began = std::chrono::steady_clock::now();
     status_ = in_flight_ ? WaitPointToPoint() : WaitCollective();
+    const auto ended = std::chrono::steady_clock::now();
+    const int64_t completed = completed_->load();
+    clock_->Count(issued_, completed > 0 ? CommClock::Time(CommClock::Time::duration(completed)) : ended, began, ended);
     if (status_.ok() && finish_) {
       try {
         finish_();
@@ -225,6 +240,9 @@ class GlooHandle : public CommHandle {
   BrokenFlag broken_;
   std::shared_ptr<AbortSignal> abort_;
   std::shared_ptr<InFlight> in_flight_;
+  std::shared_ptr<CommClock> clock_;
+  const CommClock::Time issued_ = std::chrono::steady_clock::now();
+  std::shared_ptr<std::atomic<int64_t>> completed_ = std::make_shared<std::atomic<int64_t>>(0);
   bool done_ = false;
   absl::Status status_;
 };
@@ -437,7 +455,7 @@ class GlooCommunicator : public Communicator {
                                     std::function<void()> finish = nullptr, bool point_to_point = false) {
     try {
       return std::make_unique<GlooHandle>(op, start(), timeout, std::move(finish), broken_, abort_signal(),
-                                          point_to_point ? in_flight_ : nullptr);
+                                          point_to_point ? in_flight_ : nullptr, shared_clock());
     } catch (const std::exception& e) {
       broken_->store(true);
       return CompletedHandle(FromException(op, e));

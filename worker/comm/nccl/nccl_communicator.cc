@@ -78,18 +78,21 @@ struct Operation {
 class NcclHandle : public CommHandle {
  public:
   NcclHandle(std::string op, std::unique_ptr<Operation> operation, int device, ncclComm_t comm,
-             Milliseconds timeout, BrokenFlag broken, std::shared_ptr<AbortSignal> abort)
+             Milliseconds timeout, BrokenFlag broken, std::shared_ptr<AbortSignal> abort,
+             std::shared_ptr<CommClock> clock)
       : op_(std::move(op)),
         operation_(std::move(operation)),
         device_(device),
         comm_(comm),
         deadline_(absl::Now() + absl::FromChrono(timeout)),
         broken_(std::move(broken)),
-        abort_(std::move(abort)) {}
+        abort_(std::move(abort)),
+        clock_(std::move(clock)) {}
   ~NcclHandle() override { (void)Wait(); }
 
   absl::Status Wait() override {
     if (!operation_) return status_;
+    const auto began = std::chrono::steady_clock::now();
     cudaSetDevice(device_);
     while (true) {
       cudaError_t e = cudaEventQuery(operation_->done);
@@ -126,6 +129,10 @@ class NcclHandle : public CommHandle {
       }
     }
     operation_.reset();
+    // The end of the wait stands for the completion (the event's time is
+    // not read back).
+    const auto ended = std::chrono::steady_clock::now();
+    clock_->Count(issued_, ended, began, ended);
     return status_;
   }
 
@@ -137,6 +144,8 @@ class NcclHandle : public CommHandle {
   absl::Time deadline_;
   BrokenFlag broken_;
   std::shared_ptr<AbortSignal> abort_;
+  std::shared_ptr<CommClock> clock_;
+  const CommClock::Time issued_ = std::chrono::steady_clock::now();
   absl::Status status_;
 };
 
@@ -322,7 +331,8 @@ class NcclCommunicator : public Communicator {
     }
     cudaEventCreateWithFlags(&operation->done, cudaEventDisableTiming);
     cudaEventRecord(operation->done, stream_);
-    return std::make_unique<NcclHandle>(op, std::move(operation), device_, comm_, timeout, broken_, abort_signal());
+    return std::make_unique<NcclHandle>(op, std::move(operation), device_, comm_, timeout, broken_, abort_signal(),
+                                        shared_clock());
   }
 
   ncclComm_t comm_;
