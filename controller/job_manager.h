@@ -22,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,6 +134,8 @@ class JobManager {
   void OnEnd(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes the job's record and its new log entries to the store.
   void Persist(Job& job) ABSL_LOCKS_EXCLUDED(persist_mu_);
+  // Writes the jobs whose steps advanced since they were last written.
+  void WriteProgress() ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
   void EndPending(Job& job, baton::v1::JobState state, const std::string& cause);
   void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runner of job `id` while it holds workers, else nullptr.
@@ -157,6 +160,7 @@ class JobManager {
 
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, int64_t> persisted_ ABSL_GUARDED_BY(persist_mu_);  // log sequence written
+  std::set<std::string> unwritten_ ABSL_GUARDED_BY(persist_mu_);  // steps done, not written yet
 };
 
 }  // namespace baton

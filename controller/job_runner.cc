@@ -113,6 +113,7 @@ void JobRunner::Run() {
     if (interrupt == Job::Interrupt::kMeshLost) return End(baton::v1::JOB_FAILED, why);
     if (!job_->HasWork()) continue;  // nothing asked yet
     absl::Status ran;
+    bool saved = false;
     {
       absl::MutexLock work(&job_->work_mu());
       const int step = job_->step() + 1;
@@ -123,6 +124,7 @@ void JobRunner::Run() {
       const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
       if (ran.ok() && ck.every_n_steps() > 0 && (step + k - 1) % ck.every_n_steps() == 0) {
         checkpoints_.Save(mesh_, ck.dir(), ck.async(), /*periodic=*/true).IgnoreError();  // recorded in the job
+        saved = true;
       }
     }
     if (!ran.ok()) {
@@ -131,7 +133,9 @@ void JobRunner::Run() {
       if (now == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
       return End(baton::v1::JOB_FAILED, std::string(ran.message()));
     }
-    context_.persist(*job_);
+    // A save (or its failure) is on disk before the step is settled; steps
+    // alone are written by the manager's next tick.
+    saved ? context_.persist(*job_) : context_.persist_progress(*job_);
     const baton::v1::JobStatus status = job_->status();
     if (status.checkpoint_failures() < max_failures) job_->SettleStep(status.step());
     if (status.checkpoint_failures() >= max_failures) {

@@ -44,8 +44,13 @@ struct RunnerContext {
   EventLog* events = nullptr;
   ControllerMetrics* metrics = nullptr;  // nullptr: none
   CheckpointOptions checkpoints;
-  // Writes the job's record and new log entries to the job store.
+  // Writes the job's record and new log entries to the job store (durably:
+  // the record is fsynced).
   std::function<void(Job&)> persist;
+  // Steps done and nothing else: written by the manager's next tick (a
+  // fraction of a second later) rather than fsynced after every step; a
+  // restarted controller resumes from the last checkpoint either way.
+  std::function<void(Job&)> persist_progress;
   // After the job ended (or went back to PENDING) and its workers are free.
   std::function<void(Job&)> on_end;
 };
