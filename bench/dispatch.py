@@ -36,6 +36,19 @@ def wait_file(path, proc, what, timeout=120):
     raise RuntimeError("%s not ready in %d s" % (what, timeout))
 
 
+def stop_all(procs):
+    """SIGTERM every process (last started first), then SIGKILL what is left after 10 s."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))]
@@ -113,15 +126,7 @@ def run_size(bin_dir, n, steps, tmp, shared, per_call=1):
         return {"workers": n, "shared": shared, "per_call": per_call, "p50": pct(dispatch, 50), "p99": pct(dispatch, 99), "step": (t1 - t0) / k * 1e3,
                 "cpu": (c1 - c0) / k * 1e3, "threads": most_threads[0], "steps": k}
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
 
 
 # Real workers: a ~2 ms and a ~20 ms step, each run with one step per call
@@ -186,15 +191,7 @@ def real_section(bin_dir, tmp, steps, rounds=3):
             print("  %-24s step through the controller: %7.3f ms with K = 1, %7.3f ms with K = %d: "
                   "K = 1 / K = %d = %.3f" % (name, a, b, steps, steps, a / b), flush=True)
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
 
 
 def main():
