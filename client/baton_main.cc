@@ -70,6 +70,8 @@ ABSL_FLAG(int64_t, seconds, 0, "watch: stop after this many seconds (0 = until i
 ABSL_FLAG(std::string, state_dir, "",
           "up: the controller's job table (default: a directory of the cluster's own, removed when it stops).");
 ABSL_FLAG(bool, restart_controller, true, "up: start the controller again, on the same port, when it dies.");
+ABSL_FLAG(bool, restart_workers, true,
+          "up: start a worker that died again under its name (capped backoff), as a StatefulSet does.");
 ABSL_FLAG(int64_t, lease_ms, 0,
           "run: stop the job when this process makes no call for this long (0: the controller's default, 10 s); "
           "up: the controller's default lease.");

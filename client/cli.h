@@ -33,6 +33,7 @@ ABSL_DECLARE_FLAG(int64_t, timeout_ms);
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int64_t, step_timeout_ms);
 ABSL_DECLARE_FLAG(int, steps_per_call);
+ABSL_DECLARE_FLAG(bool, restart_workers);
 ABSL_DECLARE_FLAG(int64_t, lease_ms);
 ABSL_DECLARE_FLAG(bool, explain);
 ABSL_DECLARE_FLAG(std::string, resume);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <map>
 #include <cstdio>
 #include <cstring>
 
@@ -74,6 +75,11 @@ int Up() {
   }
   absl::Duration pause = absl::Milliseconds(100);
   absl::Time started = absl::Now();
+  struct WorkerRestarts {
+    absl::Time last = absl::InfinitePast(), not_before = absl::InfinitePast();
+    absl::Duration pause = absl::Milliseconds(100);
+  };
+  std::map<std::string, WorkerRestarts> worker_restarts;
   while (true) {
     timespec poll{0, 200 * 1000 * 1000};
     int sig = sigtimedwait(&signals, nullptr, &poll);
@@ -82,6 +88,22 @@ int Up() {
       std::fflush(stdout);
     }
     if (sig == SIGINT || sig == SIGTERM) break;
+    if (absl::GetFlag(FLAGS_restart_workers)) {
+      // Under its name, as a StatefulSet does: the controller takes the new
+      // instance once it declared the old one dead, and a job that ran on it
+      // waits for it to restart. A worker that keeps dying waits longer.
+      for (const std::string& name : (*cluster)->exited_workers()) {
+        WorkerRestarts& r = worker_restarts[name];
+        if (absl::Now() < r.not_before) continue;
+        r.pause = absl::Now() - r.last < absl::Seconds(10) ? std::min(r.pause * 2, kMaxRestartPause) : absl::Milliseconds(100);
+        r.last = absl::Now();
+        r.not_before = r.last + r.pause;
+        auto pid = (*cluster)->RestartWorker(name);
+        std::printf("%s\n", pid.ok() ? absl::StrCat(name, " restarted (pid ", *pid, ")").c_str()
+                                      : absl::StrCat(name, " restart failed: ", pid.status().ToString()).c_str());
+        std::fflush(stdout);
+      }
+    }
     if (absl::GetFlag(FLAGS_restart_controller) && (*cluster)->controller_exited()) {
       // On the same port and job table: its workers come back by
       // themselves and its detached jobs resume.

@@ -181,6 +181,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                 absl::StrCat("--state_dir=", cluster->state_dir_)};
   args.insert(args.end(), options.controller_args.begin(), options.controller_args.end());
   cluster->controller_bin_ = *controller_bin;
+  cluster->worker_bin_ = *worker_bin;
   cluster->controller_args_ = args;
   auto pid = cluster->Spawn("controller", *controller_bin, args);
   if (!pid.ok()) return pid.status();
@@ -197,6 +198,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     wargs.insert(wargs.end(), options.worker_args.begin(), options.worker_args.end());
     auto wpid = cluster->Spawn(name, *worker_bin, wargs);
     if (!wpid.ok()) return wpid.status();
+    cluster->worker_args_[name] = std::move(wargs);
   }
   auto credentials = ClientCredentialsFromEnvironment();
   if (!credentials.ok()) return credentials.status();
@@ -249,6 +251,22 @@ absl::Status LocalCluster::RestartController(absl::Duration timeout) {
   auto address = AwaitAddressFile(controller_file, *pid, "controller", absl::Now() + timeout);
   if (!address.ok()) return address.status();
   return absl::OkStatus();
+}
+
+std::vector<std::string> LocalCluster::exited_workers() const {
+  std::vector<std::string> names;
+  for (const auto& p : processes_) {
+    if (!p.running && worker_args_.count(p.name)) names.push_back(p.name);
+  }
+  return names;
+}
+
+absl::StatusOr<pid_t> LocalCluster::RestartWorker(const std::string& name) {
+  auto it = std::find_if(processes_.begin(), processes_.end(), [&](const Process& p) { return p.name == name; });
+  if (it == processes_.end() || !worker_args_.count(name)) return absl::NotFoundError(absl::StrCat("no worker ", name));
+  if (it->running) return absl::FailedPreconditionError(absl::StrCat(name, " is running"));
+  processes_.erase(it);
+  return Spawn(name, worker_bin_, worker_args_.at(name));
 }
 
 int LocalCluster::Stop(absl::Duration grace) {

@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,11 @@ class LocalCluster {
   // Starts the controller again on the same address and state directory,
   // once it has exited; returns when it serves.
   absl::Status RestartController(absl::Duration timeout = absl::Seconds(30));
+  // The workers whose process has exited (after Reap).
+  std::vector<std::string> exited_workers() const;
+  // Starts worker `name` again under its name (a new instance: it registers
+  // once the controller has declared the old one dead); returns its pid.
+  absl::StatusOr<pid_t> RestartWorker(const std::string& name);
   const std::string& state_dir() const { return state_dir_; }
   // Ends every child (SIGTERM, then SIGKILL after `grace`) and reaps it.
   // Returns how many needed SIGKILL.
@@ -84,6 +90,8 @@ class LocalCluster {
   bool own_state_dir_ = false;
   std::string controller_bin_;
   std::vector<std::string> controller_args_;  // as first started, --port=0 included
+  std::string worker_bin_;
+  std::map<std::string, std::vector<std::string>> worker_args_;  // by name
   std::string client_token_file_, worker_token_file_;
   std::string controller_address_;
   std::vector<Process> processes_;

@@ -2,11 +2,20 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace baton {
 
 using baton::v1::JobState;
+
+namespace {
+
+// Restarts a detached job gets when its spec says nothing (as JobSet's and
+// Ray Train's defaults are a few).
+constexpr int kDefaultDetachedRestarts = 3;
+
+}  // namespace
 
 bool IsEnded(JobState s) {
   return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
@@ -16,6 +25,9 @@ Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
     : id_(record.status().job_id()),
       spec_(std::move(*record.mutable_spec())),
       detached_(record.status().detached()),
+      restarts_allowed_(spec_.restart().has_max_restarts() ? spec_.restart().max_restarts()
+                        : detached_                           ? kDefaultDetachedRestarts
+                                                              : 0),
       plan_(std::move(plan)),
       status_(std::move(*record.mutable_status())) {
   target_step_ = status_.step();
@@ -277,6 +289,48 @@ int64_t Job::collective_timeout_ms() const {
 void Job::set_collective_timeout_ms(int64_t ms) {
   absl::MutexLock lock(&mu_);
   collective_timeout_ms_ = ms;
+}
+
+bool Job::NoteFailure(const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  baton::v1::JobFailure* f = status_.add_failures();
+  f->set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  f->set_step(status_.step());
+  f->set_cause(cause);
+  if (status_.restarts() >= restarts_allowed_) return false;
+  status_.set_restarts(status_.restarts() + 1);
+  return true;
+}
+
+std::string Job::FailureHistory() const {
+  absl::MutexLock lock(&mu_);
+  std::string out = absl::StrCat(status_.failures_size(), " failure", status_.failures_size() == 1 ? "" : "s", " (",
+                                 status_.restarts(), " of ", restarts_allowed_, " restarts used)");
+  for (const auto& f : status_.failures()) {
+    absl::StrAppend(&out, "\n  ", absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::FromUnixMillis(f.time_unix_ms()),
+                                                   absl::UTCTimeZone()),
+                    " at step ", f.step(), ": ", f.cause());
+  }
+  return out;
+}
+
+void Job::SetRecoveryWorkers(std::vector<std::string> names, absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  recovery_workers_ = std::move(names);
+  recovery_until_ = until;
+}
+
+std::vector<std::string> Job::recovery_workers(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  return now < recovery_until_ ? recovery_workers_ : std::vector<std::string>{};
+}
+
+void Job::ClearMeshLost() {
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ == Interrupt::kMeshLost) {
+    interrupt_ = Interrupt::kNone;
+    interrupt_cause_.clear();
+  }
 }
 
 }  // namespace baton

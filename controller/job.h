@@ -137,12 +137,31 @@ class Job {
   // Held while a step or a save of this job runs: one at a time.
   absl::Mutex& work_mu() { return work_mu_; }
 
+  // Supervision (RestartPolicy). The restarts its spec allows: restart.
+  // max_restarts, or when that is unset 3 for a detached job and 0 for an
+  // attached one.
+  int restarts_allowed() const { return restarts_allowed_; }
+  // A failure that ends its placement: recorded with its time and step;
+  // true (and the restart counted) when a restart remains.
+  bool NoteFailure(const std::string& cause) ABSL_LOCKS_EXCLUDED(mu_);
+  // Every failure recorded, oldest first, each with its time and step: what
+  // a job that spent its restarts fails with.
+  std::string FailureHistory() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The workers it ran on when it failed, and until when a restart waits for
+  // them (a dead one's replacement registers under its name) before taking
+  // any free ones.
+  void SetRecoveryWorkers(std::vector<std::string> names, absl::Time until) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::string> recovery_workers(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Placed again: a lost mesh's interrupt no longer applies.
+  void ClearMeshLost() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   void LogState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string id_;
   const baton::v1::JobSpec spec_;
   const bool detached_;
+  const int restarts_allowed_;
   Log log_{kLogCapacity};
   absl::Mutex work_mu_;
 
@@ -156,6 +175,8 @@ class Job {
   int steps_per_call_ ABSL_GUARDED_BY(mu_) = 1;
   int settled_step_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> recovery_workers_ ABSL_GUARDED_BY(mu_);
+  absl::Time recovery_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_call_ ABSL_GUARDED_BY(mu_);
   int64_t collective_timeout_ms_ ABSL_GUARDED_BY(mu_) = 30000;
 };

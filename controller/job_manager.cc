@@ -4,6 +4,7 @@
 #include "controller/job_manager.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -186,7 +187,11 @@ void JobManager::Schedule() {
       }
       if (auto nb = not_before_.find(id); nb != not_before_.end() && absl::Now() < nb->second) break;
       const baton::v1::JobSpec& spec = job->spec();
-      auto reserved = meshes_->Reserve(id, MeshSize(spec), {spec.workers().begin(), spec.workers().end()});
+      // A restart waits for the workers it ran on for a while, then takes
+      // what its spec allows.
+      std::vector<std::string> names = job->recovery_workers(absl::Now());
+      if (names.empty()) names.assign(spec.workers().begin(), spec.workers().end());
+      auto reserved = meshes_->Reserve(id, MeshSize(spec), names);
       if (!reserved.ok()) {
         job->SetWaitingFor(std::string(reserved.status().message()));
         break;  // first come, first served: the ones behind it wait too
@@ -215,6 +220,20 @@ void JobManager::EndPending(Job& job, baton::v1::JobState state, const std::stri
 }
 
 void JobManager::OnEnd(Job& job) {
+  // RECOVERING: restored from its newest complete checkpoint (or from the
+  // start: its spec's resume_from or init_from, or step 0).
+  std::optional<absl::StatusOr<RestorePlan>> recovery;
+  if (job.state() == baton::v1::JOB_RECOVERING) {
+    const std::shared_ptr<const JobPlan> plan = job.plan();
+    recovery = PlanRestore(options_.checkpoints.file_root, job.spec(), plan->programs,
+                           ResumePoint(job.Record(), options_.checkpoints.file_root));
+  }
+  if (recovery && !recovery->ok()) {
+    const std::string cause = absl::StrCat("cannot restore it after its failure: ", recovery->status().message());
+    job.Enter(baton::v1::JOB_FAILED, cause);
+    events_->Append(JobEvent(baton::v1::Event::JOB_FAILED, job.id(), job.step(), "", cause));
+    Persist(job);
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = runners_.find(job.id());
@@ -225,6 +244,14 @@ void JobManager::OnEnd(Job& job) {
         queue_.push_front(job.id());
         not_before_[job.id()] = absl::Now() + options_.retry_backoff;
         restores_[job.id()] = it->second->restore();
+      }
+      if (job.state() == baton::v1::JOB_RECOVERING && !shutting_down_) {
+        // First in line, after its restart's pause.
+        const baton::v1::RestartPolicy& policy = job.spec().restart();
+        queue_.push_front(job.id());
+        not_before_[job.id()] =
+            absl::Now() + absl::Milliseconds(policy.has_backoff_ms() ? policy.backoff_ms() : kRestartBackoffMs);
+        restores_[job.id()] = std::move(**recovery);
       }
       finished_runners_.push_back(std::move(it->second));
       runners_.erase(it);

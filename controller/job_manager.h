@@ -58,6 +58,8 @@ class JobManager {
  public:
   static constexpr absl::Duration kMinLease = absl::Milliseconds(100);
   static constexpr absl::Duration kMaxLease = absl::Hours(24);
+  // The pause before a failed job is placed again (RestartPolicy.backoff_ms).
+  static constexpr int64_t kRestartBackoffMs = 1000;
   // StopJob waits this long for a running job to reach STOPPED.
   static constexpr absl::Duration kStopWait = absl::Seconds(15);
 
@@ -130,8 +132,13 @@ class JobManager {
   // Places queued jobs, first in line first, while workers allow.
   void Schedule() ABSL_LOCKS_EXCLUDED(mu_);
   void StartRunner(const std::shared_ptr<Job>& job, RestorePlan restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A runner's job ended or went back to PENDING.
+  // A runner's job ended, went back to PENDING, or is RECOVERING (requeued
+  // first in line, restored from its newest checkpoint).
   void OnEnd(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where a requeued job resumes (job_recovery.cc): the checkpoint its
+  // record names, or the newest complete one of its own directory; "" when
+  // neither.
+  static std::string ResumePoint(const baton::v1::JobRecord& record, const std::string& file_root);
   // Writes the job's record and its new log entries to the store.
   void Persist(Job& job) ABSL_LOCKS_EXCLUDED(persist_mu_);
   // Writes the jobs whose steps advanced since they were last written.

@@ -128,7 +128,7 @@ TEST(JobManagerTest, StoppingOneJobLeavesTheOtherRunning) {
 TEST(JobManagerTest, AWorkerDeathFailsItsJobOnlyNamingTheWorker) {
   ControllerHarness h({});
   SlowSteps(h, absl::Milliseconds(20));
-  auto a = h.jobs().Submit(MlpJob("a", 1000));
+  auto a = h.jobs().Submit(MlpJob("a", 1000, "mesh { name: \"dp\" size: 2 } plan { mode: FSDP } restart { max_restarts: 0 }"));
   auto b = h.jobs().Submit(MlpJob("b", 40));
   ASSERT_TRUE(WaitFor([&] { return (*a)->step() >= 2 && (*b)->step() >= 2; }));
   const std::string victim = (*a)->status().workers(1);

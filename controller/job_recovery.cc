@@ -9,13 +9,12 @@
 #include "strategies/job_spec.h"
 
 namespace baton {
-namespace {
 
 // Where a requeued job resumes: the checkpoint its record names, or - when
 // that one is gone (published, then pruned by keep_last after a newer one,
 // before the record said so) - the newest complete checkpoint of its own
 // directory past it. "" when neither: the spec's resume_from, or step 0.
-std::string ResumePoint(const baton::v1::JobRecord& record, const std::string& file_root) {
+std::string JobManager::ResumePoint(const baton::v1::JobRecord& record, const std::string& file_root) {
   const baton::v1::CheckpointInfo& recorded = record.status().last_checkpoint();
   if (!recorded.path().empty() && ReadMetadata(recorded.path()).ok()) return recorded.path();
   if (record.spec().checkpoint().dir().empty()) return "";
@@ -27,8 +26,6 @@ std::string ResumePoint(const baton::v1::JobRecord& record, const std::string& f
   }
   return "";
 }
-
-}  // namespace
 
 void JobManager::Recover() {
   const JobStore::Contents contents = store_->Read();

@@ -47,6 +47,7 @@ absl::Status JobRunner::Place() {
     mesh_ = *mesh;
   }
   job_->SetMesh(*mesh);
+  job_->ClearMeshLost();  // a restart: the old mesh's loss is behind it
   // A worker that died between the rendezvous and now: its abort named a
   // mesh the job did not know yet.
   if (!context_.meshes->Intact(*mesh)) {
@@ -110,7 +111,7 @@ void JobRunner::Run() {
     job_->interrupt(&why);
     if (interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
     if (interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
-    if (interrupt == Job::Interrupt::kMeshLost) return End(baton::v1::JOB_FAILED, why);
+    if (interrupt == Job::Interrupt::kMeshLost) return Fail(why);
     if (!job_->HasWork()) continue;  // nothing asked yet
     absl::Status ran;
     bool saved = false;
@@ -131,7 +132,7 @@ void JobRunner::Run() {
       const Job::Interrupt now = job_->interrupt(&why);
       if (now == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
       if (now == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
-      return End(baton::v1::JOB_FAILED, std::string(ran.message()));
+      return Fail(std::string(ran.message()));
     }
     // A save (or its failure) is on disk before the step is settled; steps
     // alone are written by the manager's next tick.
@@ -317,6 +318,33 @@ void JobRunner::FreeWorkers(const std::string& reason) {
 
 void JobRunner::Release(const std::string& reason) {
   FreeWorkers(reason);
+  context_.persist(*job_);
+  context_.on_end(*job_);
+}
+
+void JobRunner::Fail(const std::string& cause) {
+  if (!job_->NoteFailure(cause)) {
+    return End(baton::v1::JOB_FAILED, job_->restarts_allowed() == 0
+                                          ? cause
+                                          : absl::StrCat("it failed past its restarts: ", job_->FailureHistory()));
+  }
+  // RECOVERING: its mesh is gone; it goes back to the head of the queue and
+  // waits for the workers it ran on (a dead one's replacement registers
+  // under its name), then for any, and resumes from its newest checkpoint.
+  const baton::v1::RestartPolicy& policy = job_->spec().restart();
+  const absl::Duration wait = absl::Milliseconds(policy.has_replacement_timeout_ms() ? policy.replacement_timeout_ms()
+                                                                                     : kReplacementTimeoutMs);
+  std::vector<std::string> names(mesh_.worker_names().begin(), mesh_.worker_names().end());
+  const std::string workers = absl::StrJoin(names, ", ");
+  job_->SetRecoveryWorkers(std::move(names), absl::Now() + wait);
+  FreeWorkers(absl::StrCat("job ", job_->id(), " JOB_RECOVERING"));
+  job_->Enter(baton::v1::JOB_RECOVERING, cause);
+  const baton::v1::JobStatus status = job_->status();
+  context_.events->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job_->id(), status.step(),
+                                   absl::StrCat("restart ", status.restarts(), " of ", job_->restarts_allowed(),
+                                                ": waits for [", workers, "] up to ", absl::FormatDuration(wait),
+                                                ", then any free workers; resumes from its newest checkpoint"),
+                                   cause));
   context_.persist(*job_);
   context_.on_end(*job_);
 }

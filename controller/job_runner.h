@@ -17,7 +17,9 @@
 //              v
 //     ┌──> AwaitWork ──steps asked──> RunSteps (K) ──> record, periodic save ──┐
 //     └────────────────────────────────────────────────────────────────────────┘
-//          stop / mesh lost / failure / last step ─> End ─> workers freed
+//          stop / failure / last step ─> End ─> workers freed
+//          mesh lost / failed step, restarts left ─> Fail ─> RECOVERING ─> the
+//              manager requeues it, restored from its newest checkpoint
 //
 // Thread-safety: the runner's thread owns the job's mesh while it runs;
 // Save (a client's SaveCheckpoint) runs on an RPC thread under the job's
@@ -66,6 +68,8 @@ class JobRunner {
   // mesh is aborted (they return within milliseconds: their waits are woken).
   static constexpr absl::Duration kStepDrain = absl::Seconds(10);
   static constexpr absl::Duration kLoadDeadline = absl::Seconds(60);
+  // How long a restart waits for the workers the job ran on, by default.
+  static constexpr int64_t kReplacementTimeoutMs = 30000;
   // A detached job's call runs about this long (K = this / its step time).
   static constexpr absl::Duration kDetachedCallTarget = absl::Seconds(1);
 
@@ -96,6 +100,10 @@ class JobRunner {
   // After a failed call: records the steps every rank that answered
   // completed; how many.
   int RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k);
+  // A failure of its placement (a worker died, a step failed): RECOVERING
+  // while its restarts allow (its workers freed, back in line, the manager
+  // restores it), else FAILED listing every failure.
+  void Fail(const std::string& cause);
   // Ends the job in `state` (JOB_PENDING: back in line) and gives its
   // workers back; JOB_PENDING without a cause: the controller is shutting
   // down and the job stays as it is.

@@ -155,6 +155,15 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if ((ck.every_n_steps() > 0 || ck.keep_last() > 0 || ck.async()) && ck.dir().empty()) {
     return Invalid("checkpoint.dir is missing (where the checkpoints go)");
   }
+  const auto& restart = job.restart();
+  if (restart.max_restarts() < 0 || restart.max_restarts() > kMaxRestarts) {
+    return Invalid(absl::StrCat("restart.max_restarts must be in [0, ", kMaxRestarts, "]"));
+  }
+  if (restart.backoff_ms() < 0 || restart.backoff_ms() > kMaxRestartWaitMs || restart.replacement_timeout_ms() < 0 ||
+      restart.replacement_timeout_ms() > kMaxRestartWaitMs) {
+    return Invalid(absl::StrCat("restart.backoff_ms and replacement_timeout_ms must be in [0, ", kMaxRestartWaitMs,
+                                "] (a day)"));
+  }
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
   if (job.workers_size() > 0) {

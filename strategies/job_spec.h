@@ -25,6 +25,8 @@ inline constexpr int kMaxSteps = 1000000000;
 inline constexpr int kMaxThreadsPerRank = 256;
 inline constexpr int kDefaultCheckpointMaxFailures = 3;
 inline constexpr int kMaxCheckpointFailures = 1000000;
+inline constexpr int kMaxRestarts = 1000;
+inline constexpr int64_t kMaxRestartWaitMs = 86400000;  // a day
 
 // Parses text (JSON when `json`, else textproto), applies defaults and
 // validates.

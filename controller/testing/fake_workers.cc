@@ -132,7 +132,8 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
   resp->set_rank(rank_);
   for (int i = 0; i < std::max(1, req->steps()); ++i) {
     const int step = req->step() + i;
-    if (script.fail_at_step == step) {
+    if (script.fail_at_step == step && script_.fail_times != 0) {
+      if (script_.fail_times > 0) --script_.fail_times;
       // As a worker does: the steps before it completed, said in the details.
       return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", step),
                           resp->SerializeAsString());

@@ -30,6 +30,7 @@ namespace baton::testing {
 struct FakeScript {
   absl::Duration step_delay = absl::ZeroDuration();  // each RunStep takes this long
   int fail_at_step = 0;  // RunStep of this step fails (INTERNAL), 0 = never
+  int fail_times = -1;   // ... this many times (-1: every time)
   bool hang_steps = false;  // RunStep waits until its mesh is aborted (or cancelled)
   grpc::StatusCode configure_error = grpc::StatusCode::OK;  // Configure fails with it
   bool fail_saves = false;  // SaveShards fails as a full disk would
