@@ -128,8 +128,7 @@ int Main(int argc, char** argv) {
   KeyValueStore kv;
   WorkerRegistry registry(absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms)), &events);
   registry.set_forget_after(absl::Milliseconds(absl::GetFlag(FLAGS_forget_dead_after_ms)));
-  RegistryService registry_service(&registry, &kv, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
-                                   auth);
+
   ControllerMetrics metrics(absl::Milliseconds(absl::GetFlag(FLAGS_retire_job_metrics_after_ms)));
   Dispatcher dispatcher(GrpcStubFactory(*credentials), absl::GetFlag(FLAGS_max_calls_in_flight));
   MeshOptions mesh_options;
@@ -146,6 +145,10 @@ int Main(int argc, char** argv) {
   meshes.set_on_mesh_lost(
       [&jobs](const std::string& owner, const baton::v1::Mesh& mesh, const std::string& why) { jobs.OnMeshLost(owner, mesh, why); });
   jobs.Recover();
+  // A worker Register finds dead (its successor arrived, its address
+  // refuses connections) is dead for the meshes as the monitor's are.
+  RegistryService registry_service(&registry, &kv, absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms)),
+                                   auth, [&meshes](const std::vector<std::string>& dead) { meshes.OnWorkersDead(dead); });
   ControllerService controller_service(&registry, &meshes, &jobs, &events, auth);
   FleetMonitor monitor(&registry, &meshes, &jobs);
 

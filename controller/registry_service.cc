@@ -1,5 +1,15 @@
 #include "controller/registry_service.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 
@@ -14,12 +24,62 @@ absl::StatusOr<absl::Duration> WaitTimeout(int64_t ms) {
   return absl::Milliseconds(ms);
 }
 
+// Whether a TCP connection to `address` (numeric HOST:PORT) is refused
+// within `timeout`: nothing listens there any more. A timeout, an
+// unreachable host or a name to resolve say nothing (false).
+bool RefusesConnections(const std::string& address, absl::Duration timeout) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), address.substr(colon + 1).c_str(), &hints, &found) != 0 || found == nullptr) return false;
+  bool refused = false;
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    if (::connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
+      if (errno == ECONNREFUSED) {
+        refused = true;
+      } else if (errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) == 1) {
+          int error = 0;
+          socklen_t len = sizeof(error);
+          ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+          refused = error == ECONNREFUSED;
+        }
+      }
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  return refused;
+}
+
 }  // namespace
 
 grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const baton::v1::RegisterRequest* req,
                                        baton::v1::RegisterResponse* resp) {
   if (grpc::Status denied = auth_.Check(ctx, Role::kWorker); !denied.ok()) return denied;
   auto rank = registry_->Register(req->worker());
+  if (!rank.ok() && rank.status().code() == absl::StatusCode::kFailedPrecondition) {
+    // A new instance under a name whose old one still counts as alive: when
+    // the old one's address refuses connections its process is gone - it is
+    // dead now, not a heartbeat timeout later, and the new one takes over.
+    auto old = registry_->Get(req->worker().name());
+    if (old.ok() && old->incarnation() != req->worker().incarnation() &&
+        RefusesConnections(old->address(), kProbeTimeout)) {
+      if (registry_->DeclareDead(old->name(), old->address(),
+                                 absl::StrCat("a new instance registered and ", old->address(),
+                                              " refuses connections: its process is gone"))) {
+        if (on_dead_) on_dead_({old->name()});
+      }
+      rank = registry_->Register(req->worker());
+    }
+  }
   if (!rank.ok()) return ToGrpcStatus(rank.status());
   resp->set_worker_id(req->worker().name());
   resp->set_rank(*rank);

@@ -5,6 +5,8 @@
 #define BATON_CONTROLLER_REGISTRY_SERVICE_H_
 
 #include <atomic>
+#include <functional>
+#include <vector>
 
 #include "common/kv_store.h"
 #include "common/security.h"
@@ -22,10 +24,20 @@ class RegistryService final : public baton::v1::Registry::Service {
   // --max_threads is 512 by default).
   static constexpr int kMaxBlockedWaits = 256;
 
-  // `auth` says who may call: the fleet's worker token.
+  // How long Register waits to learn whether a live name's old instance
+  // still listens (a new instance taking over a name its predecessor left
+  // by dying).
+  static constexpr absl::Duration kProbeTimeout = absl::Milliseconds(300);
+
+  // `auth` says who may call: the fleet's worker token. `on_dead` hears of
+  // workers Register declared dead (the monitor's path for a death).
   RegistryService(WorkerRegistry* registry, KeyValueStore* kv, absl::Duration heartbeat_interval,
-                  Authenticator auth = {})
-      : registry_(registry), kv_(kv), heartbeat_interval_(heartbeat_interval), auth_(std::move(auth)) {}
+                  Authenticator auth = {}, std::function<void(const std::vector<std::string>&)> on_dead = nullptr)
+      : registry_(registry),
+        kv_(kv),
+        heartbeat_interval_(heartbeat_interval),
+        auth_(std::move(auth)),
+        on_dead_(std::move(on_dead)) {}
 
   grpc::Status Register(grpc::ServerContext*, const baton::v1::RegisterRequest* req,
                         baton::v1::RegisterResponse* resp) override;
@@ -51,6 +63,7 @@ class RegistryService final : public baton::v1::Registry::Service {
   KeyValueStore* const kv_;
   const absl::Duration heartbeat_interval_;
   const Authenticator auth_;
+  const std::function<void(const std::vector<std::string>&)> on_dead_;
   std::atomic<int> blocked_waits_{0};
 };
 

@@ -121,6 +121,21 @@ bool WorkerRegistry::Heartbeat(const std::string& name, const std::string& incar
   return true;
 }
 
+bool WorkerRegistry::DeclareDead(const std::string& name, const std::string& address, const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(name);
+  if (it == workers_.end() || it->second.info.state() == baton::v1::DEAD || it->second.info.address() != address) {
+    return false;
+  }
+  it->second.info.set_state(baton::v1::DEAD);
+  if (events_ != nullptr) {
+    baton::v1::Event e = WorkerEvent(baton::v1::Event::WORKER_DEAD, name, it->second.info.rank(), "");
+    e.set_cause(cause);
+    events_->Append(std::move(e));
+  }
+  return true;
+}
+
 std::vector<std::string> WorkerRegistry::SweepDead() {
   std::vector<std::string> dead;
   absl::MutexLock lock(&mu_);

@@ -56,6 +56,10 @@ class WorkerRegistry {
     absl::MutexLock lock(&mu_);
     forget_after_ = d;
   }
+  // Marks `name` DEAD now if it is still the live instance at `address`
+  // (its process is known gone: its address refuses connections); whether
+  // it did.
+  bool DeclareDead(const std::string& name, const std::string& address, const std::string& cause);
   // Sets the state of live workers (DEAD stays DEAD).
   void SetState(const std::vector<std::string>& names, baton::v1::WorkerState state);
 

@@ -73,6 +73,22 @@ TEST_F(WorkerRegistryTest, MissedHeartbeatsMakeAWorkerDeadThenItMayRejoin) {
   EXPECT_EQ(registry_.Get("w-b")->state(), baton::v1::REGISTERED);
 }
 
+// What Register does when a new instance finds its name alive and the old
+// address refuses connections: the old instance is DEAD at once (only if it
+// is still the one at that address), and the new one takes the name.
+TEST_F(WorkerRegistryTest, AGoneInstanceIsDeclaredDeadAndItsSuccessorTakesTheName) {
+  registry_.Register(Worker("w-a", "old"));
+  EXPECT_FALSE(registry_.Register(Worker("w-a", "new")).ok()) << "alive: not anyone's for the asking";
+  EXPECT_FALSE(registry_.DeclareDead("w-a", "10.0.0.9:1", "elsewhere")) << "another address: not that instance";
+  EXPECT_TRUE(registry_.DeclareDead("w-a", "127.0.0.1:1234", "its address refuses connections"));
+  EXPECT_FALSE(registry_.DeclareDead("w-a", "127.0.0.1:1234", "again")) << "once";
+  EXPECT_EQ(registry_.Get("w-a")->state(), baton::v1::DEAD);
+  EXPECT_TRUE(registry_.SweepDead().empty()) << "not reported twice";
+  ASSERT_TRUE(registry_.Register(Worker("w-a", "new")).ok());
+  EXPECT_EQ(registry_.Get("w-a")->state(), baton::v1::REGISTERED);
+  EXPECT_EQ(registry_.Get("w-a")->restarts(), 1);
+}
+
 TEST_F(WorkerRegistryTest, HeartbeatOfAnotherIncarnationIsRefused) {
   registry_.Register(Worker("w-a", "new"));
   EXPECT_FALSE(registry_.Heartbeat("w-a", "old"));
