@@ -1,6 +1,7 @@
 // Supervision through real daemons (issue 17's "replacement, exact"): `baton
-// up` with 2 workers; a detached FSDP dp=2 job checkpointing every 5 steps;
-// a worker SIGKILLed at a step drawn from a printed seed. `baton up` starts
+// up`; a detached job checkpointing every 5 steps - FSDP dp=2 on 2 workers,
+// FSDP x TP dp=2 x tp=2 and a 1F1B pipeline pp=2 x dp=2 on 4 - and one of
+// its workers SIGKILLed at a step drawn from a printed seed. `baton up` starts
 // the worker again under its name; the job goes RECOVERING, waits for it,
 // is placed again, restored from its newest checkpoint and finishes. Every
 // step it ran (the replayed ones too) has the loss of an uninterrupted run,
@@ -18,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "tests/cluster_util.h"
@@ -33,11 +35,17 @@ using testing::ReadFile;
 using testing::RunCommand;
 using testing::Runfile;
 
-std::string WriteJob(const std::string& dir, const std::string& name, int steps) {
-  std::string text = ReadFile(Runfile("examples/decoder_fsdp2.textproto"));
-  text.replace(text.find("name: \"decoder_fsdp2\""), 21, absl::StrCat("name: \"", name, "\""));
-  text.replace(text.find("steps: 20"), 9, absl::StrCat("steps: ", steps));
-  absl::StrAppend(&text, "\ncheckpoint { dir: \"", name, "\" every_n_steps: 5 }\n");
+// `example` renamed `name`, `steps` long, checkpointing every 5 steps into
+// `name`.
+std::string WriteJob(const std::string& dir, const std::string& example, const std::string& name, int steps) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(ReadFile(Runfile("examples/" + example)), '\n')) {
+    if (absl::StartsWith(line, "name:")) line = "";
+    if (absl::StartsWith(line, "steps:")) line = "";
+    lines.emplace_back(line);
+  }
+  const std::string text = absl::StrCat("name: \"", name, "\"\n", absl::StrJoin(lines, "\n"), "\nsteps: ", steps,
+                                        "\ncheckpoint { dir: \"", name, "\" every_n_steps: 5 }\n");
   const std::string path = absl::StrCat(dir, "/", name, ".textproto");
   FILE* f = std::fopen(path.c_str(), "w");
   std::fputs(text.c_str(), f);
@@ -55,13 +63,14 @@ pid_t PidIn(const std::string& up_log, const std::string& name) {
   return 0;
 }
 
-TEST(RecoveryTest, AKilledWorkerIsReplacedAndTheJobGoesOnBitForBit) {
+void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int workers) {
   const std::string dir = testing::TempDir("recovery");
   const std::string root = dir + "/root";
   ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
   setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
   auto up = testing::StartBackground(
-      {testing::BatonBinary(), "up", "--workers=2", "--address_file=" + dir + "/addr", "--checkpoint_root=" + root,
+      {testing::BatonBinary(), "up", absl::StrCat("--workers=", workers), "--address_file=" + dir + "/addr",
+       "--checkpoint_root=" + root,
        "--http_port=-1", "--controller_bin=" + Runfile("controller/baton-controller"),
        "--worker_bin=" + Runfile("worker/baton-worker")},
       dir + "/up.log");
@@ -80,7 +89,7 @@ TEST(RecoveryTest, AKilledWorkerIsReplacedAndTheJobGoesOnBitForBit) {
   ASSERT_TRUE(client.ok()) << client.status();
 
   const int kSteps = 30;
-  const std::string straight = id_of(cli({"submit", WriteJob(dir, "straight", kSteps)}));
+  const std::string straight = id_of(cli({"submit", WriteJob(dir, example, "straight", kSteps)}));
   auto straight_log = cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(240));
   ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;
   std::map<int, double> uninterrupted;
@@ -89,18 +98,23 @@ TEST(RecoveryTest, AKilledWorkerIsReplacedAndTheJobGoesOnBitForBit) {
 
   const char* seed_env = std::getenv("BATON_TEST_SEED");
   const uint64_t seed = seed_env != nullptr ? std::strtoull(seed_env, nullptr, 10) : absl::ToUnixNanos(absl::Now());
-  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 6)(*std::make_unique<std::mt19937_64>(seed));
-  const std::string job = id_of(cli({"submit", WriteJob(dir, "interrupted", kSteps)}));
+  std::mt19937_64 draw(seed);
+  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 6)(draw);
+  const int victim_rank = std::uniform_int_distribution<int>(0, workers - 1)(draw);
+  // A while after that step, so the kill lands anywhere in a step or a save.
+  const absl::Duration delay = absl::Milliseconds(std::uniform_int_distribution<int>(0, 400)(draw));
+  const std::string job = id_of(cli({"submit", WriteJob(dir, example, "interrupted", kSteps)}));
   auto step_of = [&] {
     auto j = (*client)->GetJob(job);
     return j.ok() ? j->step() : -1;
   };
   const absl::Time wait_until = absl::Now() + absl::Seconds(120);
   while (step_of() < kill_at && absl::Now() < wait_until) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(delay);
   auto status = (*client)->GetJob(job);
   ASSERT_TRUE(status.ok());
   ASSERT_LT(status->step(), kSteps) << "the job ended before the kill";
-  const std::string victim = status->workers(1);
+  const std::string victim = status->workers(victim_rank);
   const pid_t pid = PidIn(ReadFile(dir + "/up.log"), victim);
   ASSERT_GT(pid, 0) << ReadFile(dir + "/up.log");
   const int killed_at = status->step();
@@ -128,10 +142,11 @@ TEST(RecoveryTest, AKilledWorkerIsReplacedAndTheJobGoesOnBitForBit) {
     ++lines;
     identical += uninterrupted.count(step) && uninterrupted.at(step) == Field(line, "loss");
   }
-  std::printf("seed %llu: %s SIGKILLed at step %d of %s; %s after %d restart, restored from step %d "
+  std::printf("%s, seed %llu: %s SIGKILLed at step %d of %s (%.0f ms after step %d); %s after %d restart, restored from step %d "
               "(%lld bytes from disk, 0 from peers); first step after the kill %.2f s later; %d of %d step lines "
               "(replayed ones included) bit-identical to the uninterrupted run\n",
-              static_cast<unsigned long long>(seed), victim.c_str(), killed_at, job.c_str(),
+              example.c_str(), static_cast<unsigned long long>(seed), victim.c_str(), killed_at, job.c_str(),
+              absl::ToDoubleMilliseconds(delay), kill_at,
               baton::v1::JobState_Name(final_status->state()).c_str(), final_status->restarts(),
               final_status->start_step(), static_cast<long long>(final_status->restored().bytes()), back_s, identical,
               lines);
@@ -148,7 +163,8 @@ TEST(RecoveryTest, AKilledWorkerIsReplacedAndTheJobGoesOnBitForBit) {
   EXPECT_EQ(final_status->start_step() % 5, 0);
   EXPECT_LE(final_status->start_step(), killed_at);
   EXPECT_GT(back_s, 0);
-  EXPECT_GT(lines, kSteps);  // the steps after the checkpoint ran twice
+  // The steps between its checkpoint and the failure ran twice; the rest once.
+  EXPECT_EQ(lines, kSteps + final_status->failures(0).step() - final_status->start_step());
   EXPECT_EQ(identical, lines);
   EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/up.log"), victim + " restarted"));
   kill(up.pid, SIGTERM);
@@ -161,7 +177,97 @@ TEST(RecoveryTest, AKilledWorkerIsReplacedAndTheJobGoesOnBitForBit) {
       EXPECT_TRUE(testing::ProcessGone(restarted)) << line << " left behind";
     }
   }
-  EXPECT_TRUE(testing::ProcessGone(PidIn(ReadFile(dir + "/up.log"), victim == "worker-0" ? "worker-1" : "worker-0")));
+  for (int i = 0; i < workers; ++i) {
+    const std::string name = absl::StrCat("worker-", i);
+    if (name != victim) EXPECT_TRUE(testing::ProcessGone(PidIn(ReadFile(dir + "/up.log"), name))) << name;
+  }
+}
+
+// The restart budget: max_restarts 2 and a worker killed three times - the
+// job fails after the third, listing the three causes with their times.
+TEST(RecoveryTest, ThreeKillsPastTwoRestartsFailTheJobListingEveryCause) {
+  const std::string dir = testing::TempDir("budget");
+  const std::string root = dir + "/root";
+  ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
+  setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
+  auto up = testing::StartBackground(
+      {testing::BatonBinary(), "up", "--workers=2", "--address_file=" + dir + "/addr", "--checkpoint_root=" + root,
+       "--http_port=-1", "--controller_bin=" + Runfile("controller/baton-controller"),
+       "--worker_bin=" + Runfile("worker/baton-worker")},
+      dir + "/up.log");
+  const std::string addr = testing::AwaitLine(dir + "/addr", absl::Seconds(60));
+  ASSERT_FALSE(addr.empty()) << ReadFile(dir + "/up.log");
+  auto client = Client::Connect(addr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::string path = WriteJob(dir, "decoder_fsdp2.textproto", "budget", 100000);
+  {
+    FILE* f = std::fopen(path.c_str(), "a");
+    std::fputs("restart { max_restarts: 2 backoff_ms: 100 }\n", f);
+    std::fclose(f);
+  }
+  auto submitted = RunCommand({testing::BatonBinary(), "submit", path, "--controller=" + addr}, absl::Seconds(60));
+  std::vector<std::string> out = absl::StrSplit(submitted.output, '\n', absl::SkipEmpty());
+  ASSERT_FALSE(out.empty()) << submitted.output;
+  const std::string job = out.back();
+  for (int kill_no = 1; kill_no <= 3; ++kill_no) {
+    // Running (again) and a step past where it started.
+    const absl::Time until = absl::Now() + absl::Seconds(90);
+    baton::v1::JobStatus s;
+    while (absl::Now() < until) {
+      auto j = (*client)->GetJob(job);
+      if (j.ok()) s = *j;
+      if (s.state() == baton::v1::JOB_RUNNING && s.step() > s.start_step()) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_EQ(s.state(), baton::v1::JOB_RUNNING) << s.DebugString();
+    // The worker's current process: the first, or the one baton up started.
+    const std::string victim = s.workers(1);
+    pid_t pid = PidIn(ReadFile(dir + "/up.log"), victim);
+    for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/up.log"), '\n')) {
+      int restarted = 0;
+      const std::string prefix = victim + " restarted (pid ";
+      if (absl::StartsWith(line, prefix) &&
+          absl::SimpleAtoi(line.substr(prefix.size(), line.size() - prefix.size() - 1), &restarted)) {
+        pid = restarted;
+      }
+    }
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    std::printf("kill %d: %s (pid %d) at step %d\n", kill_no, victim.c_str(), pid, s.step());
+    // Wait for the restart to register (or the job to end).
+    const absl::Time noticed = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < noticed) {
+      auto j = (*client)->GetJob(job);
+      if (j.ok() && (j->failures_size() >= kill_no || j->state() == baton::v1::JOB_FAILED)) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  baton::v1::JobStatus s;
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < until) {
+    auto j = (*client)->GetJob(job);
+    if (j.ok()) s = *j;
+    if (s.state() == baton::v1::JOB_FAILED) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::printf("%s %s:\n%s\n", job.c_str(), baton::v1::JobState_Name(s.state()).c_str(), s.error().c_str());
+  EXPECT_EQ(s.state(), baton::v1::JOB_FAILED);
+  EXPECT_EQ(s.restarts(), 2);
+  EXPECT_EQ(s.failures_size(), 3);
+  EXPECT_TRUE(absl::StrContains(s.error(), "3 failures (2 of 2 restarts used)")) << s.error();
+  int listed = 0;
+  for (absl::string_view line : absl::StrSplit(s.error(), '\n')) listed += absl::StrContains(line, "unreachable");
+  EXPECT_EQ(listed, 3) << s.error();
+  kill(up.pid, SIGTERM);
+  EXPECT_EQ(testing::WaitBackground(up, absl::Seconds(20)), 0);
+}
+
+TEST(RecoveryTest, FsdpOnTwoWorkers) { KillAWorkerAndCheckTheJobGoesOnBitForBit("decoder_fsdp2.textproto", 2); }
+TEST(RecoveryTest, FsdpTimesTensorParallelOnFour) {
+  KillAWorkerAndCheckTheJobGoesOnBitForBit("decoder_fsdp_tp.textproto", 4);
+}
+TEST(RecoveryTest, OneFOneBPipelineTimesFsdpOnFour) {
+  KillAWorkerAndCheckTheJobGoesOnBitForBit("decoder_pp2_fsdp2.textproto", 4);
 }
 
 }  // namespace
