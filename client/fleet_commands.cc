@@ -113,8 +113,12 @@ int Up() {
       auto restarted = (*cluster)->RestartController();
       started = absl::Now();
       if (restarted.ok()) {
-        std::printf("controller restarted on %s in %.2f s\n", (*cluster)->controller_address().c_str(),
-                    absl::ToDoubleSeconds(absl::Now() - restart));
+        pid_t pid = 0;
+        for (const auto& p : (*cluster)->processes()) {
+          if (p.name == "controller") pid = p.pid;
+        }
+        std::printf("controller restarted on %s in %.2f s (pid %d)\n", (*cluster)->controller_address().c_str(),
+                    absl::ToDoubleSeconds(absl::Now() - restart), pid);
       } else {
         std::printf("controller restart failed: %s\n", restarted.ToString().c_str());
       }

@@ -78,6 +78,8 @@ class SurvivorsTest : public ::testing::Test {
     client_ = std::move(*client);
     const char* rounds = std::getenv("BATON_SURVIVOR_ROUNDS");
     if (rounds != nullptr) rounds_ = std::max(1, atoi(rounds));
+    // A round takes a few seconds (a killed worker restarts and loads).
+    testing::ArmHardTimeout(absl::Seconds(std::max(280, 120 + 8 * rounds_)));
     const char* seed = std::getenv("BATON_TEST_SEED");
     seed_ = seed != nullptr ? std::strtoull(seed, nullptr, 10) : absl::ToUnixNanos(absl::Now());
   }
