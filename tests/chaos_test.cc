@@ -23,77 +23,33 @@
 #include "tests/cluster_util.h"
 #include "tests/process_util.h"
 #include "tests/step_lines.h"
+#include "tests/up_fleet.h"
 
 namespace baton {
 namespace {
 
 using testing::Field;
 using testing::JsonLines;
-using testing::ReadFile;
-using testing::RunCommand;
-using testing::Runfile;
-
-std::string WriteJob(const std::string& dir, const std::string& name, const std::string& extra) {
-  std::string text = ReadFile(Runfile("examples/decoder_fsdp2.textproto"));
-  text.replace(text.find("name: \"decoder_fsdp2\""), 21, absl::StrCat("name: \"", name, "\""));
-  text.replace(text.find("steps: 20"), 9, "steps: 200");
-  absl::StrAppend(&text, "\ncheckpoint { dir: \"", name, "\" every_n_steps: 10 }\n", extra, "\n");
-  const std::string path = absl::StrCat(dir, "/", name, ".textproto");
-  FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
-  return path;
-}
-
-// The current pid of `name` ("controller", "worker-0", ...) by `baton up`'s
-// log: its first, or the one it restarted last.
-pid_t CurrentPid(const std::string& up_log, const std::string& name) {
-  pid_t pid = 0;
-  for (absl::string_view line : absl::StrSplit(up_log, '\n')) {
-    int p = 0;
-    if (absl::StartsWith(line, name + ": pid ") && absl::SimpleAtoi(line.substr(name.size() + 6), &p)) pid = p;
-    if (absl::StartsWith(line, name + " restarted")) {
-      const size_t at = line.rfind("(pid ");
-      if (at != absl::string_view::npos && absl::SimpleAtoi(line.substr(at + 5, line.size() - at - 6), &p)) pid = p;
-    }
-  }
-  return pid;
-}
 
 TEST(ChaosTest, TwentyFaultsAndTheJobFinishesBitForBit) {
   testing::ArmHardTimeout(absl::Seconds(800));
-  const std::string dir = testing::TempDir("chaos");
-  const std::string root = dir + "/root";
-  ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
-  setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
-  auto up = testing::StartBackground(
-      {testing::BatonBinary(), "up", "--workers=2", "--address_file=" + dir + "/addr", "--checkpoint_root=" + root,
-       "--http_port=-1", "--controller_bin=" + Runfile("controller/baton-controller"),
-       "--worker_bin=" + Runfile("worker/baton-worker")},
-      dir + "/up.log");
-  const std::string addr = testing::AwaitLine(dir + "/addr", absl::Seconds(60));
-  ASSERT_FALSE(addr.empty()) << ReadFile(dir + "/up.log");
-  auto cli = [&](std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
-    args.insert(args.begin(), testing::BatonBinary());
-    args.push_back("--controller=" + addr);
-    return RunCommand(args, timeout);
+  testing::UpFleet fleet = testing::StartUpFleet("chaos", 2);
+  ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
+  const std::string addr = fleet.addr;
+  auto job_file = [&](const std::string& name, const std::string& extra) {
+    return testing::WriteJobFile(fleet.dir, "decoder_fsdp2.textproto", name, 200,
+                                 absl::StrCat("checkpoint { dir: \"", name, "\" every_n_steps: 10 }\n", extra));
   };
-  auto id_of = [](const testing::CommandResult& r) {
-    std::vector<std::string> lines = absl::StrSplit(r.output, '\n', absl::SkipEmpty());
-    return lines.empty() ? std::string() : lines.back();
-  };
-
-  const std::string straight = id_of(cli({"submit", WriteJob(dir, "straight", "")}));
-  auto straight_log = cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(300));
+  const std::string straight = fleet.Submit(job_file("straight", ""));
+  auto straight_log = fleet.Cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(300));
   ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;
-  std::map<int, double> uninterrupted;
-  for (const auto& line : JsonLines(straight_log.output)) uninterrupted[static_cast<int>(Field(line, "step"))] = Field(line, "loss");
+  const std::map<int, double> uninterrupted = testing::StepLosses(straight_log.output);
   ASSERT_EQ(uninterrupted.size(), 200u);
 
   const char* seed_env = std::getenv("BATON_TEST_SEED");
   const uint64_t seed = seed_env != nullptr ? std::strtoull(seed_env, nullptr, 10) : absl::ToUnixNanos(absl::Now());
   std::mt19937_64 draw(seed);
-  const std::string job = id_of(cli({"submit", WriteJob(dir, "chaos", "restart { max_restarts: 25 backoff_ms: 200 }")}));
+  const std::string job = fleet.Submit(job_file("chaos", "restart { max_restarts: 25 backoff_ms: 200 }"));
   ASSERT_FALSE(job.empty());
   // A client per fault: the controller may be gone and back in between.
   auto status = [&]() -> absl::StatusOr<baton::v1::JobStatus> {
@@ -119,9 +75,8 @@ TEST(ChaosTest, TwentyFaultsAndTheJobFinishesBitForBit) {
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(0, 500)(draw)));
     last_step = s.step();
     const int kind = std::uniform_int_distribution<int>(0, 2)(draw);
-    const std::string up_log = ReadFile(dir + "/up.log");
     if (kind == 2) {
-      const pid_t pid = CurrentPid(up_log, "controller");
+      const pid_t pid = fleet.CurrentPid("controller");
       ASSERT_GT(pid, 0);
       ASSERT_EQ(kill(pid, SIGKILL), 0);
       ++controller_kills;
@@ -131,7 +86,7 @@ TEST(ChaosTest, TwentyFaultsAndTheJobFinishesBitForBit) {
       continue;
     }
     const std::string victim = s.workers(std::uniform_int_distribution<int>(0, 1)(draw));
-    const pid_t pid = CurrentPid(up_log, victim);
+    const pid_t pid = fleet.CurrentPid(victim);
     ASSERT_GT(pid, 0);
     faulted.insert(victim);
     if (kind == 0) {
@@ -153,7 +108,7 @@ TEST(ChaosTest, TwentyFaultsAndTheJobFinishesBitForBit) {
       absl::SleepFor(absl::Milliseconds(20));
     }
   }
-  auto resumed = cli({"logs", job, "--follow", "--output=json"}, absl::Seconds(300));
+  auto resumed = fleet.Cli({"logs", job, "--follow", "--output=json"}, absl::Seconds(300));
   auto final_status = status();
   ASSERT_TRUE(final_status.ok()) << final_status.status();
   int lines = 0, identical = 0;
@@ -188,24 +143,11 @@ TEST(ChaosTest, TwentyFaultsAndTheJobFinishesBitForBit) {
   EXPECT_EQ(identical, lines);
   EXPECT_EQ(final_status->last().loss(), uninterrupted.at(200));
 
-  kill(up.pid, SIGTERM);
-  EXPECT_EQ(testing::WaitBackground(up, absl::Seconds(30)), 0);
+  EXPECT_EQ(fleet.Stop(), 0);
   // Every process baton up started - the restarted ones too - is gone.
-  int processes = 0;
-  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/up.log"), '\n')) {
-    if (!absl::StartsWith(line, "controller") && !absl::StartsWith(line, "worker-")) continue;
-    int pid = 0;
-    if (const size_t at = line.find(": pid "); at != absl::string_view::npos) {
-      absl::SimpleAtoi(line.substr(at + 6), &pid);
-    } else if (const size_t open = line.rfind("(pid "); open != absl::string_view::npos &&
-                                                         absl::StrContains(line, " restarted ")) {
-      absl::SimpleAtoi(line.substr(open + 5, line.size() - open - 6), &pid);
-    }
-    if (pid > 0) {
-      ++processes;
-      EXPECT_TRUE(testing::ProcessGone(pid)) << line;
-    }
-  }
+  const std::vector<pid_t> pids = fleet.AllPids();
+  const int processes = static_cast<int>(pids.size());
+  for (const pid_t p : pids) EXPECT_TRUE(testing::ProcessGone(p)) << "pid " << p << " left behind";
   std::printf("%d processes baton up started, every one gone\n", processes);
 }
 

@@ -1,13 +1,14 @@
 // Supervision through real daemons (issue 17's "replacement, exact"): `baton
 // up`; a detached job checkpointing every 5 steps - FSDP dp=2 on 2 workers,
 // FSDP x TP dp=2 x tp=2 and a 1F1B pipeline pp=2 x dp=2 on 4 - and one of
-// its workers SIGKILLed at a step drawn from a printed seed. `baton up` starts
-// the worker again under its name; the job goes RECOVERING, waits for it,
-// is placed again, restored from its newest checkpoint and finishes. Every
-// step it ran (the replayed ones too) has the loss of an uninterrupted run,
-// bit for bit. Printed: the seed, the kill's step, the time from the kill to
-// the first step completed after it, and the bytes restored from disk and
-// from peers.
+// its workers SIGKILLed at a moment drawn from a printed seed. `baton up`
+// starts the worker again under its name; the job goes RECOVERING, waits
+// for it, is placed again, restored from its newest checkpoint and
+// finishes. Every step it ran (the replayed ones too) has the loss of an
+// uninterrupted run, bit for bit. Printed: the seed, the kill's step, the
+// time from the kill to the first step completed after it, and the bytes
+// restored from disk and from peers. Also the budget: three kills past two
+// restarts fail the job, listing the three causes.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -16,94 +17,49 @@
 #include <random>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "tests/cluster_util.h"
-#include "tests/process_util.h"
 #include "tests/step_lines.h"
+#include "tests/up_fleet.h"
 
 namespace baton {
 namespace {
 
-using testing::Field;
 using testing::JsonLines;
-using testing::ReadFile;
-using testing::RunCommand;
-using testing::Runfile;
+using testing::Field;
 
-// `example` renamed `name`, `steps` long, checkpointing every 5 steps into
-// `name`.
-std::string WriteJob(const std::string& dir, const std::string& example, const std::string& name, int steps) {
-  std::vector<std::string> lines;
-  for (absl::string_view line : absl::StrSplit(ReadFile(Runfile("examples/" + example)), '\n')) {
-    if (absl::StartsWith(line, "name:")) line = "";
-    if (absl::StartsWith(line, "steps:")) line = "";
-    lines.emplace_back(line);
-  }
-  const std::string text = absl::StrCat("name: \"", name, "\"\n", absl::StrJoin(lines, "\n"), "\nsteps: ", steps,
-                                        "\ncheckpoint { dir: \"", name, "\" every_n_steps: 5 }\n");
-  const std::string path = absl::StrCat(dir, "/", name, ".textproto");
-  FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
-  return path;
-}
-
-pid_t PidIn(const std::string& up_log, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(up_log, '\n')) {
-    if (absl::StartsWith(line, name + ": pid ")) {
-      int pid = 0;
-      if (absl::SimpleAtoi(line.substr(name.size() + 6), &pid)) return pid;
-    }
-  }
-  return 0;
+uint64_t Seed() {
+  const char* seed = std::getenv("BATON_TEST_SEED");
+  return seed != nullptr ? std::strtoull(seed, nullptr, 10) : absl::ToUnixNanos(absl::Now());
 }
 
 void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int workers) {
-  const std::string dir = testing::TempDir("recovery");
-  const std::string root = dir + "/root";
-  ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
-  setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
-  auto up = testing::StartBackground(
-      {testing::BatonBinary(), "up", absl::StrCat("--workers=", workers), "--address_file=" + dir + "/addr",
-       "--checkpoint_root=" + root,
-       "--http_port=-1", "--controller_bin=" + Runfile("controller/baton-controller"),
-       "--worker_bin=" + Runfile("worker/baton-worker")},
-      dir + "/up.log");
-  const std::string addr = testing::AwaitLine(dir + "/addr", absl::Seconds(60));
-  ASSERT_FALSE(addr.empty()) << ReadFile(dir + "/up.log");
-  auto cli = [&](std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
-    args.insert(args.begin(), testing::BatonBinary());
-    args.push_back("--controller=" + addr);
-    return RunCommand(args, timeout);
-  };
-  auto id_of = [](const testing::CommandResult& r) {
-    std::vector<std::string> lines = absl::StrSplit(r.output, '\n', absl::SkipEmpty());
-    return lines.empty() ? std::string() : lines.back();
-  };
-  auto client = Client::Connect(addr);
+  testing::UpFleet fleet = testing::StartUpFleet("recovery", workers);
+  ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
+  auto client = Client::Connect(fleet.addr);
   ASSERT_TRUE(client.ok()) << client.status();
-
   const int kSteps = 30;
-  const std::string straight = id_of(cli({"submit", WriteJob(dir, example, "straight", kSteps)}));
-  auto straight_log = cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(240));
+  auto job_file = [&](const std::string& name) {
+    return testing::WriteJobFile(fleet.dir, example, name, kSteps,
+                                 absl::StrCat("checkpoint { dir: \"", name, "\" every_n_steps: 5 }"));
+  };
+
+  const std::string straight = fleet.Submit(job_file("straight"));
+  auto straight_log = fleet.Cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(240));
   ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;
-  std::map<int, double> uninterrupted;
-  for (const auto& line : JsonLines(straight_log.output)) uninterrupted[static_cast<int>(Field(line, "step"))] = Field(line, "loss");
+  const std::map<int, double> uninterrupted = testing::StepLosses(straight_log.output);
   ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
 
-  const char* seed_env = std::getenv("BATON_TEST_SEED");
-  const uint64_t seed = seed_env != nullptr ? std::strtoull(seed_env, nullptr, 10) : absl::ToUnixNanos(absl::Now());
+  const uint64_t seed = Seed();
   std::mt19937_64 draw(seed);
   const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 6)(draw);
   const int victim_rank = std::uniform_int_distribution<int>(0, workers - 1)(draw);
   // A while after that step, so the kill lands anywhere in a step or a save.
   const absl::Duration delay = absl::Milliseconds(std::uniform_int_distribution<int>(0, 400)(draw));
-  const std::string job = id_of(cli({"submit", WriteJob(dir, example, "interrupted", kSteps)}));
+  const std::string job = fleet.Submit(job_file("interrupted"));
   auto step_of = [&] {
     auto j = (*client)->GetJob(job);
     return j.ok() ? j->step() : -1;
@@ -115,8 +71,8 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
   ASSERT_TRUE(status.ok());
   ASSERT_LT(status->step(), kSteps) << "the job ended before the kill";
   const std::string victim = status->workers(victim_rank);
-  const pid_t pid = PidIn(ReadFile(dir + "/up.log"), victim);
-  ASSERT_GT(pid, 0) << ReadFile(dir + "/up.log");
+  const pid_t pid = fleet.CurrentPid(victim);
+  ASSERT_GT(pid, 0) << fleet.log();
   const int killed_at = status->step();
   const absl::Time killed = absl::Now();
   ASSERT_EQ(kill(pid, SIGKILL), 0);
@@ -133,7 +89,7 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
     if (j.ok() && (j->state() == baton::v1::JOB_FAILED || j->state() == baton::v1::JOB_FINISHED)) break;
     absl::SleepFor(absl::Milliseconds(10));
   }
-  auto resumed = cli({"logs", job, "--follow", "--output=json"}, absl::Seconds(240));
+  auto resumed = fleet.Cli({"logs", job, "--follow", "--output=json"}, absl::Seconds(240));
   auto final_status = (*client)->GetJob(job);
   ASSERT_TRUE(final_status.ok());
   int lines = 0, identical = 0;
@@ -142,15 +98,14 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
     ++lines;
     identical += uninterrupted.count(step) && uninterrupted.at(step) == Field(line, "loss");
   }
-  std::printf("%s, seed %llu: %s SIGKILLed at step %d of %s (%.0f ms after step %d); %s after %d restart, restored from step %d "
-              "(%lld bytes from disk, 0 from peers); first step after the kill %.2f s later; %d of %d step lines "
-              "(replayed ones included) bit-identical to the uninterrupted run\n",
+  std::printf("%s, seed %llu: %s SIGKILLed at step %d of %s (%.0f ms after step %d); %s after %d restart, restored "
+              "from step %d (%lld bytes from disk, 0 from peers); first step after the kill %.2f s later; %d of %d "
+              "step lines (replayed ones included) bit-identical to the uninterrupted run\n",
               example.c_str(), static_cast<unsigned long long>(seed), victim.c_str(), killed_at, job.c_str(),
-              absl::ToDoubleMilliseconds(delay), kill_at,
-              baton::v1::JobState_Name(final_status->state()).c_str(), final_status->restarts(),
-              final_status->start_step(), static_cast<long long>(final_status->restored().bytes()), back_s, identical,
-              lines);
-  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/up.log"), '\n')) {
+              absl::ToDoubleMilliseconds(delay), kill_at, baton::v1::JobState_Name(final_status->state()).c_str(),
+              final_status->restarts(), final_status->start_step(),
+              static_cast<long long>(final_status->restored().bytes()), back_s, identical, lines);
+  for (absl::string_view line : absl::StrSplit(fleet.log(), '\n')) {
     if (absl::StrContains(line, "restarted") || absl::StrContains(line, "RECOVERING")) {
       std::printf("  up: %s\n", std::string(line).c_str());
     }
@@ -166,49 +121,21 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
   // The steps between its checkpoint and the failure ran twice; the rest once.
   EXPECT_EQ(lines, kSteps + final_status->failures(0).step() - final_status->start_step());
   EXPECT_EQ(identical, lines);
-  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/up.log"), victim + " restarted"));
-  kill(up.pid, SIGTERM);
-  EXPECT_EQ(testing::WaitBackground(up, absl::Seconds(20)), 0);
-  // Every worker process, the restarted one too, is gone.
-  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/up.log"), '\n')) {
-    int restarted = 0;
-    const size_t at = line.find("restarted (pid ");
-    if (at != absl::string_view::npos && absl::SimpleAtoi(line.substr(at + 15, line.size() - at - 16), &restarted)) {
-      EXPECT_TRUE(testing::ProcessGone(restarted)) << line << " left behind";
-    }
-  }
-  for (int i = 0; i < workers; ++i) {
-    const std::string name = absl::StrCat("worker-", i);
-    if (name != victim) EXPECT_TRUE(testing::ProcessGone(PidIn(ReadFile(dir + "/up.log"), name))) << name;
-  }
+  EXPECT_TRUE(absl::StrContains(fleet.log(), victim + " restarted"));
+  EXPECT_EQ(fleet.Stop(), 0);
+  for (const pid_t p : fleet.AllPids()) EXPECT_TRUE(testing::ProcessGone(p)) << "pid " << p << " left behind";
 }
 
 // The restart budget: max_restarts 2 and a worker killed three times - the
 // job fails after the third, listing the three causes with their times.
 TEST(RecoveryTest, ThreeKillsPastTwoRestartsFailTheJobListingEveryCause) {
-  const std::string dir = testing::TempDir("budget");
-  const std::string root = dir + "/root";
-  ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
-  setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
-  auto up = testing::StartBackground(
-      {testing::BatonBinary(), "up", "--workers=2", "--address_file=" + dir + "/addr", "--checkpoint_root=" + root,
-       "--http_port=-1", "--controller_bin=" + Runfile("controller/baton-controller"),
-       "--worker_bin=" + Runfile("worker/baton-worker")},
-      dir + "/up.log");
-  const std::string addr = testing::AwaitLine(dir + "/addr", absl::Seconds(60));
-  ASSERT_FALSE(addr.empty()) << ReadFile(dir + "/up.log");
-  auto client = Client::Connect(addr);
+  testing::UpFleet fleet = testing::StartUpFleet("budget", 2);
+  ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
+  auto client = Client::Connect(fleet.addr);
   ASSERT_TRUE(client.ok()) << client.status();
-  std::string path = WriteJob(dir, "decoder_fsdp2.textproto", "budget", 100000);
-  {
-    FILE* f = std::fopen(path.c_str(), "a");
-    std::fputs("restart { max_restarts: 2 backoff_ms: 100 }\n", f);
-    std::fclose(f);
-  }
-  auto submitted = RunCommand({testing::BatonBinary(), "submit", path, "--controller=" + addr}, absl::Seconds(60));
-  std::vector<std::string> out = absl::StrSplit(submitted.output, '\n', absl::SkipEmpty());
-  ASSERT_FALSE(out.empty()) << submitted.output;
-  const std::string job = out.back();
+  const std::string job = fleet.Submit(testing::WriteJobFile(fleet.dir, "decoder_fsdp2.textproto", "budget", 100000,
+                                                             "restart { max_restarts: 2 backoff_ms: 100 }"));
+  ASSERT_FALSE(job.empty());
   for (int kill_no = 1; kill_no <= 3; ++kill_no) {
     // Running (again) and a step past where it started.
     const absl::Time until = absl::Now() + absl::Seconds(90);
@@ -220,21 +147,11 @@ TEST(RecoveryTest, ThreeKillsPastTwoRestartsFailTheJobListingEveryCause) {
       absl::SleepFor(absl::Milliseconds(20));
     }
     ASSERT_EQ(s.state(), baton::v1::JOB_RUNNING) << s.DebugString();
-    // The worker's current process: the first, or the one baton up started.
     const std::string victim = s.workers(1);
-    pid_t pid = PidIn(ReadFile(dir + "/up.log"), victim);
-    for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/up.log"), '\n')) {
-      int restarted = 0;
-      const std::string prefix = victim + " restarted (pid ";
-      if (absl::StartsWith(line, prefix) &&
-          absl::SimpleAtoi(line.substr(prefix.size(), line.size() - prefix.size() - 1), &restarted)) {
-        pid = restarted;
-      }
-    }
+    const pid_t pid = fleet.CurrentPid(victim);
     ASSERT_GT(pid, 0);
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     std::printf("kill %d: %s (pid %d) at step %d\n", kill_no, victim.c_str(), pid, s.step());
-    // Wait for the restart to register (or the job to end).
     const absl::Time noticed = absl::Now() + absl::Seconds(60);
     while (absl::Now() < noticed) {
       auto j = (*client)->GetJob(job);
@@ -258,8 +175,7 @@ TEST(RecoveryTest, ThreeKillsPastTwoRestartsFailTheJobListingEveryCause) {
   int listed = 0;
   for (absl::string_view line : absl::StrSplit(s.error(), '\n')) listed += absl::StrContains(line, "unreachable");
   EXPECT_EQ(listed, 3) << s.error();
-  kill(up.pid, SIGTERM);
-  EXPECT_EQ(testing::WaitBackground(up, absl::Seconds(20)), 0);
+  EXPECT_EQ(fleet.Stop(), 0);
 }
 
 TEST(RecoveryTest, FsdpOnTwoWorkers) { KillAWorkerAndCheckTheJobGoesOnBitForBit("decoder_fsdp2.textproto", 2); }

@@ -20,6 +20,7 @@
 #include "tests/cluster_util.h"
 #include "tests/process_util.h"
 #include "tests/step_lines.h"
+#include "tests/up_fleet.h"
 
 namespace baton {
 namespace {
@@ -32,71 +33,32 @@ using testing::Runfile;
 
 std::string Baton() { return testing::BatonBinary(); }
 
-std::string WriteJob(const std::string& dir, const std::string& name, int steps, const std::string& checkpoint) {
-  std::string text = ReadFile(Runfile("examples/decoder_fsdp2.textproto"));
-  text.replace(text.find("name: \"decoder_fsdp2\""), 21, absl::StrCat("name: \"", name, "\""));
-  text.replace(text.find("steps: 20"), 9, absl::StrCat("steps: ", steps));
-  if (!checkpoint.empty()) absl::StrAppend(&text, "\ncheckpoint { dir: \"", checkpoint, "\" every_n_steps: 5 }\n");
-  const std::string path = absl::StrCat(dir, "/", name, ".textproto");
-  FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
-  return path;
-}
-
-// step -> loss of the step lines of `output`; a step seen twice keeps its
-// last line (a resumed job runs again the steps after its checkpoint).
-std::map<int, double> StepLosses(const std::string& output) {
-  std::map<int, double> out;
-  for (const auto& line : JsonLines(output)) out[static_cast<int>(Field(line, "step"))] = Field(line, "loss");
-  return out;
-}
-
-pid_t PidIn(const std::string& up_log, const std::string& name) {
-  for (absl::string_view line : absl::StrSplit(up_log, '\n')) {
-    if (absl::StartsWith(line, name + ": pid ")) {
-      int pid = 0;
-      if (absl::SimpleAtoi(line.substr(name.size() + 6), &pid)) return pid;
-    }
-  }
-  return 0;
+std::string WriteJob(const testing::UpFleet& fleet, const std::string& name, int steps, const std::string& checkpoint) {
+  return testing::WriteJobFile(
+      fleet.dir, "decoder_fsdp2.textproto", name, steps,
+      checkpoint.empty() ? "" : absl::StrCat("checkpoint { dir: \"", checkpoint, "\" every_n_steps: 5 }"));
 }
 
 TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
-  const std::string dir = testing::TempDir("restart");
-  const std::string root = dir + "/root";
-  ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
-  setenv("BATON_TOKEN_FILE", (dir + "/client.token").c_str(), 1);
-  auto up = testing::StartBackground(
-      {Baton(), "up", "--workers=4", "--address_file=" + dir + "/addr", "--checkpoint_root=" + root, "--http_port=-1",
-       "--controller_bin=" + Runfile("controller/baton-controller"), "--worker_bin=" + Runfile("worker/baton-worker")},
-      dir + "/up.log");
-  const std::string addr = testing::AwaitLine(dir + "/addr", absl::Seconds(60));
-  ASSERT_FALSE(addr.empty()) << ReadFile(dir + "/up.log");
-  const pid_t controller = PidIn(ReadFile(dir + "/up.log"), "controller");
-  ASSERT_GT(controller, 0) << ReadFile(dir + "/up.log");
-  auto cli = [&](std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
-    args.insert(args.begin(), Baton());
-    args.push_back("--controller=" + addr);
-    return RunCommand(args, timeout);
-  };
-  auto id_of = [](const testing::CommandResult& r) {
-    std::vector<std::string> lines = absl::StrSplit(r.output, '\n', absl::SkipEmpty());
-    return lines.empty() ? std::string() : lines.back();
-  };
+  testing::UpFleet fleet = testing::StartUpFleet("restart", 4);
+  const std::string& dir = fleet.dir;
+  const std::string addr = fleet.addr;
+  ASSERT_FALSE(addr.empty()) << fleet.log();
+  const pid_t controller = fleet.CurrentPid("controller");
+  ASSERT_GT(controller, 0) << fleet.log();
 
   // The uninterrupted run, detached, to compare with.
   const int kSteps = 120;
-  const std::string straight = id_of(cli({"submit", WriteJob(dir, "straight", kSteps, "straight")}));
-  auto straight_log = cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(180));
+  const std::string straight = fleet.Submit(WriteJob(fleet, "straight", kSteps, "straight"));
+  auto straight_log = fleet.Cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(180));
   ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;
-  const std::map<int, double> uninterrupted = StepLosses(straight_log.output);
+  const std::map<int, double> uninterrupted = testing::StepLosses(straight_log.output);
   ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
 
   // The same job again, and an attached run beside it.
-  const std::string detached = id_of(cli({"submit", WriteJob(dir, "detached", kSteps, "detached")}));
+  const std::string detached = fleet.Submit(WriteJob(fleet, "detached", kSteps, "detached"));
   auto attached = testing::StartBackground(
-      {Baton(), "run", "--controller=" + addr, WriteJob(dir, "attached", 100000, "")}, dir + "/attached.log");
+      {Baton(), "run", "--controller=" + addr, WriteJob(fleet, "attached", 100000, "")}, dir + "/attached.log");
   auto client = Client::Connect(addr);
   ASSERT_TRUE(client.ok());
   auto step_of = [&](const std::string& id) {
@@ -141,16 +103,16 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
               killed_at, detached.c_str(), absl::ToDoubleSeconds(answered - killed), back_s);
   EXPECT_EQ(registered, 4);
   EXPECT_LE(back_s, 3.0);
-  for (absl::string_view line : absl::StrSplit(ReadFile(dir + "/up.log"), '\n')) {
+  for (absl::string_view line : absl::StrSplit(fleet.log(), '\n')) {
     if (absl::StrContains(line, "controller") && !absl::StartsWith(line, "event")) std::printf("  up: %s\n", std::string(line).c_str());
   }
 
   // The detached job resumes from its last checkpoint and finishes.
-  auto resumed = cli({"logs", detached, "--follow", "--output=json"}, absl::Seconds(180));
+  auto resumed = fleet.Cli({"logs", detached, "--follow", "--output=json"}, absl::Seconds(180));
   EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
   const size_t requeued = resumed.output.find("\"resumes\":1");
   ASSERT_NE(requeued, std::string::npos) << resumed.output;
-  const std::map<int, double> after = StepLosses(resumed.output.substr(requeued));
+  const std::map<int, double> after = testing::StepLosses(resumed.output.substr(requeued));
   ASSERT_FALSE(after.empty());
   int identical = 0;
   for (const auto& [step, loss] : after) identical += uninterrupted.count(step) && uninterrupted.at(step) == loss;
@@ -180,13 +142,9 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
   EXPECT_NE(code, 0);
   EXPECT_TRUE(absl::StrContains(attached_log, "controller restarted")) << attached_log;
 
-  kill(up.pid, SIGTERM);
-  EXPECT_EQ(testing::WaitBackground(up, absl::Seconds(20)), 0);
-  const std::string up_log = ReadFile(dir + "/up.log");
-  for (const std::string name : {"worker-0", "worker-1", "worker-2", "worker-3"}) {
-    EXPECT_TRUE(testing::ProcessGone(PidIn(up_log, name))) << name << " left behind";
-  }
-  EXPECT_TRUE(absl::StrContains(up_log, "controller restarted on " + addr)) << up_log;
+  EXPECT_EQ(fleet.Stop(), 0);
+  for (const pid_t p : fleet.AllPids()) EXPECT_TRUE(testing::ProcessGone(p)) << "pid " << p << " left behind";
+  EXPECT_TRUE(absl::StrContains(fleet.log(), "controller restarted on " + addr)) << fleet.log();
 }
 
 }  // namespace

@@ -22,57 +22,34 @@
 #include "client/client.h"
 #include "tests/cluster_util.h"
 #include "tests/process_util.h"
+#include "tests/up_fleet.h"
 
 namespace baton {
 namespace {
 
-using testing::ReadFile;
-using testing::Runfile;
 
-// Every worker process `baton up` started, by name: its current pid, and
-// the pids that ended (with how).
-struct Fleet {
-  std::map<std::string, pid_t> current;
+// The worker processes `baton up` saw end (its log: "worker-1 (pid 40)
+// killed by signal 9 (Killed)"), by pid.
+std::map<pid_t, std::string> EndedWorkers(const std::string& up_log) {
   std::map<pid_t, std::string> ended;
-};
-
-Fleet ReadFleet(const std::string& up_log) {
-  Fleet f;
   for (absl::string_view line : absl::StrSplit(up_log, '\n')) {
+    const size_t at = line.find(" (pid ");
+    if (!absl::StartsWith(line, "worker-") || at == absl::string_view::npos) continue;
+    const size_t close = line.find(')', at);
     int pid = 0;
-    if (absl::StartsWith(line, "worker-") && absl::StrContains(line, ": pid ")) {  // "worker-0: pid 12"
-      const size_t at = line.find(": pid ");
-      if (absl::SimpleAtoi(line.substr(at + 6), &pid)) f.current[std::string(line.substr(0, at))] = pid;
-    } else if (absl::StrContains(line, " restarted (pid ")) {  // "worker-1 restarted (pid 40)"
-      const size_t at = line.find(" restarted (pid ");
-      if (absl::SimpleAtoi(line.substr(at + 16, line.size() - at - 17), &pid)) {
-        f.current[std::string(line.substr(0, at))] = pid;
-      }
-    } else if (absl::StartsWith(line, "worker-") && absl::StrContains(line, " (pid ")) {  // "worker-1 (pid 40) killed by signal 9 (Killed)"
-      const size_t at = line.find(" (pid ");
-      const size_t close = line.find(')', at);
-      if (close != absl::string_view::npos && absl::SimpleAtoi(line.substr(at + 6, close - at - 6), &pid)) {
-        f.ended[pid] = std::string(line);
-      }
+    if (close != absl::string_view::npos && absl::SimpleAtoi(line.substr(at + 6, close - at - 6), &pid)) {
+      ended[pid] = std::string(line);
     }
   }
-  return f;
+  return ended;
 }
 
 class SurvivorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir("survivors");
-    const std::string root = dir_ + "/root";
-    ASSERT_EQ(system(absl::StrCat("mkdir -p ", root).c_str()), 0);
-    setenv("BATON_TOKEN_FILE", (dir_ + "/client.token").c_str(), 1);
-    up_ = testing::StartBackground(
-        {testing::BatonBinary(), "up", "--workers=4", "--address_file=" + dir_ + "/addr", "--checkpoint_root=" + root,
-         "--http_port=-1", "--controller_bin=" + Runfile("controller/baton-controller"),
-         "--worker_bin=" + Runfile("worker/baton-worker")},
-        dir_ + "/up.log");
-    addr_ = testing::AwaitLine(dir_ + "/addr", absl::Seconds(60));
-    ASSERT_FALSE(addr_.empty()) << ReadFile(dir_ + "/up.log");
+    fleet_ = testing::StartUpFleet("survivors", 4);
+    addr_ = fleet_.addr;
+    ASSERT_FALSE(addr_.empty()) << fleet_.log();
     auto client = Client::Connect(addr_);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
@@ -83,12 +60,7 @@ class SurvivorsTest : public ::testing::Test {
     const char* seed = std::getenv("BATON_TEST_SEED");
     seed_ = seed != nullptr ? std::strtoull(seed, nullptr, 10) : absl::ToUnixNanos(absl::Now());
   }
-  void TearDown() override {
-    if (up_.pid > 0) {
-      kill(up_.pid, SIGTERM);
-      testing::WaitBackground(up_, absl::Seconds(20));
-    }
-  }
+  void TearDown() override { fleet_.Stop(); }
 
   // Waits until all 4 workers are registered and alive.
   bool AwaitFleet(absl::Duration timeout) {
@@ -107,7 +79,7 @@ class SurvivorsTest : public ::testing::Test {
 
   // Kills worker `name`'s current process; returns its pid.
   pid_t Kill(const std::string& name) {
-    const pid_t pid = ReadFleet(ReadFile(dir_ + "/up.log")).current[name];
+    const pid_t pid = fleet_.CurrentPid(name);
     if (pid > 0) kill(pid, SIGKILL);
     killed_.insert(pid);
     return pid;
@@ -116,14 +88,14 @@ class SurvivorsTest : public ::testing::Test {
   // Worker processes that ended without the test killing them.
   std::vector<std::string> SurvivorDeaths() {
     std::vector<std::string> out;
-    for (const auto& [pid, line] : ReadFleet(ReadFile(dir_ + "/up.log")).ended) {
+    for (const auto& [pid, line] : EndedWorkers(fleet_.log())) {
       if (!killed_.count(pid)) out.push_back(line);
     }
     return out;
   }
 
-  std::string dir_, addr_;
-  testing::Background up_;
+  testing::UpFleet fleet_;
+  std::string addr_;
   std::unique_ptr<Client> client_;
   int rounds_ = 25;
   uint64_t seed_ = 0;
@@ -134,10 +106,10 @@ TEST_F(SurvivorsTest, NoSurvivorDiesOfAPeerKilledDuringALargeCheck) {
   std::mt19937_64 draw(seed_);
   int checks_failed = 0;
   for (int round = 0; round < rounds_; ++round) {
-    ASSERT_TRUE(AwaitFleet(absl::Seconds(30))) << "round " << round << ":\n" << ReadFile(dir_ + "/up.log");
+    ASSERT_TRUE(AwaitFleet(absl::Seconds(30))) << "round " << round << ":\n" << fleet_.log();
     auto check = testing::StartBackground({testing::BatonBinary(), "check", "--controller=" + addr_, "--mesh=dp=2,tp=2",
                                            "--numel=4194304", "--iters=2", "--timeout_ms=20000"},
-                                          absl::StrCat(dir_, "/check-", round, ".log"));
+                                          absl::StrCat(fleet_.dir, "/check-", round, ".log"));
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(0, 1500)(draw)));
     Kill(absl::StrCat("worker-", std::uniform_int_distribution<int>(0, 3)(draw)));
     bool timed_out = false;
@@ -156,17 +128,9 @@ TEST_F(SurvivorsTest, NoSurvivorDiesOfAPeerKilledDuringALargeCheck) {
 
 TEST_F(SurvivorsTest, NoSurvivorDiesOfAPeerKilledDuringAPipelineStep) {
   std::mt19937_64 draw(seed_);
-  std::string text = ReadFile(Runfile("examples/decoder_pp4_1f1b.textproto"));
-  text.replace(text.find("steps: 10"), 9, "steps: 1000000");
-  absl::StrAppend(&text, "\nrestart { max_restarts: 1000 backoff_ms: 50 }\n");
-  const std::string path = dir_ + "/pipeline.textproto";
-  FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
-  auto submitted = testing::RunCommand({testing::BatonBinary(), "submit", path, "--controller=" + addr_}, absl::Seconds(60));
-  std::vector<std::string> out = absl::StrSplit(submitted.output, '\n', absl::SkipEmpty());
-  ASSERT_FALSE(out.empty()) << submitted.output;
-  const std::string job = out.back();
+  const std::string job = fleet_.Submit(testing::WriteJobFile(fleet_.dir, "decoder_pp4_1f1b.textproto", "pipeline",
+                                                              1000000, "restart { max_restarts: 1000 backoff_ms: 50 }"));
+  ASSERT_FALSE(job.empty());
   for (int round = 0; round < rounds_; ++round) {
     // Running, a step past where it started.
     const absl::Time until = absl::Now() + absl::Seconds(60);
