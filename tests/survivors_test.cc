@@ -62,14 +62,18 @@ class SurvivorsTest : public ::testing::Test {
   }
   void TearDown() override { fleet_.Stop(); }
 
-  // Waits until all 4 workers are registered and alive.
+  // Waits until all 4 workers are alive in their current processes: each
+  // registered by the instance `baton up` started last (a killed one's
+  // successor), none DEAD.
   bool AwaitFleet(absl::Duration timeout) {
     const absl::Time until = absl::Now() + timeout;
     while (absl::Now() < until) {
       auto s = client_->Status();
       int alive = 0;
       if (s.ok()) {
-        for (const auto& w : s->workers()) alive += w.state() != baton::v1::DEAD;
+        for (const auto& w : s->workers()) {
+          alive += w.state() != baton::v1::DEAD && w.pid() == fleet_.CurrentPid(w.name());
+        }
       }
       if (alive == 4) return true;
       absl::SleepFor(absl::Milliseconds(20));
