@@ -33,8 +33,9 @@ namespace {
 std::map<pid_t, std::string> EndedWorkers(const std::string& up_log) {
   std::map<pid_t, std::string> ended;
   for (absl::string_view line : absl::StrSplit(up_log, '\n')) {
+    // "NAME (pid N) how it ended", not "NAME restarted (pid N)".
     const size_t at = line.find(" (pid ");
-    if (!absl::StartsWith(line, "worker-") || at == absl::string_view::npos) continue;
+    if (!absl::StartsWith(line, "worker-") || at == absl::string_view::npos || at != line.find(' ')) continue;
     const size_t close = line.find(')', at);
     int pid = 0;
     if (close != absl::string_view::npos && absl::SimpleAtoi(line.substr(at + 6, close - at - 6), &pid)) {
