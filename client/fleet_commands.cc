@@ -66,6 +66,8 @@ int Up() {
   }
   std::printf("client token: %s (baton commands read it from --token_file or $BATON_TOKEN_FILE)\n",
               (*cluster)->client_token_file().c_str());
+  std::printf("worker token: %s (a worker started by hand joins with --worker_token_file)\n",
+              (*cluster)->worker_token_file().c_str());
   std::printf("job table: %s\n", (*cluster)->state_dir().c_str());
   for (const auto& p : (*cluster)->processes()) std::printf("%s: pid %d\n", p.name.c_str(), p.pid);
   std::printf("ready: %d workers registered; Ctrl-C stops the cluster\n", options.workers);

@@ -323,7 +323,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Publish(
   md.set_version(kCheckpointVersion);
   md.set_step(step);
   md.set_seed(job_->status().data_seed());
-  *md.mutable_job() = job_->spec();
+  *md.mutable_job() = *job_->placed_spec();  // the mesh it was saved from
   md.set_block_bytes(options_.block_bytes);
   md.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   std::map<std::string, baton::v1::CheckpointTensor*> tensors;

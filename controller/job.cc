@@ -33,6 +33,40 @@ Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
   target_step_ = status_.step();
   settled_step_ = status_.step();
   last_call_ = absl::Now();
+  placed_ = std::make_shared<const baton::v1::JobSpec>(spec_);
+}
+
+std::shared_ptr<const baton::v1::JobSpec> Job::placed_spec() const {
+  absl::MutexLock lock(&mu_);
+  return placed_;
+}
+
+bool Job::shrunk() const {
+  absl::MutexLock lock(&mu_);
+  return own_plan_ != nullptr;
+}
+
+void Job::Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) {
+  absl::MutexLock lock(&mu_);
+  if (own_plan_ == nullptr) own_plan_ = plan_;
+  *status_.mutable_mesh() = placed.mesh();
+  int size = 1;
+  for (const auto& axis : placed.mesh()) size *= axis.size();
+  status_.set_workers_needed(size);
+  placed_ = std::make_shared<const baton::v1::JobSpec>(std::move(placed));
+  plan_ = std::move(plan);
+}
+
+void Job::Unshrink() {
+  absl::MutexLock lock(&mu_);
+  if (own_plan_ == nullptr) return;
+  plan_ = std::move(own_plan_);
+  own_plan_ = nullptr;
+  placed_ = std::make_shared<const baton::v1::JobSpec>(spec_);
+  *status_.mutable_mesh() = spec_.mesh();
+  int size = 1;
+  for (const auto& axis : spec_.mesh()) size *= axis.size();
+  status_.set_workers_needed(size);
 }
 
 std::shared_ptr<const JobPlan> Job::plan() const {

@@ -51,7 +51,17 @@ class Job {
   Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan);
 
   const std::string& id() const { return id_; }
+  // What was submitted (its own mesh).
   const baton::v1::JobSpec& spec() const { return spec_; }
+  // What it is placed with: spec(), or - shrunk onto fewer workers after a
+  // failure (RestartPolicy.min_workers) - the same with a smaller
+  // data-parallel axis.
+  std::shared_ptr<const baton::v1::JobSpec> placed_spec() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool shrunk() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Places it from now on with `placed` and its Programs `plan`; without
+  // arguments, back on its own mesh and Programs.
+  void Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
+  void Unshrink() ABSL_LOCKS_EXCLUDED(mu_);
   // Its Programs and what they predict; once it ended, what they predicted
   // only (ReleasePrograms: an ended job holds no Program).
   std::shared_ptr<const JobPlan> plan() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -167,6 +177,8 @@ class Job {
 
   mutable absl::Mutex mu_;
   std::shared_ptr<const JobPlan> plan_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const JobPlan> own_plan_ ABSL_GUARDED_BY(mu_);  // its own mesh's, kept while shrunk
+  std::shared_ptr<const baton::v1::JobSpec> placed_ ABSL_GUARDED_BY(mu_);
   baton::v1::JobStatus status_ ABSL_GUARDED_BY(mu_);
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);

@@ -186,16 +186,23 @@ void JobManager::Schedule() {
         continue;
       }
       if (auto nb = not_before_.find(id); nb != not_before_.end() && absl::Now() < nb->second) break;
-      const baton::v1::JobSpec& spec = job->spec();
       // A restart waits for the workers it ran on for a while, then takes
-      // what its spec allows.
+      // what its spec allows - or, too few being free, shrinks if it may.
       std::vector<std::string> names = job->recovery_workers(absl::Now());
-      if (names.empty()) names.assign(spec.workers().begin(), spec.workers().end());
-      auto reserved = meshes_->Reserve(id, MeshSize(spec), names);
+      const bool waits_for_its_own = !names.empty();
+      if (names.empty()) names.assign(job->spec().workers().begin(), job->spec().workers().end());
+      auto reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), names);
+      if (!reserved.ok() && !waits_for_its_own && job->state() == baton::v1::JOB_RECOVERING) {
+        if (auto restore = Shrink(*job); restore.ok()) {
+          restores_[id] = std::move(*restore);
+          reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), {});
+        }
+      }
       if (!reserved.ok()) {
         job->SetWaitingFor(std::string(reserved.status().message()));
         break;  // first come, first served: the ones behind it wait too
       }
+      const baton::v1::JobSpec& spec = *job->placed_spec();
       queue_.pop_front();
       not_before_.erase(id);
       RestorePlan restore = std::move(restores_[id]);
@@ -223,11 +230,7 @@ void JobManager::OnEnd(Job& job) {
   // RECOVERING: restored from its newest complete checkpoint (or from the
   // start: its spec's resume_from or init_from, or step 0).
   std::optional<absl::StatusOr<RestorePlan>> recovery;
-  if (job.state() == baton::v1::JOB_RECOVERING) {
-    const std::shared_ptr<const JobPlan> plan = job.plan();
-    recovery = PlanRestore(options_.checkpoints.file_root, job.spec(), plan->programs,
-                           ResumePoint(job.Record(), options_.checkpoints.file_root));
-  }
+  if (job.state() == baton::v1::JOB_RECOVERING) recovery = PlanRecovery(job, *job.placed_spec(), *job.plan());
   if (recovery && !recovery->ok()) {
     const std::string cause = absl::StrCat("cannot restore it after its failure: ", recovery->status().message());
     job.Enter(baton::v1::JOB_FAILED, cause);
@@ -238,20 +241,16 @@ void JobManager::OnEnd(Job& job) {
     absl::MutexLock lock(&mu_);
     auto it = runners_.find(job.id());
     if (it != runners_.end()) {
-      if (job.state() == baton::v1::JOB_PENDING && !shutting_down_) {
-        // Placing it failed for the fleet's sake: first in line again, after
-        // a pause.
-        queue_.push_front(job.id());
-        not_before_[job.id()] = absl::Now() + options_.retry_backoff;
-        restores_[job.id()] = it->second->restore();
-      }
-      if (job.state() == baton::v1::JOB_RECOVERING && !shutting_down_) {
-        // First in line, after its restart's pause.
-        const baton::v1::RestartPolicy& policy = job.spec().restart();
+      // Placing it failed for the fleet's sake (PENDING), or it failed and
+      // may restart (RECOVERING): first in line again, after a pause.
+      const baton::v1::RestartPolicy& policy = job.spec().restart();
+      const bool pending = job.state() == baton::v1::JOB_PENDING, recovering = job.state() == baton::v1::JOB_RECOVERING;
+      if ((pending || recovering) && !shutting_down_) {
         queue_.push_front(job.id());
         not_before_[job.id()] =
-            absl::Now() + absl::Milliseconds(policy.has_backoff_ms() ? policy.backoff_ms() : kRestartBackoffMs);
-        restores_[job.id()] = std::move(**recovery);
+            absl::Now() + (pending ? options_.retry_backoff
+                                   : absl::Milliseconds(policy.has_backoff_ms() ? policy.backoff_ms() : kRestartBackoffMs));
+        restores_[job.id()] = pending ? it->second->restore() : std::move(**recovery);
       }
       finished_runners_.push_back(std::move(it->second));
       runners_.erase(it);

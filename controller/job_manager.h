@@ -135,6 +135,15 @@ class JobManager {
   // A runner's job ended, went back to PENDING, or is RECOVERING (requeued
   // first in line, restored from its newest checkpoint).
   void OnEnd(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Supervision (job_supervision.cc). What a RECOVERING job placed with
+  // `placed` and `plan` restores: its newest complete checkpoint, or its
+  // start.
+  absl::StatusOr<RestorePlan> PlanRecovery(const Job& job, const baton::v1::JobSpec& placed, const JobPlan& plan);
+  // Too few workers free for a RECOVERING job past its replacement timeout:
+  // reshapes it onto as many as are free (no fewer than restart.min_workers)
+  // by shrinking its data-parallel axis, compiled and its restore planned;
+  // FAILED_PRECONDITION when it may not or cannot.
+  absl::StatusOr<RestorePlan> Shrink(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where a requeued job resumes (job_recovery.cc): the checkpoint its
   // record names, or the newest complete one of its own directory; "" when
   // neither.

@@ -8,6 +8,7 @@
 #include "controller/controller_metrics.h"
 #include "common/wire.h"
 #include "controller/step_metrics.h"
+#include "strategies/job_spec.h"
 
 namespace baton {
 namespace {
@@ -40,7 +41,8 @@ void JobRunner::Start() {
 
 absl::Status JobRunner::Place() {
   const baton::v1::JobSpec& spec = job_->spec();
-  auto mesh = context_.meshes->Form(job_->id(), {spec.mesh().begin(), spec.mesh().end()}, job_->status().backend());
+  const std::shared_ptr<const baton::v1::JobSpec> placed = job_->placed_spec();  // shrunk, or its own
+  auto mesh = context_.meshes->Form(job_->id(), {placed->mesh().begin(), placed->mesh().end()}, job_->status().backend());
   if (!mesh.ok()) return mesh.status();
   {
     absl::MutexLock lock(&job_->work_mu());
@@ -87,13 +89,17 @@ absl::Status JobRunner::Place() {
 }
 
 void JobRunner::Run() {
+  const bool recovering = job_->state() == baton::v1::JOB_RECOVERING;
   if (absl::Status placed = Place(); !placed.ok()) {
     std::string why;
     const Job::Interrupt interrupt = job_->interrupt(&why);
     if (interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
     if (interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
     if (job_->detached() && Retriable(placed)) {
-      return End(baton::v1::JOB_PENDING, absl::StrCat("placing it failed, trying again: ", placed.message()));
+      // Back in line; a restart goes on RECOVERING (it may still shrink).
+      if (recovering) context_.meshes->DeclareGone(mesh_);
+      return End(recovering ? baton::v1::JOB_RECOVERING : baton::v1::JOB_PENDING,
+                 absl::StrCat("placing it failed, trying again: ", placed.message()));
     }
     return End(baton::v1::JOB_FAILED, std::string(placed.message()));
   }
@@ -144,6 +150,7 @@ void JobRunner::Run() {
                                                      "(checkpoint.max_failures ", max_failures, "); the last: ",
                                                      status.checkpoint_error()));
     }
+    if (job_->shrunk() && job_->step() < job_->steps() && GrowBack()) return;
   }
   if (job_->detached()) return End(baton::v1::JOB_FINISHED, "");
   // An attached job that ran its last step is FINISHED, and keeps its
@@ -302,7 +309,8 @@ bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
   const baton::v1::Event::Kind kind = state == baton::v1::JOB_FINISHED  ? baton::v1::Event::JOB_FINISHED
                                       : state == baton::v1::JOB_STOPPED ? baton::v1::Event::JOB_STOPPED
                                       : state == baton::v1::JOB_FAILED  ? baton::v1::Event::JOB_FAILED
-                                                                        : baton::v1::Event::JOB_REQUEUED;
+                                      : state == baton::v1::JOB_RECOVERING ? baton::v1::Event::JOB_RECOVERING
+                                                                          : baton::v1::Event::JOB_REQUEUED;
   context_.events->Append(JobEvent(kind, job_->id(), job_->step(),
                                    state == baton::v1::JOB_FINISHED ? absl::StrCat("after ", job_->step(), " steps") : "",
                                    why));
@@ -336,6 +344,9 @@ void JobRunner::Fail(const std::string& cause) {
                                                                                      : kReplacementTimeoutMs);
   std::vector<std::string> names(mesh_.worker_names().begin(), mesh_.worker_names().end());
   const std::string workers = absl::StrJoin(names, ", ");
+  // A worker whose process is gone is dead now: the job need not wait for a
+  // heartbeat timeout to learn it must wait for its replacement.
+  context_.meshes->DeclareGone(mesh_);
   job_->SetRecoveryWorkers(std::move(names), absl::Now() + wait);
   FreeWorkers(absl::StrCat("job ", job_->id(), " JOB_RECOVERING"));
   job_->Enter(baton::v1::JOB_RECOVERING, cause);
@@ -347,6 +358,29 @@ void JobRunner::Fail(const std::string& cause) {
                                    cause));
   context_.persist(*job_);
   context_.on_end(*job_);
+}
+
+bool JobRunner::GrowBack() {
+  const int own = MeshSize(job_->spec()), placed = MeshSize(*job_->placed_spec());
+  const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
+  if (ck.dir().empty() || static_cast<int>(context_.meshes->FreeWorkers().size()) < own - placed) return false;
+  // Through a checkpoint of this step (live rescale, worker to worker, is
+  // not there yet).
+  absl::StatusOr<baton::v1::CheckpointInfo> saved;
+  {
+    absl::MutexLock work(&job_->work_mu());
+    saved = checkpoints_.Save(mesh_, ck.dir(), /*async=*/false, /*periodic=*/false);
+  }
+  if (!saved.ok()) return false;  // recorded in the job; it goes on shrunk
+  FreeWorkers(absl::StrCat("job ", job_->id(), " grows back onto ", own, " workers"));
+  job_->Unshrink();
+  const std::string detail = absl::StrCat("grows back onto its ", own, " workers (from ", placed, ") from ",
+                                          saved->path(), " (step ", saved->step(), ")");
+  job_->Enter(baton::v1::JOB_RECOVERING, detail);
+  context_.events->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job_->id(), job_->step(), detail, ""));
+  context_.persist(*job_);
+  context_.on_end(*job_);
+  return true;
 }
 
 void JobRunner::End(baton::v1::JobState state, const std::string& cause) {

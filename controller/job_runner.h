@@ -104,6 +104,9 @@ class JobRunner {
   // while its restarts allow (its workers freed, back in line, the manager
   // restores it), else FAILED listing every failure.
   void Fail(const std::string& cause);
+  // A shrunk job with enough workers free again, between steps: saved at
+  // this step and requeued on its whole mesh (RECOVERING); whether it did.
+  bool GrowBack();
   // Ends the job in `state` (JOB_PENDING: back in line) and gives its
   // workers back; JOB_PENDING without a cause: the controller is shutting
   // down and the job stays as it is.

@@ -1,5 +1,7 @@
 #include "controller/mesh_manager.h"
 
+#include "common/net_probe.h"
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -239,6 +241,19 @@ void MeshManager::Abort(const baton::v1::Mesh& mesh, const std::string& reason) 
   if (formed.epoch() == 0) return;  // aborted already
   AbortFormed(formed, reason);
   if (!formed.job_id().empty() && on_lost) on_lost(formed.job_id(), formed, reason);
+}
+
+std::vector<std::string> MeshManager::DeclareGone(const baton::v1::Mesh& mesh) {
+  std::vector<std::string> gone;
+  for (int r = 0; r < mesh.worker_names_size() && r < mesh.worker_addresses_size(); ++r) {
+    if (!RefusesConnections(mesh.worker_addresses(r), absl::Milliseconds(300))) continue;
+    if (registry_->DeclareDead(mesh.worker_names(r), mesh.worker_addresses(r),
+                               absl::StrCat(mesh.worker_addresses(r), " refuses connections: its process is gone"))) {
+      gone.push_back(mesh.worker_names(r));
+    }
+  }
+  if (!gone.empty()) OnWorkersDead(gone);
+  return gone;
 }
 
 void MeshManager::OnWorkersDead(const std::vector<std::string>& names) {

@@ -85,6 +85,11 @@ class MeshManager {
   // worker of it to drop it. Its owner keeps its workers and is told.
   void Abort(const baton::v1::Mesh& mesh, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Newly DEAD workers (from the monitor): every mesh holding one is aborted.
+  // After a failure on `mesh`: its workers whose address refuses
+  // connections (their process is gone) are DEAD now - in the registry, and
+  // for every mesh they were in (OnWorkersDead) - not a heartbeat timeout
+  // later. Returns their names.
+  std::vector<std::string> DeclareGone(const baton::v1::Mesh& mesh);
   void OnWorkersDead(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every formed mesh, by epoch.

@@ -101,5 +101,48 @@ TEST(SupervisionTest, AJobWaitsForItsDeadWorkersReplacementThenTakesOthers) {
   EXPECT_EQ((*job)->step(), 300);
 }
 
+TEST(SupervisionTest, TooFewWorkersLeftShrinkTheDataParallelAxisDownToMinWorkers) {
+  ControllerHarness h{HarnessOptions()};
+  testing::SlowSteps(h, absl::Milliseconds(5));
+  auto job = h.jobs().Submit(MlpJob("shrinks", 400, "mesh { name: \"dp\" size: 4 } plan { mode: FSDP } "
+                                                    "restart { min_workers: 2 backoff_ms: 20 replacement_timeout_ms: 200 }"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitFor([&] { return (*job)->step() >= 3; }));
+  h.worker(2).Kill();
+  // 3 left: the global batch of 8 does not split over 3 replicas, so dp=2.
+  ASSERT_TRUE(WaitFor([&] { return (*job)->state() == baton::v1::JOB_RUNNING && (*job)->status().workers_size() == 2; }));
+  const baton::v1::JobStatus shrunk = (*job)->status();
+  ASSERT_TRUE(WaitFor([&] { return (*job)->ended(); }, absl::Seconds(30)));
+  std::string detail;
+  for (const auto& e : h.EventsOf(baton::v1::Event::JOB_RECOVERING)) {
+    if (absl::StrContains(e.detail(), "shrunk")) detail = e.detail();
+  }
+  std::printf("fake-2 killed: running on %d workers (mesh dp=%d, %d needed): %s; %s at step %d\n", shrunk.workers_size(),
+              shrunk.mesh(0).size(), shrunk.workers_needed(), detail.c_str(),
+              baton::v1::JobState_Name((*job)->state()).c_str(), (*job)->step());
+  EXPECT_EQ(shrunk.mesh(0).size(), 2);
+  EXPECT_TRUE(absl::StrContains(detail, "shrunk onto 2 of its 4 workers (dp=2 instead of 4)")) << detail;
+  EXPECT_EQ((*job)->state(), baton::v1::JOB_FINISHED) << (*job)->status().error();
+  EXPECT_EQ((*job)->step(), 400);
+}
+
+TEST(SupervisionTest, AJobThatMayNotShrinkWaitsForWorkers) {
+  ControllerHarness h{HarnessOptions()};
+  testing::SlowSteps(h, absl::Milliseconds(5));
+  auto job = h.jobs().Submit(MlpJob("waits", 400, "mesh { name: \"dp\" size: 4 } plan { mode: FSDP } "
+                                                  "restart { backoff_ms: 20 replacement_timeout_ms: 200 }"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitFor([&] { return (*job)->step() >= 3; }));
+  h.worker(2).Kill();
+  ASSERT_TRUE(WaitFor([&] { return (*job)->state() == baton::v1::JOB_RECOVERING; }));
+  absl::SleepFor(absl::Seconds(1));
+  const baton::v1::JobStatus s = (*job)->status();
+  std::printf("no min_workers: %s after 1 s, waiting for: %s\n", baton::v1::JobState_Name(s.state()).c_str(),
+              s.waiting_for().c_str());
+  EXPECT_EQ(s.state(), baton::v1::JOB_RECOVERING);
+  EXPECT_EQ(s.mesh(0).size(), 4);
+  h.jobs().Stop((*job)->id(), "test over").IgnoreError();
+}
+
 }  // namespace
 }  // namespace baton

@@ -156,6 +156,9 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return Invalid("checkpoint.dir is missing (where the checkpoints go)");
   }
   const auto& restart = job.restart();
+  if (restart.has_min_workers() && (restart.min_workers() < 1 || restart.min_workers() > MeshSize(job))) {
+    return Invalid(absl::StrCat("restart.min_workers must be in [1, ", MeshSize(job), "] (the mesh's size)"));
+  }
   if (restart.max_restarts() < 0 || restart.max_restarts() > kMaxRestarts) {
     return Invalid(absl::StrCat("restart.max_restarts must be in [0, ", kMaxRestarts, "]"));
   }

@@ -13,11 +13,13 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <functional>
 #include <map>
 #include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
@@ -176,6 +178,112 @@ TEST(RecoveryTest, ThreeKillsPastTwoRestartsFailTheJobListingEveryCause) {
   for (absl::string_view line : absl::StrSplit(s.error(), '\n')) listed += absl::StrContains(line, "unreachable");
   EXPECT_EQ(listed, 3) << s.error();
   EXPECT_EQ(fleet.Stop(), 0);
+}
+
+// Shrink and grow back: an FSDP dp=4 job with restart { min_workers: 2 } on
+// a fleet that does not restart its workers; one killed, the job goes on
+// shrunk onto dp=2 (3 free workers do not split the global batch of 16), its
+// steps equal a reference resumed from the same checkpoint on dp=2; the
+// worker started again by hand, the job grows back onto dp=4 at the next
+// step boundary, through a checkpoint, and finishes.
+TEST(RecoveryTest, AJobShrinksOntoTheWorkersLeftAndGrowsBack) {
+  testing::UpFleet fleet = testing::StartUpFleet("shrink", 4, {"--restart_workers=false"});
+  ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
+  auto client = Client::Connect(fleet.addr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const int kSteps = 60;
+  const std::string job = fleet.Submit(testing::WriteJobFile(
+      fleet.dir, "decoder_fsdp4.textproto", "elastic", kSteps,
+      "checkpoint { dir: \"elastic\" every_n_steps: 5 }\n"
+      "restart { min_workers: 2 replacement_timeout_ms: 1000 backoff_ms: 100 }"));
+  ASSERT_FALSE(job.empty());
+  auto job_status = [&] {
+    auto j = (*client)->GetJob(job);
+    return j.ok() ? *j : baton::v1::JobStatus();
+  };
+  auto await = [&](const std::function<bool(const baton::v1::JobStatus&)>& cond, absl::Duration timeout) {
+    const absl::Time until = absl::Now() + timeout;
+    baton::v1::JobStatus s;
+    while (absl::Now() < until) {
+      s = job_status();
+      if (cond(s)) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return s;
+  };
+  baton::v1::JobStatus s = await([](const auto& s) { return s.step() >= 8; }, absl::Seconds(60));
+  const std::string victim = s.workers(3);
+  ASSERT_EQ(kill(fleet.CurrentPid(victim), SIGKILL), 0);
+  const int killed_at = s.step();
+  // Shrunk: running on 2 workers, past the step it was restored to.
+  s = await([](const auto& s) { return s.state() == baton::v1::JOB_RUNNING && s.workers_size() == 2 && s.step() > s.start_step(); },
+            absl::Seconds(60));
+  ASSERT_EQ(s.workers_size(), 2) << s.DebugString();
+  const int shrunk_from = s.start_step();
+  const std::string restored = s.restored().path();
+  std::printf("%s killed at step %d: %s running on [%s] (%s) from step %d (%s)\n", victim.c_str(), killed_at,
+              job.c_str(), absl::StrJoin(s.workers(), ", ").c_str(),
+              absl::StrJoin(s.mesh(), ",", [](std::string* out, const auto& a) { absl::StrAppend(out, a.name(), "=", a.size()); }).c_str(),
+              shrunk_from, restored.c_str());
+  // A few steps shrunk, then the worker is back (by hand).
+  await([&](const auto& s) { return s.step() >= shrunk_from + 10; }, absl::Seconds(60));
+  auto by_hand = fleet.StartWorker(victim);
+  const absl::Time back = absl::Now();
+  s = await([](const auto& s) { return s.state() == baton::v1::JOB_RUNNING && s.workers_size() == 4 && s.step() > s.start_step(); },
+            absl::Seconds(60));
+  ASSERT_EQ(s.workers_size(), 4) << s.DebugString();
+  const int grew_at = s.start_step();
+  std::printf("%s started again by hand: the job grew back onto 4 workers %.2f s later, at step %d (%s)\n",
+              victim.c_str(), absl::ToDoubleSeconds(absl::Now() - back), grew_at, s.restored().path().c_str());
+  auto followed = fleet.Cli({"logs", job, "--follow", "--output=json"}, absl::Seconds(240));
+  EXPECT_EQ(followed.exit_code, 0) << followed.output;
+  s = job_status();
+  EXPECT_EQ(s.state(), baton::v1::JOB_FINISHED) << s.error();
+  EXPECT_EQ(s.restarts(), 1);
+
+  // The shrunk steps against a reference resumed from the same checkpoint on
+  // dp=2: the steps it ran shrunk, the last time it ran them.
+  std::map<int, double> shrunk;
+  bool in_shrunk = false;
+  for (const auto& line : absl::StrSplit(followed.output, '\n')) {
+    if (absl::StartsWith(line, "{\"state\":")) {
+      in_shrunk = absl::StrContains(line, "\"workers_needed\":2");
+      continue;
+    }
+    if (in_shrunk && absl::StartsWith(line, "{\"step\":")) {
+      shrunk[static_cast<int>(Field(std::string(line), "step"))] = Field(std::string(line), "loss");
+    }
+  }
+  std::string reference_file = testing::WriteJobFile(fleet.dir, "decoder_fsdp4.textproto", "reference", grew_at,
+                                                     absl::StrCat("resume_from: \"", restored, "\""));
+  {
+    // The reference's mesh: dp=2.
+    std::string text = testing::ReadFile(reference_file);
+    text.replace(text.find("size: 4"), 7, "size: 2");
+    FILE* f = std::fopen(reference_file.c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  const std::string reference = fleet.Submit(reference_file);
+  auto reference_log = fleet.Cli({"logs", reference, "--follow", "--output=json"}, absl::Seconds(240));
+  ASSERT_EQ(reference_log.exit_code, 0) << reference_log.output;
+  const std::map<int, double> expected = testing::StepLosses(reference_log.output);
+  double worst = 0;
+  int compared = 0;
+  for (const auto& [step, loss] : shrunk) {
+    if (step > grew_at || !expected.count(step)) continue;
+    worst = std::max(worst, std::abs(loss - expected.at(step)) / std::abs(expected.at(step)));
+    ++compared;
+  }
+  std::printf("steps %d-%d shrunk onto dp=2: %d compared with a reference resumed from %s on dp=2, worst relative "
+              "difference %.3g; %s %s at step %d\n",
+              shrunk_from + 1, grew_at, compared, restored.c_str(), worst, job.c_str(),
+              baton::v1::JobState_Name(s.state()).c_str(), s.step());
+  EXPECT_GE(compared, 10);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_EQ(fleet.Stop(), 0);
+  kill(by_hand.pid, SIGTERM);
+  testing::WaitBackground(by_hand, absl::Seconds(20));
 }
 
 TEST(RecoveryTest, FsdpOnTwoWorkers) { KillAWorkerAndCheckTheJobGoesOnBitForBit("decoder_fsdp2.textproto", 2); }

@@ -74,17 +74,31 @@ int UpFleet::Stop() {
   return code;
 }
 
-UpFleet StartUpFleet(const std::string& name, int workers) {
+Background UpFleet::StartWorker(const std::string& name) const {
+  std::string token;
+  for (absl::string_view line : absl::StrSplit(log(), '\n')) {
+    if (absl::StartsWith(line, "worker token: ")) {
+      token = std::string(line.substr(14, line.find(' ', 14) - 14));
+    }
+  }
+  return StartBackground({Runfile("worker/baton-worker"), "--controller=" + addr, "--name=" + name,
+                          "--host=127.0.0.1", "--port=0", "--worker_token_file=" + token,
+                          "--checkpoint_root=" + dir + "/root"},
+                         dir + "/" + name + "-by-hand.log");
+}
+
+UpFleet StartUpFleet(const std::string& name, int workers, const std::vector<std::string>& extra) {
   UpFleet f;
   f.dir = TempDir(name);
   const std::string root = f.dir + "/root";
   if (system(absl::StrCat("mkdir -p ", root).c_str()) != 0) return f;
   setenv("BATON_TOKEN_FILE", (f.dir + "/client.token").c_str(), 1);
-  f.up = StartBackground({BatonBinary(), "up", absl::StrCat("--workers=", workers), "--address_file=" + f.dir + "/addr",
-                          "--checkpoint_root=" + root, "--http_port=-1",
-                          "--controller_bin=" + Runfile("controller/baton-controller"),
-                          "--worker_bin=" + Runfile("worker/baton-worker")},
-                         f.dir + "/up.log");
+  std::vector<std::string> args = {BatonBinary(), "up", absl::StrCat("--workers=", workers),
+                                   "--address_file=" + f.dir + "/addr", "--checkpoint_root=" + root, "--http_port=-1",
+                                   "--controller_bin=" + Runfile("controller/baton-controller"),
+                                   "--worker_bin=" + Runfile("worker/baton-worker")};
+  args.insert(args.end(), extra.begin(), extra.end());
+  f.up = StartBackground(args, f.dir + "/up.log");
   f.addr = AwaitLine(f.dir + "/addr", absl::Seconds(60));
   return f;
 }

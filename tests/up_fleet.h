@@ -32,12 +32,15 @@ struct UpFleet {
   std::vector<pid_t> AllPids() const;
   // SIGTERM to `baton up`; its exit status (-1 past 30 s).
   int Stop();
+  // Starts worker `name` by hand (as a person would, beside `baton up`), its
+  // output in dir/NAME-by-hand.log.
+  Background StartWorker(const std::string& name) const;
 };
 
-// `baton up --workers=N` from the runfiles in a fresh directory named
-// `name`, its client token there ($BATON_TOKEN_FILE), checkpoints under
-// dir/root.
-UpFleet StartUpFleet(const std::string& name, int workers);
+// `baton up --workers=N` (and `extra` flags) from the runfiles in a fresh
+// directory named `name`, its client token there ($BATON_TOKEN_FILE),
+// checkpoints under dir/root.
+UpFleet StartUpFleet(const std::string& name, int workers, const std::vector<std::string>& extra = {});
 
 // examples/`example` renamed `name` with `steps` steps, `extra` appended;
 // written into `dir`, returning its path.

@@ -1,0 +1,56 @@
+// JobManager's supervision: what a RECOVERING job restores, and shrinking it
+// onto the workers left when too few are free (RestartPolicy.min_workers).
+#include "absl/strings/str_cat.h"
+#include "controller/job_manager.h"
+#include "strategies/job_spec.h"
+
+namespace baton {
+
+absl::StatusOr<RestorePlan> JobManager::PlanRecovery(const Job& job, const baton::v1::JobSpec& placed,
+                                                     const JobPlan& plan) {
+  return PlanRestore(options_.checkpoints.file_root, placed, plan.programs,
+                     ResumePoint(job.Record(), options_.checkpoints.file_root));
+}
+
+absl::StatusOr<RestorePlan> JobManager::Shrink(Job& job) {
+  const baton::v1::JobSpec& spec = job.spec();
+  const int own = MeshSize(spec);
+  const int min_workers = spec.restart().has_min_workers() ? spec.restart().min_workers() : own;
+  const int free = static_cast<int>(meshes_->FreeWorkers().size());
+  if (min_workers >= own || free < min_workers) {
+    return absl::FailedPreconditionError("it may not shrink, or too few workers are free for its min_workers");
+  }
+  // The data-parallel axis: the one neither tensor nor pipeline parallelism
+  // takes (one only: HSDP's two are not shrunk).
+  int axis = -1;
+  for (int a = 0; a < spec.mesh_size(); ++a) {
+    const std::string& name = spec.mesh(a).name();
+    if (name == spec.plan().tensor_parallel().axis() || name == spec.plan().pipeline_parallel().axis()) continue;
+    if (axis >= 0) return absl::FailedPreconditionError("more than one data-parallel axis");
+    axis = a;
+  }
+  if (axis < 0) return absl::FailedPreconditionError("no data-parallel axis to shrink");
+  const int size = spec.mesh(axis).size(), others = own / size;
+  // The largest data-parallel size that fits what is free and keeps the
+  // global batch whole.
+  for (int d = size - 1; d >= 1; --d) {
+    if (d * others > free || d * others < min_workers) continue;
+    baton::v1::JobSpec placed = spec;
+    placed.mutable_mesh(axis)->set_size(d);
+    placed.clear_workers();
+    if (!ValidateJobSpec(placed).ok()) continue;  // the batch does not split over d replicas
+    auto plan = PlanJob(placed, job.id());
+    if (!plan.ok()) continue;
+    auto restore = PlanRecovery(job, placed, *plan);
+    if (!restore.ok()) return restore.status();
+    const std::string detail = absl::StrCat("shrunk onto ", d * others, " of its ", own, " workers (",
+                                            spec.mesh(axis).name(), "=", d, " instead of ", size,
+                                            "): too few free after its replacement timeout");
+    job.Reshape(std::move(placed), std::make_shared<const JobPlan>(std::move(*plan)));
+    events_->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job.id(), job.step(), detail, ""));
+    return restore;
+  }
+  return absl::FailedPreconditionError("no smaller data-parallel size fits the free workers and the batch");
+}
+
+}  // namespace baton
