@@ -10,7 +10,8 @@
 // piece otherwise) and of its moments, intersected with every saved chunk:
 // one ShardRead per overlap, naming the file bytes to read (whole checksum
 // blocks). Loading onto another mesh, world size or plan is this same
-// overlap.
+// overlap. So is a load from live workers' retained state (PlanPeerLoad):
+// the pieces they keep play the saved chunks.
 #ifndef BATON_STRATEGIES_CHECKPOINT_PLAN_H_
 #define BATON_STRATEGIES_CHECKPOINT_PLAN_H_
 
@@ -36,6 +37,23 @@ absl::StatusOr<std::vector<std::vector<baton::v1::ShardWrite>>> PlanSave(
 absl::StatusOr<std::vector<std::vector<baton::v1::ShardRead>>> PlanLoad(
     const baton::v1::CheckpointMetadata& metadata, const std::string& dir,
     const std::vector<baton::v1::Program>& programs, bool optimizer);
+
+// A live worker that keeps a job's state (worker/retained_state.h): the rank
+// it ran in the mesh the state was kept from, and how to read it.
+struct LiveHolder {
+  int rank = 0;
+  baton::v1::PeerSource source;  // its name, address, the job and the step kept
+};
+
+// What each rank of `programs` (run by `target_workers`, by rank) reads from
+// the live `holders` of a job's state, whose ranks ran `held_programs`:
+// parameters and moments, every target piece from holders of the same
+// step. A piece comes from the target's own worker when it keeps it, else
+// from the holders of it in turn by rank. NOT_FOUND naming the first piece
+// no holder has (the caller loads from disk instead).
+absl::StatusOr<std::vector<std::vector<baton::v1::ShardRead>>> PlanPeerLoad(
+    const std::vector<baton::v1::Program>& held_programs, const std::vector<LiveHolder>& holders,
+    const std::vector<baton::v1::Program>& programs, const std::vector<std::string>& target_workers);
 
 }  // namespace baton
 

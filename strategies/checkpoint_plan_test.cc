@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
@@ -190,6 +191,104 @@ TEST(CheckpointPlanTest, ForeignOrMisshapenCheckpointsAreRefused) {
   auto foreign = PlanLoad(md, "DIR", Programs(swiglu), true);
   std::printf("%s\n", foreign.status().ToString().c_str());
   EXPECT_TRUE(absl::IsInvalidArgument(foreign.status()));
+}
+
+// Live holders "w<rank>" of `programs`' state, all but `dead`.
+std::vector<LiveHolder> Holders(int ranks, const std::set<int>& dead) {
+  std::vector<LiveHolder> out;
+  for (int r = 0; r < ranks; ++r) {
+    if (dead.count(r)) continue;
+    LiveHolder h;
+    h.rank = r;
+    h.source.set_worker(absl::StrCat("w", r));
+    h.source.set_address(absl::StrCat("host:", r));
+    h.source.set_job_id("job-1");
+    h.source.set_step(7);
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+// Every read of a peer plan lies inside the piece its holder keeps of that
+// tensor (so it carries the right values: they depend on the place only);
+// counts the bytes read from another worker than the reader and from itself.
+void CheckPeerPlan(const std::vector<std::vector<baton::v1::ShardRead>>& plan,
+                   const std::vector<baton::v1::Program>& held, const std::vector<std::string>& targets,
+                   int64_t* remote, int64_t* local) {
+  auto mesh = ToDeviceMesh(held[0].mesh());
+  ASSERT_TRUE(mesh.ok());
+  for (size_t r = 0; r < plan.size(); ++r) {
+    for (const auto& read : plan[r]) {
+      ASSERT_TRUE(read.has_peer()) << read.tensor();
+      EXPECT_EQ(read.peer().step(), 7);
+      const int holder = std::stoi(read.peer().worker().substr(1));
+      const baton::v1::ParamLayout* pl = nullptr;
+      for (const auto& u : held[holder].units()) {
+        for (const auto& p : u.params()) {
+          if (p.name() == read.param()) pl = &p;
+        }
+      }
+      ASSERT_NE(pl, nullptr) << read.param() << " is not held by rank " << holder;
+      const Piece kept = *LocalPiece(*StorageLayout(*pl, *mesh), *mesh, holder);
+      const Piece region{{read.offsets().begin(), read.offsets().end()}, {read.sizes().begin(), read.sizes().end()}};
+      EXPECT_TRUE(kept.Contains(region)) << read.tensor() << " " << region.ToString() << " from " << kept.ToString();
+      (read.peer().worker() == targets[r] ? *local : *remote) += region.numel() * 4;
+    }
+  }
+}
+
+TEST(CheckpointPlanTest, LiveReplicasRestoreADeadRankWithoutDisk) {
+  // HSDP rep=2 x dp=2: rank 3 (rep 1, dp 1) dies; rank 1 keeps its replica.
+  const auto hsdp = Programs(Decoder(R"pb(mesh { name: "rep" size: 2 } mesh { name: "dp" size: 2 })pb", "mode: HSDP"));
+  const std::vector<std::string> targets = {"w0", "w1", "w2", "w3"};  // w3: its replacement, keeping nothing
+  auto plan = PlanPeerLoad(hsdp, Holders(4, {3}), hsdp, targets);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int64_t remote = 0, local = 0;
+  CheckPeerPlan(*plan, hsdp, targets, &remote, &local);
+  for (const auto& read : (*plan)[3]) EXPECT_EQ(read.peer().worker(), "w1") << read.tensor();
+  for (int r = 0; r < 3; ++r) {
+    for (const auto& read : (*plan)[r]) EXPECT_EQ(read.peer().worker(), targets[r]) << read.tensor();
+  }
+  std::printf("HSDP 2x2, rank 3 replaced: %lld bytes from its replica, %lld kept in place, 0 from disk\n",
+              static_cast<long long>(remote), static_cast<long long>(local));
+  EXPECT_GT(remote, 0);
+
+  // FSDP dp=2: the dead rank's shard exists nowhere else.
+  const auto fsdp = Programs(Decoder(R"pb(mesh { name: "dp" size: 2 })pb", "mode: FSDP"));
+  auto lost = PlanPeerLoad(fsdp, Holders(2, {1}), fsdp, {"w0", "w1"});
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kNotFound) << lost.status();
+  std::printf("FSDP dp=2, rank 1 dead: %s\n", lost.status().ToString().c_str());
+}
+
+TEST(CheckpointPlanTest, LiveStateMovesOntoEveryOtherPlan) {
+  const std::vector<std::pair<std::string, baton::v1::JobSpec>> plans = {
+      {"fsdp dp=2", Decoder(R"pb(mesh { name: "dp" size: 2 })pb", "mode: FSDP")},
+      {"fsdp dp=4", Decoder(R"pb(mesh { name: "dp" size: 4 })pb", "mode: FSDP")},
+      {"fsdp dp=3", Decoder(R"pb(mesh { name: "dp" size: 3 })pb", "mode: FSDP")},
+      {"fsdp dp=2 x tp=2",
+       Decoder(R"pb(mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 })pb",
+               R"pb(mode: FSDP tensor_parallel { axis: "tp" })pb")},
+      {"pp=2 x dp=2",
+       Decoder(R"pb(mesh { name: "pp" size: 2 } mesh { name: "dp" size: 2 })pb",
+               R"pb(mode: FSDP pipeline_parallel { axis: "pp" })pb")},
+  };
+  for (const auto& [from_name, from] : plans) {
+    const auto held = Programs(from);
+    for (const auto& [to_name, to] : plans) {
+      const auto target = Programs(to);
+      std::vector<std::string> targets;
+      for (size_t r = 0; r < target.size(); ++r) targets.push_back(absl::StrCat("w", r));
+      auto plan = PlanPeerLoad(held, Holders(static_cast<int>(held.size()), {}), target, targets);
+      ASSERT_TRUE(plan.ok()) << from_name << " -> " << to_name << ": " << plan.status();
+      int64_t remote = 0, local = 0;
+      CheckPeerPlan(*plan, held, targets, &remote, &local);
+      std::printf("%-18s -> %-18s %8lld bytes worker to worker, %8lld kept in place\n", from_name.c_str(),
+                  to_name.c_str(), static_cast<long long>(remote), static_cast<long long>(local));
+      if (from_name == to_name) {
+        EXPECT_EQ(remote, 0) << from_name;
+      }
+    }
+  }
 }
 
 }  // namespace

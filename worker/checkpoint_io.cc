@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -81,10 +82,95 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WritePieces(const std::string& pat
   return resp;
 }
 
-absl::StatusOr<int64_t> LoadShards(ShardStore& store,
-                                   const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads,
-                                   const std::string& root) {
+absl::StatusOr<std::vector<std::string>> ReadBoxes(
+    const ShardStore& store, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes) {
   at::NoGradGuard no_grad;
+  std::vector<std::string> out;
+  for (const auto& box : boxes) {
+    auto p = store.param(box.param());
+    if (!p.ok()) return p.status();
+    const at::Tensor* field = FieldOf(**p, box.field());
+    if (field == nullptr || !field->defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("no state ", box.field(), " of ", box.param()));
+    }
+    const Piece region{{box.offsets().begin(), box.offsets().end()}, {box.sizes().begin(), box.sizes().end()}};
+    if (auto n = CheckedNumel(region); !n.ok()) return n.status();
+    if (!(*p)->master_piece.Contains(region)) {
+      return absl::InvalidArgumentError(absl::StrCat("box ", region.ToString(), " of ", box.param(),
+                                                     " lies outside the piece held, ", (*p)->master_piece.ToString()));
+    }
+    const at::Tensor values = Narrow(*field, (*p)->master_piece, region).to(at::kFloat).contiguous();
+    out.emplace_back(static_cast<const char*>(values.data_ptr()), values.numel() * sizeof(float));
+  }
+  return out;
+}
+
+namespace {
+
+// Peer reads batched per holder up to this many bytes a call.
+constexpr int64_t kPeerBatchBytes = 32 << 20;
+
+// Every peer read's region, fetched: indexed like `reads` (undefined for
+// file reads).
+absl::StatusOr<std::vector<at::Tensor>> FetchFromPeers(
+    const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads, const PeerFetch& fetch,
+    LoadTotals& totals) {
+  std::vector<at::Tensor> staged(reads.size());
+  std::map<std::string, std::vector<int>> by_peer;
+  for (int i = 0; i < reads.size(); ++i) {
+    if (reads[i].has_peer()) by_peer[reads[i].peer().worker()].push_back(i);
+  }
+  if (!by_peer.empty() && fetch == nullptr) return absl::FailedPreconditionError("no way to reach peers");
+  for (const auto& [worker, indices] : by_peer) {
+    for (size_t begin = 0; begin < indices.size();) {
+      google::protobuf::RepeatedPtrField<baton::v1::PieceBox> boxes;
+      std::vector<int> batch;
+      int64_t bytes = 0;
+      for (size_t i = begin; i < indices.size() && (batch.empty() || bytes < kPeerBatchBytes); ++i) {
+        const baton::v1::ShardRead& read = reads[indices[i]];
+        const Piece region{{read.offsets().begin(), read.offsets().end()}, {read.sizes().begin(), read.sizes().end()}};
+        auto n = CheckedNumel(region);
+        if (!n.ok()) return n.status();
+        baton::v1::PieceBox* box = boxes.Add();
+        box->set_param(read.param());
+        box->set_field(read.field());
+        *box->mutable_offsets() = read.offsets();
+        *box->mutable_sizes() = read.sizes();
+        batch.push_back(indices[i]);
+        bytes += *n * static_cast<int64_t>(sizeof(float));
+      }
+      begin += batch.size();
+      auto values = fetch(reads[batch[0]].peer(), boxes);
+      if (!values.ok()) return values.status();
+      if (values->size() != batch.size()) {
+        return absl::DataLossError(absl::StrCat(worker, " answered ", values->size(), " boxes of ", batch.size()));
+      }
+      for (size_t b = 0; b < batch.size(); ++b) {
+        const baton::v1::ShardRead& read = reads[batch[b]];
+        at::Tensor t = at::empty(std::vector<int64_t>(read.sizes().begin(), read.sizes().end()), at::kFloat);
+        if (static_cast<int64_t>((*values)[b].size()) != t.numel() * static_cast<int64_t>(sizeof(float))) {
+          return absl::DataLossError(absl::StrCat(worker, " answered ", (*values)[b].size(), " bytes for ",
+                                                  read.tensor(), " where ", t.numel() * sizeof(float),
+                                                  " were asked"));
+        }
+        std::memcpy(t.data_ptr(), (*values)[b].data(), (*values)[b].size());
+        totals.by_peer[worker] += static_cast<int64_t>((*values)[b].size());
+        staged[batch[b]] = std::move(t);
+      }
+    }
+  }
+  return staged;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadTotals> LoadShards(ShardStore& store,
+                                      const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads,
+                                      const std::string& root, const PeerFetch& fetch) {
+  at::NoGradGuard no_grad;
+  LoadTotals totals;
+  auto from_peers = FetchFromPeers(reads, fetch, totals);
+  if (!from_peers.ok()) return from_peers.status();
   std::set<const ShardStore::Param*> resident;  // parameters of resident units
   for (const auto& u : store.units()) {
     if (!u->resident) continue;
@@ -92,7 +178,8 @@ absl::StatusOr<int64_t> LoadShards(ShardStore& store,
   }
   ChunkReader reader;
   std::string last_path, last_resolved;
-  for (const auto& read : reads) {
+  for (int i = 0; i < reads.size(); ++i) {
+    const baton::v1::ShardRead& read = reads[i];
     auto p = store.param(read.param());
     if (!p.ok()) return p.status();
     ShardStore::Param& param = **p;
@@ -100,12 +187,6 @@ absl::StatusOr<int64_t> LoadShards(ShardStore& store,
     if (field == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown shard field ", read.field()));
     const Piece region{{read.offsets().begin(), read.offsets().end()}, {read.sizes().begin(), read.sizes().end()}};
     if (auto n = CheckedNumel(region); !n.ok()) return n.status();
-    if (read.path() != last_path) {
-      auto resolved = ResolveUnderRoot(root, read.path());
-      if (!resolved.ok()) return resolved.status();
-      last_path = read.path();
-      last_resolved = *resolved;
-    }
     // Which of this rank's tensors the region lands in.
     const bool into_full = read.field() == baton::v1::PARAM && resident.count(&param) > 0;
     const bool into_master = !(read.field() == baton::v1::PARAM && param.master_is_view);
@@ -114,12 +195,21 @@ absl::StatusOr<int64_t> LoadShards(ShardStore& store,
       return absl::InvalidArgumentError(absl::StrCat("read of ", read.tensor(), " ", region.ToString(),
                                                      " lies outside this rank's piece ", home.ToString()));
     }
-    at::Tensor staged = at::empty(region.shape, at::kFloat);
-    if (auto s = reader.Read(last_resolved, read.tensor(), read.chunk(), read.block_bytes(), region,
-                             FileRange{read.read_begin(), read.read_end()}, static_cast<char*>(staged.data_ptr()),
-                             region);
-        !s.ok()) {
-      return s;
+    at::Tensor staged = (*from_peers)[i];
+    if (!read.has_peer()) {
+      if (read.path() != last_path) {
+        auto resolved = ResolveUnderRoot(root, read.path());
+        if (!resolved.ok()) return resolved.status();
+        last_path = read.path();
+        last_resolved = *resolved;
+      }
+      staged = at::empty(region.shape, at::kFloat);
+      if (auto s = reader.Read(last_resolved, read.tensor(), read.chunk(), read.block_bytes(), region,
+                               FileRange{read.read_begin(), read.read_end()}, static_cast<char*>(staged.data_ptr()),
+                               region);
+          !s.ok()) {
+        return s;
+      }
     }
     if (into_full) Narrow(ShardStore::Writable(param.full), param.compute_piece, region).copy_(staged);
     if (into_master) {
@@ -128,7 +218,8 @@ absl::StatusOr<int64_t> LoadShards(ShardStore& store,
       }
     }
   }
-  return reader.bytes_read();
+  totals.disk = reader.bytes_read();
+  return totals;
 }
 
 }  // namespace baton

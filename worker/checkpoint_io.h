@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,13 +41,29 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WritePieces(const std::string& pat
                                                           const std::vector<SavePiece>& pieces, int64_t block_bytes,
                                                           int64_t delay_per_piece_ms);
 
+// The values of `boxes` (each inside the piece `store` holds of its field),
+// as fp32 bytes: what ReadPieces answers a peer.
+absl::StatusOr<std::vector<std::string>> ReadBoxes(const ShardStore& store,
+                                                   const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes);
+
+// Fetches `boxes` of a live worker's retained state (ReadBoxes there): one
+// string of fp32 bytes per box.
+using PeerFetch = std::function<absl::StatusOr<std::vector<std::string>>(
+    const baton::v1::PeerSource& peer, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes)>;
+
+struct LoadTotals {
+  int64_t disk = 0;                          // bytes read from files
+  std::map<std::string, int64_t> by_peer;    // bytes fetched, by holder
+};
+
 // Applies every read: the master piece, a resident unit's compute tensor
-// and the moments get the bytes of the saved chunks they overlap. Paths
-// resolve under `root`. Returns the bytes read. A failed read leaves the
-// store partly overwritten: the caller discards the job.
-absl::StatusOr<int64_t> LoadShards(ShardStore& store,
-                                   const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads,
-                                   const std::string& root);
+// and the moments get the bytes of the saved chunks (or the peers' pieces)
+// they overlap. Paths resolve under `root`; peer reads go through `fetch`,
+// batched per holder. A failed read leaves the store partly overwritten:
+// the caller discards the job.
+absl::StatusOr<LoadTotals> LoadShards(ShardStore& store,
+                                      const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads,
+                                      const std::string& root, const PeerFetch& fetch = nullptr);
 
 }  // namespace baton
 

@@ -84,6 +84,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       s = absl::InternalError(FirstLine(e));
     }
     op_ms[ins.op()] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start).count();
+    if (s.ok() && ins.op() == Instruction::OPTIMIZER_STEP) committed_step_ = step;
     if (!s.ok()) {
       (void)Drain();
       return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, " ",
@@ -93,6 +94,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   if (auto s = Drain(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, ": ", s.message()));
   }
+  committed_step_ = step;
   if (trace) {
     std::string line = absl::StrCat("rank ", program_.rank(), " step ", step, ":");
     for (const auto& [op, ms] : op_ms) {
@@ -224,6 +226,19 @@ absl::Status Executor::Drain() {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+std::unique_ptr<ShardStore> Executor::TakeStore() {
+  (void)Drain();
+  // Nothing of a step in flight may hold the store's tensors any more.
+  activations_.reset();
+  collectives_.reset();
+  // What is kept is masters and moments: gathered parameters and gradients go.
+  for (auto& unit : store_->units()) {
+    store_->DropFullGrads(*unit);
+    if (!unit->resident) store_->Release(*unit);
+  }
+  return std::move(store_);
 }
 
 absl::StatusOr<at::Tensor> Executor::MasterShard(const std::string& name) const {

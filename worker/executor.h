@@ -54,7 +54,15 @@ class Executor {
   const ShardStore& store() const { return *store_; }
   // Steps completed; a restored job continues from the checkpoint's.
   int64_t step() const { return step_; }
-  void ResumeAt(int64_t step) { step_ = step; }
+  void ResumeAt(int64_t step) { step_ = committed_step_ = step; }
+  // The step the state is at: the last step whose OPTIMIZER_STEP completed.
+  // A step is committed all-or-none: one that failed before its optimizer
+  // left the state as the previous step left it.
+  int64_t committed_step() const { return committed_step_; }
+  // Drains whatever is in flight and hands over the state (the job's mesh
+  // is gone; the worker keeps it for recovery). The Executor is unusable
+  // afterwards.
+  std::unique_ptr<ShardStore> TakeStore();
   int64_t state_bytes() const { return store_->state_bytes(); }
 
  private:
@@ -74,6 +82,7 @@ class Executor {
   std::unique_ptr<Activations> activations_;
 
   int64_t step_ = 0;
+  int64_t committed_step_ = 0;
   Milliseconds timeout_{kDefaultCollectiveTimeout};
   double loss_ = 0;
   double grad_norm_ = 0;

@@ -19,6 +19,7 @@
 #include "common/wire.h"
 #include "worker/checkpoint_io.h"
 #include "worker/collective_check.h"
+#include "worker/rpc_guard.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"
 #include "worker/comm/nccl/nccl_communicator.h"
@@ -31,24 +32,6 @@ namespace {
 constexpr int kMaxCheckIters = 1000;
 constexpr int64_t kMaxTimeoutMs = kMaxCheckTimeoutMs;
 constexpr int64_t kDefaultRendezvousTimeoutMs = 30000;
-constexpr int64_t kMinBlockBytes = 4096;  // and at most checkpoint/layout.h's kMaxBlockBytes
-// How long a new save waits for the previous async one to finish writing.
-constexpr absl::Duration kPendingSaveWait = absl::Minutes(10);
-
-grpc::Status Invalid(const std::string& msg) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, msg);
-}
-
-// Runs `body`, turning any exception (LibTorch throws c10::Error) into a
-// status that names the RPC instead of letting it cross the RPC boundary.
-template <typename F>
-grpc::Status Guarded(const char* rpc, F&& body) {
-  try {
-    return body();
-  } catch (const std::exception& e) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(rpc, ": ", FirstLine(e)));
-  }
-}
 
 int64_t RendezvousTimeoutMs(const baton::v1::ConfigureRequest& req) {
   return req.timeout_ms() > 0 ? req.timeout_ms() : kDefaultRendezvousTimeoutMs;
@@ -239,16 +222,37 @@ grpc::Status WorkerService::Abort(grpc::ServerContext* ctx, const baton::v1::Abo
   }
   ReleaseInBackground(std::move(dropped),
                       absl::StrCat("the controller aborted mesh epoch ", req->epoch(),
-                                   req->reason().empty() ? "" : absl::StrCat(": ", req->reason())));
+                                   req->reason().empty() ? "" : absl::StrCat(": ", req->reason())),
+                      req->drop_job_state());
   return grpc::Status::OK;
 }
 
-void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason) {
+void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason, bool drop_job) {
   if (state == nullptr) return;
   // A step still running on the old mesh (blocked on a peer that is gone,
   // say) ends at once with `reason` instead of at its timeout.
   for (auto& [name, comm] : state->comms) comm->Abort(reason);
-  DropInBackground(std::move(state));
+  // Its job's state is kept once that step has returned; communicators are
+  // released when their last user finishes (a gloo destructor may wait for
+  // an operation in flight): both off the RPC thread.
+  retained_->Begin();
+  std::thread([s = std::move(state), retained = retained_, drop_job]() mutable {
+    std::string job_id;
+    std::unique_ptr<ShardStore> store;
+    int step = 0;
+    {
+      absl::MutexLock lock(&s->run_mu);
+      job_id = s->job_id;
+      if (s->executor != nullptr && !drop_job) {
+        step = static_cast<int>(s->executor->committed_step());
+        store = s->executor->TakeStore();
+      }
+      s->executor.reset();
+    }
+    if (drop_job && !job_id.empty()) retained->Release(job_id);
+    retained->Keep(job_id, std::move(store), step);
+    s.reset();
+  }).detach();
 }
 
 void WorkerService::DropInBackground(std::shared_ptr<MeshState> state) {
@@ -382,141 +386,6 @@ grpc::Status WorkerService::RequireJob(const MeshState& mesh, const std::string&
     return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("job ", job_id, " is not loaded on worker ", name()));
   }
   return grpc::Status::OK;
-}
-
-absl::StatusOr<baton::v1::SaveShardsResponse> WorkerService::AwaitPendingSave(
-    MeshState& state, std::shared_ptr<PendingSave> pending, absl::Duration timeout) {
-  // Steps go on while the writer writes: the run lock is not held here.
-  if (!pending->done.WaitForNotificationWithTimeout(timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("the async save of step ", pending->step, " is still writing after ",
-                                                    absl::FormatDuration(timeout)));
-  }
-  absl::MutexLock lock(&state.run_mu);
-  if (state.pending_save == pending) state.pending_save = nullptr;
-  return pending->result;
-}
-
-grpc::Status WorkerService::SaveShards(grpc::ServerContext* ctx, const baton::v1::SaveShardsRequest* req,
-                                       baton::v1::SaveShardsResponse* resp) {
-  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
-  return Guarded("SaveShards", [&]() -> grpc::Status {
-    if (req->block_bytes() < kMinBlockBytes || req->block_bytes() > kMaxBlockBytes) {
-      return Invalid(absl::StrCat("block_bytes ", req->block_bytes(), " outside [", kMinBlockBytes, ", ",
-                                  kMaxBlockBytes, "]"));
-    }
-    auto path = ResolveUnderRoot(options_.file_root, req->path());
-    if (!path.ok()) return ToGrpcStatus(path.status());
-    if (req->file().empty() || req->file().find('/') != std::string::npos) {
-      return Invalid(absl::StrCat("file name \"", req->file(), "\" must be a plain name"));
-    }
-    auto state = MeshOfEpoch(req->epoch());
-    if (!state.ok()) return ToGrpcStatus(state.status());
-    std::shared_ptr<MeshState> mesh = std::move(*state);
-    absl::MutexLock lock(&mesh->run_mu);
-    if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
-    if (mesh->executor->step() != req->step()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("worker ", name(), " is at step ", mesh->executor->step(),
-                                       ", the save is of step ", req->step()));
-    }
-    // At most one async save in flight: the previous one finishes first.
-    while (std::shared_ptr<PendingSave> previous = mesh->pending_save) {
-      mesh->run_mu.Unlock();
-      auto waited = AwaitPendingSave(*mesh, previous, kPendingSaveWait);
-      mesh->run_mu.Lock();
-      if (!waited.ok() && absl::IsDeadlineExceeded(waited.status())) return ToGrpcStatus(waited.status());
-      if (mesh->executor == nullptr || mesh->job_id != req->job_id() || mesh->executor->step() != req->step()) {
-        return grpc::Status(grpc::StatusCode::ABORTED, "the job changed while waiting for the previous save");
-      }
-    }
-    const std::string dir = path->substr(0, path->rfind('/'));
-    if (auto s = MakeDirs(dir); !s.ok()) return ToGrpcStatus(s);
-    const auto start = std::chrono::steady_clock::now();
-    auto pieces = CollectPieces(mesh->executor->store(), req->writes(), req->async());
-    if (!pieces.ok()) return ToGrpcStatus(pieces.status());
-    if (!req->async()) {
-      auto written = WritePieces(*path, req->file(), *pieces, req->block_bytes(), options_.testing_write_delay_ms);
-      if (!written.ok()) return ToGrpcStatus(written.status());
-      *resp = *written;
-      return grpc::Status::OK;
-    }
-    auto pending = std::make_shared<PendingSave>();
-    pending->job_id = req->job_id();
-    pending->step = req->step();
-    resp->set_copy_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    pending->writer = std::thread([pending = pending.get(), pieces = std::move(*pieces), path = *path,
-                                   file = req->file(), block_bytes = req->block_bytes(),
-                                   delay = options_.testing_write_delay_ms]() mutable {
-      try {
-        pending->result = WritePieces(path, file, pieces, block_bytes, delay);
-      } catch (const std::exception& e) {
-        pending->result = absl::InternalError(absl::StrCat("writing ", path, ": ", e.what()));
-      }
-      pieces.clear();  // the host copy goes as soon as it is written
-      pending->done.Notify();
-    });
-    mesh->pending_save = std::move(pending);
-    return grpc::Status::OK;
-  });
-}
-
-grpc::Status WorkerService::FinishSave(grpc::ServerContext* ctx, const baton::v1::FinishSaveRequest* req,
-                                       baton::v1::SaveShardsResponse* resp) {
-  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
-  return Guarded("FinishSave", [&]() -> grpc::Status {
-    if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
-      return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
-    }
-    auto state = MeshOfEpoch(req->epoch());
-    if (!state.ok()) return ToGrpcStatus(state.status());
-    std::shared_ptr<MeshState> mesh = std::move(*state);
-    std::shared_ptr<PendingSave> pending;
-    {
-      absl::MutexLock lock(&mesh->run_mu);
-      pending = mesh->pending_save;
-    }
-    if (pending == nullptr || pending->job_id != req->job_id() || pending->step != req->step()) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("worker ", name(), " has no save of job ",
-                                                                    req->job_id(), " step ", req->step(), " in flight"));
-    }
-    auto result = AwaitPendingSave(*mesh, pending, absl::Milliseconds(req->timeout_ms()));
-    if (!result.ok()) return ToGrpcStatus(result.status());
-    *resp = *result;
-    return grpc::Status::OK;
-  });
-}
-
-grpc::Status WorkerService::LoadShards(grpc::ServerContext* ctx, const baton::v1::LoadShardsRequest* req,
-                                       baton::v1::LoadShardsResponse* resp) {
-  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
-  return Guarded("LoadShards", [&]() -> grpc::Status {
-    auto state = MeshOfEpoch(req->epoch());
-    if (!state.ok()) return ToGrpcStatus(state.status());
-    std::shared_ptr<MeshState> mesh = std::move(*state);
-    absl::MutexLock lock(&mesh->run_mu);
-    if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
-    if (mesh->executor->step() != 0 || req->step() < 0) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("job ", req->job_id(), " already ran ", mesh->executor->step(),
-                                       " steps; a checkpoint loads into a job before its first step"));
-    }
-    absl::StatusOr<int64_t> bytes;
-    try {
-      bytes = baton::LoadShards(mesh->executor->store(), req->reads(), options_.file_root);
-    } catch (const std::exception& e) {
-      bytes = absl::InternalError(FirstLine(e));
-    }
-    if (!bytes.ok()) {
-      // Partly overwritten: the job must not run on it.
-      mesh->executor = nullptr;
-      mesh->job_id.clear();
-      return ToGrpcStatus(absl::Status(bytes.status().code(), absl::StrCat("worker ", name(), " (rank ", mesh->rank,
-                                                                           "): ", bytes.status().message())));
-    }
-    mesh->executor->ResumeAt(req->step());
-    resp->set_bytes_read(*bytes);
-    return grpc::Status::OK;
-  });
 }
 
 }  // namespace baton

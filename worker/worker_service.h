@@ -13,6 +13,7 @@
 #ifndef BATON_WORKER_WORKER_SERVICE_H_
 #define BATON_WORKER_WORKER_SERVICE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/executor.h"
+#include "worker/retained_state.h"
 
 namespace baton {
 
@@ -43,6 +45,10 @@ struct WorkerOptions {
   // For tests that kill a worker mid-save: sleep this long before each
   // piece a save writes.
   int64_t testing_write_delay_ms = 0;
+  // A channel to a peer worker at an address, for reading its retained
+  // state (the fleet's worker token and TLS: common/security.h's
+  // MakeChannel); nullptr: plaintext without a token.
+  std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> peer_channel;
 };
 
 class WorkerService final : public baton::v1::Worker::Service {
@@ -76,6 +82,13 @@ class WorkerService final : public baton::v1::Worker::Service {
                           baton::v1::SaveShardsResponse* resp) override;
   grpc::Status LoadShards(grpc::ServerContext* ctx, const baton::v1::LoadShardsRequest* req,
                           baton::v1::LoadShardsResponse* resp) override;
+  // A job's state kept past its mesh (worker/retained_state.h).
+  grpc::Status GetRetained(grpc::ServerContext* ctx, const baton::v1::GetRetainedRequest* req,
+                           baton::v1::GetRetainedResponse* resp) override;
+  grpc::Status ReadPieces(grpc::ServerContext* ctx, const baton::v1::ReadPiecesRequest* req,
+                          baton::v1::ReadPiecesResponse* resp) override;
+  grpc::Status ReleaseState(grpc::ServerContext* ctx, const baton::v1::ReleaseStateRequest* req,
+                            baton::v1::ReleaseStateResponse* resp) override;
 
  private:
   // An async save: pieces copied to host memory, written by its own thread.
@@ -117,8 +130,9 @@ class WorkerService final : public baton::v1::Worker::Service {
                                                                         absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(state.run_mu);
 
-  // Aborts the communicators of `state` with `reason` and drops it.
-  static void ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason);
+  // Aborts the communicators of `state` with `reason` and drops it; the
+  // job loaded on it is kept in `retained_` unless `drop_job`.
+  void ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason, bool drop_job = false);
   // Drops this reference to `state` on another thread (it may be the last).
   static void DropInBackground(std::shared_ptr<MeshState> state);
   // The current mesh if it has `epoch`, else FAILED_PRECONDITION.
@@ -131,6 +145,10 @@ class WorkerService final : public baton::v1::Worker::Service {
   // touching the current mesh.
   absl::Status ValidateConfigure(const baton::v1::ConfigureRequest& req);
   absl::StatusOr<std::shared_ptr<MeshState>> BuildMesh(const baton::v1::ConfigureRequest& req);
+  // Reads boxes of a holder's retained state: this worker's own, or a
+  // peer's through ReadPieces.
+  absl::StatusOr<std::vector<std::string>> FetchPieces(
+      const baton::v1::PeerSource& peer, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes);
 
   Rendezvous* const rendezvous_;
   const std::string bind_host_;
@@ -145,6 +163,9 @@ class WorkerService final : public baton::v1::Worker::Service {
   // controller (whose epochs start again at 1) is obeyed.
   int64_t configure_generation_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t configuring_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // 0 = none in progress
+  // Shared with the threads that drop meshes (they may outlive a call).
+  const std::shared_ptr<RetainedStates> retained_ = std::make_shared<RetainedStates>();
+  std::map<std::string, std::shared_ptr<grpc::Channel>> peer_channels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

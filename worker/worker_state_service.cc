@@ -1,0 +1,265 @@
+// WorkerService's handlers of a job's state: checkpoint saves and loads,
+// and the state a worker keeps past its mesh (GetRetained, ReadPieces,
+// ReleaseState) for recovery and rescale worker to worker.
+#include <chrono>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/files.h"
+#include "common/collective_ops.h"
+#include "common/file_root.h"
+#include "common/grpc_status.h"
+#include "common/security.h"
+#include "worker/checkpoint_io.h"
+#include "worker/rpc_guard.h"
+#include "worker/worker_service.h"
+
+namespace baton {
+namespace {
+
+constexpr int64_t kMaxTimeoutMs = kMaxCheckTimeoutMs;
+constexpr int64_t kMinBlockBytes = 4096;  // and at most checkpoint/layout.h's kMaxBlockBytes
+// How long a new save waits for the previous async one to finish writing.
+constexpr absl::Duration kPendingSaveWait = absl::Minutes(10);
+// How long GetRetained waits at most for a copy still being taken, and a
+// peer's ReadPieces may take.
+constexpr int64_t kMaxRetainedWaitMs = 60000;
+constexpr absl::Duration kPeerReadDeadline = absl::Seconds(60);
+
+}  // namespace
+
+absl::StatusOr<baton::v1::SaveShardsResponse> WorkerService::AwaitPendingSave(
+    MeshState& state, std::shared_ptr<PendingSave> pending, absl::Duration timeout) {
+  // Steps go on while the writer writes: the run lock is not held here.
+  if (!pending->done.WaitForNotificationWithTimeout(timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("the async save of step ", pending->step, " is still writing after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  absl::MutexLock lock(&state.run_mu);
+  if (state.pending_save == pending) state.pending_save = nullptr;
+  return pending->result;
+}
+
+grpc::Status WorkerService::SaveShards(grpc::ServerContext* ctx, const baton::v1::SaveShardsRequest* req,
+                                       baton::v1::SaveShardsResponse* resp) {
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  return Guarded("SaveShards", [&]() -> grpc::Status {
+    if (req->block_bytes() < kMinBlockBytes || req->block_bytes() > kMaxBlockBytes) {
+      return Invalid(absl::StrCat("block_bytes ", req->block_bytes(), " outside [", kMinBlockBytes, ", ",
+                                  kMaxBlockBytes, "]"));
+    }
+    auto path = ResolveUnderRoot(options_.file_root, req->path());
+    if (!path.ok()) return ToGrpcStatus(path.status());
+    if (req->file().empty() || req->file().find('/') != std::string::npos) {
+      return Invalid(absl::StrCat("file name \"", req->file(), "\" must be a plain name"));
+    }
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    std::shared_ptr<MeshState> mesh = std::move(*state);
+    absl::MutexLock lock(&mesh->run_mu);
+    if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
+    if (mesh->executor->step() != req->step()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("worker ", name(), " is at step ", mesh->executor->step(),
+                                       ", the save is of step ", req->step()));
+    }
+    // At most one async save in flight: the previous one finishes first.
+    while (std::shared_ptr<PendingSave> previous = mesh->pending_save) {
+      mesh->run_mu.Unlock();
+      auto waited = AwaitPendingSave(*mesh, previous, kPendingSaveWait);
+      mesh->run_mu.Lock();
+      if (!waited.ok() && absl::IsDeadlineExceeded(waited.status())) return ToGrpcStatus(waited.status());
+      if (mesh->executor == nullptr || mesh->job_id != req->job_id() || mesh->executor->step() != req->step()) {
+        return grpc::Status(grpc::StatusCode::ABORTED, "the job changed while waiting for the previous save");
+      }
+    }
+    const std::string dir = path->substr(0, path->rfind('/'));
+    if (auto s = MakeDirs(dir); !s.ok()) return ToGrpcStatus(s);
+    const auto start = std::chrono::steady_clock::now();
+    auto pieces = CollectPieces(mesh->executor->store(), req->writes(), req->async());
+    if (!pieces.ok()) return ToGrpcStatus(pieces.status());
+    if (!req->async()) {
+      auto written = WritePieces(*path, req->file(), *pieces, req->block_bytes(), options_.testing_write_delay_ms);
+      if (!written.ok()) return ToGrpcStatus(written.status());
+      *resp = *written;
+      return grpc::Status::OK;
+    }
+    auto pending = std::make_shared<PendingSave>();
+    pending->job_id = req->job_id();
+    pending->step = req->step();
+    resp->set_copy_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    pending->writer = std::thread([pending = pending.get(), pieces = std::move(*pieces), path = *path,
+                                   file = req->file(), block_bytes = req->block_bytes(),
+                                   delay = options_.testing_write_delay_ms]() mutable {
+      try {
+        pending->result = WritePieces(path, file, pieces, block_bytes, delay);
+      } catch (const std::exception& e) {
+        pending->result = absl::InternalError(absl::StrCat("writing ", path, ": ", e.what()));
+      }
+      pieces.clear();  // the host copy goes as soon as it is written
+      pending->done.Notify();
+    });
+    mesh->pending_save = std::move(pending);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status WorkerService::FinishSave(grpc::ServerContext* ctx, const baton::v1::FinishSaveRequest* req,
+                                       baton::v1::SaveShardsResponse* resp) {
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  return Guarded("FinishSave", [&]() -> grpc::Status {
+    if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
+      return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
+    }
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    std::shared_ptr<MeshState> mesh = std::move(*state);
+    std::shared_ptr<PendingSave> pending;
+    {
+      absl::MutexLock lock(&mesh->run_mu);
+      pending = mesh->pending_save;
+    }
+    if (pending == nullptr || pending->job_id != req->job_id() || pending->step != req->step()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("worker ", name(), " has no save of job ",
+                                                                    req->job_id(), " step ", req->step(), " in flight"));
+    }
+    auto result = AwaitPendingSave(*mesh, pending, absl::Milliseconds(req->timeout_ms()));
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *resp = *result;
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status WorkerService::LoadShards(grpc::ServerContext* ctx, const baton::v1::LoadShardsRequest* req,
+                                       baton::v1::LoadShardsResponse* resp) {
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  return Guarded("LoadShards", [&]() -> grpc::Status {
+    auto state = MeshOfEpoch(req->epoch());
+    if (!state.ok()) return ToGrpcStatus(state.status());
+    std::shared_ptr<MeshState> mesh = std::move(*state);
+    absl::MutexLock lock(&mesh->run_mu);
+    if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
+    if (mesh->executor->step() != 0 || req->step() < 0) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", req->job_id(), " already ran ", mesh->executor->step(),
+                                       " steps; a checkpoint loads into a job before its first step"));
+    }
+    absl::StatusOr<LoadTotals> totals;
+    try {
+      totals = baton::LoadShards(mesh->executor->store(), req->reads(), options_.file_root,
+                                 [this](const baton::v1::PeerSource& peer,
+                                        const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes) {
+                                   return FetchPieces(peer, boxes);
+                                 });
+    } catch (const std::exception& e) {
+      totals = absl::InternalError(FirstLine(e));
+    }
+    if (!totals.ok()) {
+      // Partly overwritten: the job must not run on it.
+      mesh->executor = nullptr;
+      mesh->job_id.clear();
+      return ToGrpcStatus(absl::Status(totals.status().code(), absl::StrCat("worker ", name(), " (rank ", mesh->rank,
+                                                                            "): ", totals.status().message())));
+    }
+    mesh->executor->ResumeAt(req->step());
+    resp->set_bytes_read(totals->disk);
+    const std::string me = name();
+    for (const auto& [holder, bytes] : totals->by_peer) {
+      if (holder == me) {
+        resp->set_bytes_local(resp->bytes_local() + bytes);
+      } else {
+        resp->set_bytes_from_peers(resp->bytes_from_peers() + bytes);
+      }
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status WorkerService::GetRetained(grpc::ServerContext* ctx, const baton::v1::GetRetainedRequest* req,
+                                        baton::v1::GetRetainedResponse* resp) {
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  if (req->wait_ms() < 0 || req->wait_ms() > kMaxRetainedWaitMs) {
+    return Invalid(absl::StrCat("wait_ms ", req->wait_ms(), " outside [0, ", kMaxRetainedWaitMs, "]"));
+  }
+  std::shared_ptr<const RetainedStates::Held> held =
+      retained_->Get(req->job_id(), absl::Milliseconds(req->wait_ms()));
+  if (held != nullptr) {
+    resp->set_held(true);
+    resp->set_step(held->step);
+    resp->set_bytes(held->bytes);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ReadPieces(grpc::ServerContext* ctx, const baton::v1::ReadPiecesRequest* req,
+                                       baton::v1::ReadPiecesResponse* resp) {
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  return Guarded("ReadPieces", [&]() -> grpc::Status {
+    std::shared_ptr<const RetainedStates::Held> held = retained_->Get(req->job_id(), absl::ZeroDuration());
+    if (held == nullptr) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("worker ", name(), " keeps no state of job ", req->job_id()));
+    }
+    if (held->step != req->step()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("worker ", name(), " keeps job ", req->job_id(), " at step ", held->step,
+                                       ", not ", req->step()));
+    }
+    auto values = ReadBoxes(*held->store, req->boxes());
+    if (!values.ok()) return ToGrpcStatus(values.status());
+    for (auto& v : *values) resp->add_values(std::move(v));
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status WorkerService::ReleaseState(grpc::ServerContext* ctx, const baton::v1::ReleaseStateRequest* req,
+                                         baton::v1::ReleaseStateResponse* resp) {
+  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  resp->set_bytes(retained_->Release(req->job_id()));
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::vector<std::string>> WorkerService::FetchPieces(
+    const baton::v1::PeerSource& peer, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes) {
+  if (peer.worker() == name()) {
+    std::shared_ptr<const RetainedStates::Held> held = retained_->Get(peer.job_id(), absl::ZeroDuration());
+    if (held == nullptr || held->step != peer.step()) {
+      return absl::NotFoundError(absl::StrCat("this worker keeps no state of job ", peer.job_id(), " at step ",
+                                              peer.step()));
+    }
+    return ReadBoxes(*held->store, boxes);
+  }
+  std::shared_ptr<grpc::Channel> channel;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<grpc::Channel>& cached = peer_channels_[peer.address()];
+    if (cached == nullptr) {
+      if (options_.peer_channel) {
+        cached = options_.peer_channel(peer.address());
+      } else {
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(-1);
+        cached = grpc::CreateCustomChannel(peer.address(), grpc::InsecureChannelCredentials(), args);
+      }
+    }
+    channel = cached;
+  }
+  auto stub = baton::v1::Worker::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(kPeerReadDeadline));
+  ctx.AddMetadata(kAddresseeMetadata, peer.worker());
+  baton::v1::ReadPiecesRequest req;
+  req.set_job_id(peer.job_id());
+  req.set_step(peer.step());
+  *req.mutable_boxes() = boxes;
+  baton::v1::ReadPiecesResponse resp;
+  if (grpc::Status s = stub->ReadPieces(&ctx, req, &resp); !s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("reading job ", peer.job_id(), "'s state from ", peer.worker(), " at ",
+                                     peer.address(), ": ", s.error_message()));
+  }
+  return std::vector<std::string>(std::make_move_iterator(resp.mutable_values()->begin()),
+                                  std::make_move_iterator(resp.mutable_values()->end()));
+}
+
+}  // namespace baton
