@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tests/cluster_util.h"
@@ -119,6 +120,15 @@ std::string WriteJobFile(const std::string& dir, const std::string& example, con
     std::fclose(f);
   }
   return path;
+}
+
+CommandResult UpFleet::Follow(const std::string& job, absl::Duration timeout) const {
+  return Cli({"logs", job, "--follow", "--output=json"}, timeout);
+}
+
+uint64_t TestSeed() {
+  const char* seed = std::getenv("BATON_TEST_SEED");
+  return seed != nullptr ? std::strtoull(seed, nullptr, 10) : absl::ToUnixNanos(absl::Now());
 }
 
 std::map<int, double> StepLosses(const std::string& output) {

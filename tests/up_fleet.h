@@ -25,6 +25,8 @@ struct UpFleet {
   CommandResult Cli(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) const;
   // `baton submit FILE`: the job id (its last line).
   std::string Submit(const std::string& job_file) const;
+  // `baton logs JOB --follow --output=json`: until the job ended.
+  CommandResult Follow(const std::string& job, absl::Duration timeout = absl::Seconds(240)) const;
   // The current pid of "controller" or "worker-N": its first, or the one
   // `baton up` restarted last; 0 when unknown.
   pid_t CurrentPid(const std::string& name) const;
@@ -46,6 +48,9 @@ UpFleet StartUpFleet(const std::string& name, int workers, const std::vector<std
 // written into `dir`, returning its path.
 std::string WriteJobFile(const std::string& dir, const std::string& example, const std::string& name, int steps,
                          const std::string& extra = "");
+
+// $BATON_TEST_SEED, else the time: what a test draws its faults from (printed).
+uint64_t TestSeed();
 
 // step -> loss of the step lines of `output` (a step seen twice keeps its last).
 std::map<int, double> StepLosses(const std::string& output);
