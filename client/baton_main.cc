@@ -42,7 +42,7 @@ ABSL_FLAG(int, http_port, 0,
           "up: the controller's HTTP port (status page, /api/status, /metrics); 0 lets the OS choose, -1 serves "
           "no HTTP. Workers serve /metrics on ports the OS chooses unless -1.");
 // check
-ABSL_FLAG(std::string, mesh, "", "check: mesh spec, e.g. dp=2,tp=2.");
+ABSL_FLAG(std::string, mesh, "", "check, rescale: mesh spec, e.g. dp=2,tp=2.");
 ABSL_FLAG(std::string, axes, "", "check: comma-separated axes to check (default: all).");
 ABSL_FLAG(int64_t, numel, 1 << 20, "check: elements per collective (P).");
 ABSL_FLAG(int, iters, 3, "check: timed iterations per collective.");
@@ -122,6 +122,7 @@ std::string Usage() {
          "  baton logs --controller HOST:PORT JOB_ID [--follow] [--output=json]\n"
          "  baton jobs --controller HOST:PORT [--output=json]\n"
          "  baton stop --controller HOST:PORT JOB_ID\n"
+         "  baton rescale --controller HOST:PORT JOB_ID --mesh dp=4\n"
          "  baton watch --controller HOST:PORT [--seconds S] [--output=json]\n"
          "  baton reference JOBFILE [--output=json]\n"
          "  baton checkpoint list DIR | inspect DIR | export DIR OUT.safetensors [--optimizer] [--dtype=bf16]\n"
@@ -149,6 +150,7 @@ int Main(int argc, char** argv) {
     if (command == "submit") return Submit(arg);
     if (command == "logs") return Logs(arg);
     if (command == "stop") return StopCommand(arg);
+    if (command == "rescale") return RescaleCommand(arg);
     if (command == "reference") return Reference(arg);
   } else if (positional.size() == 2) {
     if (command == "up") return Up();

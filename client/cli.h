@@ -68,6 +68,8 @@ int Submit(const std::string& path);
 int Logs(const std::string& job_id);
 int Jobs();
 int StopCommand(const std::string& job_id);
+// baton rescale JOB_ID --mesh dp=4
+int RescaleCommand(const std::string& job_id);
 
 }  // namespace baton
 

@@ -171,6 +171,43 @@ absl::StatusOr<baton::v1::StopJobResponse> Client::StopJob(const std::string& jo
   return resp;
 }
 
+absl::StatusOr<baton::v1::JobStatus> Client::RescaleJob(const std::string& job_id, const std::string& mesh,
+                                                        absl::Duration wait) {
+  auto spec = ParseMeshSpecProto(mesh);
+  if (!spec.ok()) return spec.status();
+  baton::v1::RescaleJobRequest req;
+  req.set_job_id(job_id);
+  *req.mutable_mesh() = spec->axes();
+  baton::v1::RescaleJobResponse resp;
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(20));
+    if (auto s = FromGrpcStatus(stub_->RescaleJob(&ctx, req, &resp)); !s.ok()) return s;
+  }
+  if (wait <= absl::ZeroDuration()) return resp.job();
+  // Running again, on the new mesh.
+  const absl::Time until = absl::Now() + wait;
+  for (;;) {
+    auto job = GetJob(job_id);
+    if (!job.ok()) return job.status();
+    const bool moved = std::equal(job->mesh().begin(), job->mesh().end(), spec->axes().begin(), spec->axes().end(),
+                                  [](const baton::v1::MeshAxis& a, const baton::v1::MeshAxis& b) {
+                                    return a.name() == b.name() && a.size() == b.size();
+                                  });
+    if (job->state() != baton::v1::JOB_RUNNING && job->state() != baton::v1::JOB_RECOVERING &&
+        job->state() != baton::v1::JOB_PENDING) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ",
+                                                        baton::v1::JobState_Name(job->state()), ": ", job->error()));
+    }
+    if (moved && job->state() == baton::v1::JOB_RUNNING && !job->mesh_id().empty()) return *job;
+    if (absl::Now() > until) {
+      return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " is not running on ", mesh, " after ",
+                                                      absl::FormatDuration(wait)));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
 absl::StatusOr<baton::v1::SaveCheckpointResponse> Client::SaveCheckpoint(const std::string& job_id,
                                                                          const std::string& dir, bool async,
                                                                          absl::Duration deadline) {

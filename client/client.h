@@ -66,6 +66,11 @@ class Client {
   absl::StatusOr<baton::v1::JobStatus> KeepAlive(const std::string& job_id);
   absl::StatusOr<baton::v1::StopJobResponse> StopJob(const std::string& job_id,
                                                      absl::Duration deadline = absl::Seconds(20));
+  // Moves a running job onto `mesh` ("dp=4": its axes resized) at its next
+  // step boundary, worker to worker; with `wait` > 0, until it runs there
+  // (the status then, whose `restored` says what moved).
+  absl::StatusOr<baton::v1::JobStatus> RescaleJob(const std::string& job_id, const std::string& mesh,
+                                                  absl::Duration wait = absl::ZeroDuration());
   // Saves the job at its current step under DIR/step-N ("" = the job's
   // checkpoint.dir); async returns once the workers copied their pieces.
   absl::StatusOr<baton::v1::SaveCheckpointResponse> SaveCheckpoint(const std::string& job_id, const std::string& dir,

@@ -267,4 +267,21 @@ int StopCommand(const std::string& job_id) {
   return 0;
 }
 
+int RescaleCommand(const std::string& job_id) {
+  if (absl::GetFlag(FLAGS_mesh).empty()) return Fail("rescale", absl::InvalidArgumentError("--mesh is required"));
+  auto client = ConnectFromFlag();
+  if (!client.ok()) return Fail("rescale", client.status());
+  const absl::Time asked = absl::Now();
+  auto moved = (*client)->RescaleJob(job_id, absl::GetFlag(FLAGS_mesh), absl::Minutes(10));
+  if (!moved.ok()) return Fail("rescale", moved.status());
+  const baton::v1::CheckpointInfo& r = moved->restored();
+  std::printf("%s runs on %s [%s] from step %d, %.2f s after the rescale was asked: %lld bytes from peers, "
+              "%lld kept in place, %lld from disk\n",
+              moved->job_id().c_str(), absl::GetFlag(FLAGS_mesh).c_str(),
+              absl::StrJoin(moved->workers().begin(), moved->workers().end(), ", ").c_str(), moved->start_step(),
+              absl::ToDoubleSeconds(absl::Now() - asked), static_cast<long long>(r.bytes_from_peers()),
+              static_cast<long long>(r.bytes_local()), static_cast<long long>(r.bytes()));
+  return 0;
+}
+
 }  // namespace baton

@@ -122,7 +122,8 @@ CheckpointCoordinator::CheckpointCoordinator(Job* job, MeshManager* meshes, Even
 CheckpointCoordinator::~CheckpointCoordinator() { JoinInFlight(); }
 
 absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Load(const RestorePlan& plan,
-                                                                     const baton::v1::Mesh& mesh) {
+                                                                     const baton::v1::Mesh& mesh,
+                                                                     const std::string& not_live) {
   const absl::Time started = absl::Now();
   std::string abort_reason;
   FanOut fan_out;
@@ -142,15 +143,24 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Load(const Rest
   if (const int r = FirstFailure(results); r >= 0) {
     const grpc::Status& s = results[r].status;
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("loading ", plan.info.path(), " on ", WorkerLabel(mesh, r),
-                                     " failed: ", s.error_message()));
+                        absl::StrCat("loading ", plan.info.from_peers() ? "from live workers" : plan.info.path(),
+                                     " on ", WorkerLabel(mesh, r), " failed: ", s.error_message()));
   }
   if (!abort_reason.empty()) return absl::UnavailableError(abort_reason);
   baton::v1::CheckpointInfo info = plan.info;
-  for (const auto& r : results) info.set_bytes(info.bytes() + r.response.bytes_read());
+  for (const auto& r : results) {
+    info.set_bytes(info.bytes() + r.response.bytes_read());
+    info.set_bytes_from_peers(info.bytes_from_peers() + r.response.bytes_from_peers());
+    info.set_bytes_local(info.bytes_local() + r.response.bytes_local());
+  }
   info.set_seconds(absl::ToDoubleSeconds(absl::Now() - started));
-  events_->Append(JobEvent(baton::v1::Event::JOB_RESTORED, job_->id(), info.step(),
-                           absl::StrFormat("from %s: %d bytes in %.3f s", info.path(), info.bytes(), info.seconds())));
+  events_->Append(JobEvent(
+      baton::v1::Event::JOB_RESTORED, job_->id(), info.step(),
+      info.from_peers()
+          ? absl::StrFormat("from live workers: %d bytes from peers, %d kept in place, %d from disk in %.3f s",
+                            info.bytes_from_peers(), info.bytes_local(), info.bytes(), info.seconds())
+          : absl::StrFormat("from %s: %d bytes in %.3f s%s", info.path(), info.bytes(), info.seconds(),
+                            not_live.empty() ? "" : absl::StrCat(" (not from live workers: ", not_live, ")"))));
   return info;
 }
 

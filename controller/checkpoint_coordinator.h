@@ -75,7 +75,9 @@ class CheckpointCoordinator {
 
   // Loads `plan` into the Programs just loaded on `mesh`; the job's step is
   // the checkpoint's afterwards.
-  absl::StatusOr<baton::v1::CheckpointInfo> Load(const RestorePlan& plan, const baton::v1::Mesh& mesh);
+  // `not_live`: why it does not restore from live workers (said with it).
+  absl::StatusOr<baton::v1::CheckpointInfo> Load(const RestorePlan& plan, const baton::v1::Mesh& mesh,
+                                                 const std::string& not_live = "");
   // Saves the job's state at its completed step under DIR/step-N. Sync:
   // returns once the metadata is published. Async: once every worker copied
   // its pieces; a thread publishes it later. A save still in flight ends

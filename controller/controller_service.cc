@@ -239,6 +239,16 @@ grpc::Status ControllerService::StopJob(grpc::ServerContext* ctx, const baton::v
   return grpc::Status::OK;
 }
 
+grpc::Status ControllerService::RescaleJob(grpc::ServerContext* ctx, const baton::v1::RescaleJobRequest* req,
+                                           baton::v1::RescaleJobResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kClient); !denied.ok()) return denied;
+  if (auto job = FindJob(req->job_id()); !job.ok()) return ToGrpcStatus(job.status());
+  auto status = jobs_->Rescale(req->job_id(), {req->mesh().begin(), req->mesh().end()});
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *resp->mutable_job() = *status;
+  return grpc::Status::OK;
+}
+
 grpc::Status ControllerService::SaveCheckpoint(grpc::ServerContext* ctx, const baton::v1::SaveCheckpointRequest* req,
                                                baton::v1::SaveCheckpointResponse* resp) {
   if (grpc::Status denied = auth_.Check(ctx, Role::kClient); !denied.ok()) return denied;

@@ -74,6 +74,8 @@ class ControllerService final : public ControllerBase {
                                                             const baton::v1::JobLogsRequest* req) override;
   grpc::Status StopJob(grpc::ServerContext*, const baton::v1::StopJobRequest* req,
                        baton::v1::StopJobResponse* resp) override;
+  grpc::Status RescaleJob(grpc::ServerContext*, const baton::v1::RescaleJobRequest* req,
+                          baton::v1::RescaleJobResponse* resp) override;
   grpc::Status SaveCheckpoint(grpc::ServerContext*, const baton::v1::SaveCheckpointRequest* req,
                               baton::v1::SaveCheckpointResponse* resp) override;
   grpc::Status WaitCheckpoint(grpc::ServerContext*, const baton::v1::WaitCheckpointRequest* req,

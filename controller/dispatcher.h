@@ -58,6 +58,8 @@ BATON_WORKER_RPC(LoadProgram)
 BATON_WORKER_RPC(RunStep)
 BATON_WORKER_RPC(SaveShards)
 BATON_WORKER_RPC(LoadShards)
+BATON_WORKER_RPC(GetRetained)
+BATON_WORKER_RPC(ReleaseState)
 #undef BATON_WORKER_RPC
 struct CollectiveCheckRpc {
   using Request = baton::v1::CollectiveCheckRequest;

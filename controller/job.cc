@@ -33,7 +33,8 @@ Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
   target_step_ = status_.step();
   settled_step_ = status_.step();
   last_call_ = absl::Now();
-  placed_ = std::make_shared<const baton::v1::JobSpec>(spec_);
+  own_ = std::make_shared<const baton::v1::JobSpec>(spec_);
+  placed_ = own_;
 }
 
 std::shared_ptr<const baton::v1::JobSpec> Job::placed_spec() const {
@@ -49,24 +50,61 @@ bool Job::shrunk() const {
 void Job::Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) {
   absl::MutexLock lock(&mu_);
   if (own_plan_ == nullptr) own_plan_ = plan_;
-  *status_.mutable_mesh() = placed.mesh();
-  int size = 1;
-  for (const auto& axis : placed.mesh()) size *= axis.size();
-  status_.set_workers_needed(size);
-  placed_ = std::make_shared<const baton::v1::JobSpec>(std::move(placed));
-  plan_ = std::move(plan);
+  PlaceLocked(std::make_shared<const baton::v1::JobSpec>(std::move(placed)), std::move(plan));
 }
 
 void Job::Unshrink() {
   absl::MutexLock lock(&mu_);
   if (own_plan_ == nullptr) return;
-  plan_ = std::move(own_plan_);
+  PlaceLocked(own_, std::move(own_plan_));
   own_plan_ = nullptr;
-  placed_ = std::make_shared<const baton::v1::JobSpec>(spec_);
-  *status_.mutable_mesh() = spec_.mesh();
+}
+
+void Job::Rescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) {
+  absl::MutexLock lock(&mu_);
+  own_plan_ = nullptr;
+  own_ = std::make_shared<const baton::v1::JobSpec>(std::move(own));
+  PlaceLocked(own_, std::move(plan));
+}
+
+void Job::PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::shared_ptr<const JobPlan> plan) {
+  *status_.mutable_mesh() = placed->mesh();
   int size = 1;
-  for (const auto& axis : spec_.mesh()) size *= axis.size();
+  for (const auto& axis : placed->mesh()) size *= axis.size();
   status_.set_workers_needed(size);
+  placed_ = std::move(placed);
+  plan_ = std::move(plan);
+}
+
+void Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) {
+  absl::MutexLock lock(&mu_);
+  rescale_.emplace(std::move(own), std::move(plan));
+}
+
+bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) {
+  absl::MutexLock lock(&mu_);
+  if (!rescale_.has_value()) return false;
+  *own = std::move(rescale_->first);
+  *plan = std::move(rescale_->second);
+  rescale_.reset();
+  return true;
+}
+
+std::shared_ptr<const baton::v1::JobSpec> Job::own_spec() const {
+  absl::MutexLock lock(&mu_);
+  return own_;
+}
+
+void Job::SetLive(LiveState live) {
+  absl::MutexLock lock(&mu_);
+  live_ = std::move(live);
+}
+
+std::optional<LiveState> Job::TakeLive() {
+  absl::MutexLock lock(&mu_);
+  std::optional<LiveState> out = std::move(live_);
+  live_.reset();
+  return out;
 }
 
 std::shared_ptr<const JobPlan> Job::plan() const {
@@ -103,8 +141,8 @@ bool Job::ended() const { return IsEnded(state()); }
 
 baton::v1::JobRecord Job::Record() const {
   baton::v1::JobRecord record;
-  *record.mutable_spec() = spec_;
   absl::MutexLock lock(&mu_);
+  *record.mutable_spec() = *own_;  // its mesh as last rescaled
   *record.mutable_status() = status_;
   return record;
 }
@@ -243,7 +281,7 @@ void Job::WithdrawSteps() {
 Job::Interrupt Job::AwaitWork(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return interrupt_ != Interrupt::kNone || target_step_ > status_.step();
+    return interrupt_ != Interrupt::kNone || target_step_ > status_.step() || rescale_.has_value();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   if (interrupt_ != Interrupt::kNone) return interrupt_;

@@ -25,6 +25,8 @@
 #define BATON_CONTROLLER_JOB_H_
 
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,17 @@ namespace baton {
 
 bool IsEnded(baton::v1::JobState state);
 
+// What a job left on its workers when its mesh went (a failure, a rescale,
+// a grow-back): the Programs its ranks ran, that mesh (its workers by rank)
+// and the step it was at. Its restore reads it from them when they keep all
+// of it (controller/live_restore.h).
+struct LiveState {
+  std::shared_ptr<const JobPlan> plan;
+  baton::v1::Mesh mesh;
+  int step = 0;
+  uint64_t data_seed = 0;
+};
+
 class Job {
  public:
   // Entries of a job's log kept in memory (the newest).
@@ -51,17 +64,28 @@ class Job {
   Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan);
 
   const std::string& id() const { return id_; }
-  // What was submitted (its own mesh).
+  // What was submitted (its mesh as submitted).
   const baton::v1::JobSpec& spec() const { return spec_; }
-  // What it is placed with: spec(), or - shrunk onto fewer workers after a
-  // failure (RestartPolicy.min_workers) - the same with a smaller
+  // Its own mesh now: spec(), or what its last rescale asked for.
+  std::shared_ptr<const baton::v1::JobSpec> own_spec() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What it is placed with: own_spec(), or - shrunk onto fewer workers after
+  // a failure (RestartPolicy.min_workers) - the same with a smaller
   // data-parallel axis.
   std::shared_ptr<const baton::v1::JobSpec> placed_spec() const ABSL_LOCKS_EXCLUDED(mu_);
   bool shrunk() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Places it from now on with `placed` and its Programs `plan`; without
-  // arguments, back on its own mesh and Programs.
+  // Places it from now on with `placed` and its Programs `plan`; Unshrink:
+  // back on its own mesh and Programs.
   void Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
   void Unshrink() ABSL_LOCKS_EXCLUDED(mu_);
+  // Rescaled: `own` (its mesh resized) and its Programs are its own from now
+  // on (persisted: a restarted controller places it so).
+  void Rescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
+  // A rescale asked for (RescaleJob), for the runner to take between steps.
+  void RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
+  bool TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) ABSL_LOCKS_EXCLUDED(mu_);
+  // What its last mesh left on its workers, for its next placement.
+  void SetLive(LiveState live) ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<LiveState> TakeLive() ABSL_LOCKS_EXCLUDED(mu_);
   // Its Programs and what they predict; once it ended, what they predicted
   // only (ReleasePrograms: an ended job holds no Program).
   std::shared_ptr<const JobPlan> plan() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -111,8 +135,9 @@ class Job {
   // stops waiting.
   int RequestSteps(int n) ABSL_LOCKS_EXCLUDED(mu_);
   void WithdrawSteps() ABSL_LOCKS_EXCLUDED(mu_);
-  // The runner: waits until a step is asked for or it is interrupted (or
-  // `timeout`); returns the interrupt, kNone when there is a step to run.
+  // The runner: waits until a step (or a rescale) is asked for or it is
+  // interrupted (or `timeout`); returns the interrupt, kNone when there is
+  // a step or a rescale to run.
   Interrupt AwaitWork(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a step is asked for that has not run yet.
   bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -167,6 +192,9 @@ class Job {
 
  private:
   void LogState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Placed with `placed` and `plan` from now on.
+  void PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::shared_ptr<const JobPlan> plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string id_;
   const baton::v1::JobSpec spec_;
@@ -178,7 +206,10 @@ class Job {
   mutable absl::Mutex mu_;
   std::shared_ptr<const JobPlan> plan_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const JobPlan> own_plan_ ABSL_GUARDED_BY(mu_);  // its own mesh's, kept while shrunk
+  std::shared_ptr<const baton::v1::JobSpec> own_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const baton::v1::JobSpec> placed_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::pair<baton::v1::JobSpec, std::shared_ptr<const JobPlan>>> rescale_ ABSL_GUARDED_BY(mu_);
+  std::optional<LiveState> live_ ABSL_GUARDED_BY(mu_);
   baton::v1::JobStatus status_ ABSL_GUARDED_BY(mu_);
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);

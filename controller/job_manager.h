@@ -87,6 +87,12 @@ class JobManager {
   // Stops a job: a pending one at once, a running one once its step in
   // flight is aborted (waits up to kStopWait). Its workers are free after.
   absl::StatusOr<baton::v1::JobStatus> Stop(const std::string& id, const std::string& cause) ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks a running job to move onto `mesh` (its axes, resized) at its next
+  // step boundary, worker to worker. INVALID_ARGUMENT when the mesh does
+  // not fit its plan, FAILED_PRECONDITION unless it is RUNNING,
+  // RESOURCE_EXHAUSTED when the fleet has too few workers for it.
+  absl::StatusOr<baton::v1::JobStatus> Rescale(const std::string& id, const std::vector<baton::v1::MeshAxis>& mesh)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   struct StepOutcome {
     std::vector<baton::v1::StepMetrics> metrics;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "controller/controller_metrics.h"
+#include "controller/live_restore.h"
 #include "common/wire.h"
 #include "controller/step_metrics.h"
 #include "strategies/job_spec.h"
@@ -75,15 +76,27 @@ absl::Status JobRunner::Place() {
     return absl::UnavailableError(absl::StrCat("loading job ", job_->id(), " failed: ", why));
   }
   int step = 0;
+  uint64_t data_seed = restore_.data_seed;
   baton::v1::CheckpointInfo restored;
-  if (!restore_.info.path().empty()) {
+  // From what its last mesh left on live workers when they keep all of it
+  // (no disk), else from its checkpoint.
+  std::optional<LiveState> live = job_->TakeLive();
+  std::string not_live;
+  if (auto from_peers = RestoreLive(live, *mesh, &not_live); !from_peers.ok()) {
+    return from_peers.status();
+  } else if (from_peers->has_value()) {
+    restored = **from_peers;
+    step = restored.step();
+    data_seed = live->data_seed;
+  } else if (!restore_.info.path().empty()) {
     // A rank that fails to read drops the job; it never runs half-loaded.
-    auto loaded = checkpoints_.Load(restore_, *mesh);
+    auto loaded = checkpoints_.Load(restore_, *mesh, not_live);
     if (!loaded.ok()) return loaded.status();
     restored = *loaded;
     step = restore_.optimizer ? restore_.metadata.step() : 0;
   }
-  job_->SetStart(step, restore_.data_seed, restored);
+  if (live.has_value()) ReleaseLiveState(*context_.meshes, job_->id(), live->mesh);
+  job_->SetStart(step, data_seed, restored);
   context_.meshes->SetState(*mesh, baton::v1::RUNNING);
   return absl::OkStatus();
 }
@@ -118,6 +131,7 @@ void JobRunner::Run() {
     if (interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
     if (interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
     if (interrupt == Job::Interrupt::kMeshLost) return Fail(why);
+    if (Rescale()) return;
     if (!job_->HasWork()) continue;  // nothing asked yet
     absl::Status ran;
     bool saved = false;
@@ -159,7 +173,7 @@ void JobRunner::Run() {
   if (!Conclude(baton::v1::JOB_FINISHED, "")) return context_.on_end(*job_);
   while (job_->AwaitWork(absl::Seconds(1)) == Job::Interrupt::kNone) {
   }
-  Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"));
+  Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"), /*ended=*/true);
 }
 
 int JobRunner::StepsForCall(int step) const {
@@ -303,7 +317,7 @@ bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
   // Ended, the job holds no worker any more (but an attached job that
   // FINISHED: its client may still save it).
   if (state != baton::v1::JOB_FINISHED || job_->detached()) {
-    FreeWorkers(absl::StrCat("job ", job_->id(), " ", baton::v1::JobState_Name(state)));
+    FreeWorkers(absl::StrCat("job ", job_->id(), " ", baton::v1::JobState_Name(state)), IsEnded(state));
   }
   job_->Enter(state, why);
   const baton::v1::Event::Kind kind = state == baton::v1::JOB_FINISHED  ? baton::v1::Event::JOB_FINISHED
@@ -318,69 +332,20 @@ bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
   return state == baton::v1::JOB_FINISHED;
 }
 
-void JobRunner::FreeWorkers(const std::string& reason) {
+void JobRunner::FreeWorkers(const std::string& reason, bool ended) {
   checkpoints_.AwaitInFlight(CheckpointCoordinator::kSaveDeadline).IgnoreError();
-  context_.meshes->Release(job_->id(), reason);
+  if (ended) {
+    context_.meshes->ReleaseEnded(job_->id(), reason);
+  } else {
+    context_.meshes->Release(job_->id(), reason);
+  }
   job_->SetMesh(baton::v1::Mesh());
 }
 
-void JobRunner::Release(const std::string& reason) {
-  FreeWorkers(reason);
+void JobRunner::Release(const std::string& reason, bool ended) {
+  FreeWorkers(reason, ended);
   context_.persist(*job_);
   context_.on_end(*job_);
-}
-
-void JobRunner::Fail(const std::string& cause) {
-  if (!job_->NoteFailure(cause)) {
-    return End(baton::v1::JOB_FAILED, job_->restarts_allowed() == 0
-                                          ? cause
-                                          : absl::StrCat("it failed past its restarts: ", job_->FailureHistory()));
-  }
-  // RECOVERING: its mesh is gone; it goes back to the head of the queue and
-  // waits for the workers it ran on (a dead one's replacement registers
-  // under its name), then for any, and resumes from its newest checkpoint.
-  const baton::v1::RestartPolicy& policy = job_->spec().restart();
-  const absl::Duration wait = absl::Milliseconds(policy.has_replacement_timeout_ms() ? policy.replacement_timeout_ms()
-                                                                                     : kReplacementTimeoutMs);
-  std::vector<std::string> names(mesh_.worker_names().begin(), mesh_.worker_names().end());
-  const std::string workers = absl::StrJoin(names, ", ");
-  // A worker whose process is gone is dead now: the job need not wait for a
-  // heartbeat timeout to learn it must wait for its replacement.
-  context_.meshes->DeclareGone(mesh_);
-  job_->SetRecoveryWorkers(std::move(names), absl::Now() + wait);
-  FreeWorkers(absl::StrCat("job ", job_->id(), " JOB_RECOVERING"));
-  job_->Enter(baton::v1::JOB_RECOVERING, cause);
-  const baton::v1::JobStatus status = job_->status();
-  context_.events->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job_->id(), status.step(),
-                                   absl::StrCat("restart ", status.restarts(), " of ", job_->restarts_allowed(),
-                                                ": waits for [", workers, "] up to ", absl::FormatDuration(wait),
-                                                ", then any free workers; resumes from its newest checkpoint"),
-                                   cause));
-  context_.persist(*job_);
-  context_.on_end(*job_);
-}
-
-bool JobRunner::GrowBack() {
-  const int own = MeshSize(job_->spec()), placed = MeshSize(*job_->placed_spec());
-  const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
-  if (ck.dir().empty() || static_cast<int>(context_.meshes->FreeWorkers().size()) < own - placed) return false;
-  // Through a checkpoint of this step (live rescale, worker to worker, is
-  // not there yet).
-  absl::StatusOr<baton::v1::CheckpointInfo> saved;
-  {
-    absl::MutexLock work(&job_->work_mu());
-    saved = checkpoints_.Save(mesh_, ck.dir(), /*async=*/false, /*periodic=*/false);
-  }
-  if (!saved.ok()) return false;  // recorded in the job; it goes on shrunk
-  FreeWorkers(absl::StrCat("job ", job_->id(), " grows back onto ", own, " workers"));
-  job_->Unshrink();
-  const std::string detail = absl::StrCat("grows back onto its ", own, " workers (from ", placed, ") from ",
-                                          saved->path(), " (step ", saved->step(), ")");
-  job_->Enter(baton::v1::JOB_RECOVERING, detail);
-  context_.events->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job_->id(), job_->step(), detail, ""));
-  context_.persist(*job_);
-  context_.on_end(*job_);
-  return true;
 }
 
 void JobRunner::End(baton::v1::JobState state, const std::string& cause) {

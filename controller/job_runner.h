@@ -19,7 +19,10 @@
 //     └────────────────────────────────────────────────────────────────────────┘
 //          stop / failure / last step ─> End ─> workers freed
 //          mesh lost / failed step, restarts left ─> Fail ─> RECOVERING ─> the
-//              manager requeues it, restored from its newest checkpoint
+//              manager requeues it, restored from the state its live workers
+//              keep (worker to worker) or else from its newest checkpoint
+//          rescale asked / shrunk and workers free again ─> Move ─> RECOVERING
+//              ─> requeued on its new mesh, restored worker to worker
 //
 // Thread-safety: the runner's thread owns the job's mesh while it runs;
 // Save (a client's SaveCheckpoint) runs on an RPC thread under the job's
@@ -30,6 +33,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -104,9 +108,23 @@ class JobRunner {
   // while its restarts allow (its workers freed, back in line, the manager
   // restores it), else FAILED listing every failure.
   void Fail(const std::string& cause);
-  // A shrunk job with enough workers free again, between steps: saved at
-  // this step and requeued on its whole mesh (RECOVERING); whether it did.
+  // A shrunk job with enough workers free again, between steps: requeued
+  // on its whole mesh (RECOVERING), its state left on its workers; whether
+  // it did.
   bool GrowBack();
+  // A rescale asked for, between steps: requeued on its new mesh the same
+  // way; whether there was one.
+  bool Rescale();
+  // Leaves its mesh for another (GrowBack, Rescale): RECOVERING, back in line.
+  void Move(const std::string& detail);
+  // What the job leaves on its workers now.
+  LiveState CurrentLiveState() const;
+  // Its restore from what `live` left on live workers when they keep all of
+  // it (nullopt: they do not, `why_not`, or nothing was left); UNAVAILABLE
+  // when that load failed (its ranks are half-loaded).
+  absl::StatusOr<std::optional<baton::v1::CheckpointInfo>> RestoreLive(const std::optional<LiveState>& live,
+                                                                       const baton::v1::Mesh& mesh,
+                                                                       std::string* why_not);
   // Ends the job in `state` (JOB_PENDING: back in line) and gives its
   // workers back; JOB_PENDING without a cause: the controller is shutting
   // down and the job stays as it is.
@@ -115,10 +133,11 @@ class JobRunner {
   // its workers freed first (unless an attached job FINISHED), logged,
   // persisted; whether it FINISHED.
   bool Conclude(baton::v1::JobState state, const std::string& cause);
-  // Gives the job's workers back (its mesh aborted).
-  void FreeWorkers(const std::string& reason);
+  // Gives the job's workers back (its mesh aborted); they keep its state
+  // for its next placement unless it `ended`.
+  void FreeWorkers(const std::string& reason, bool ended = false);
   // FreeWorkers, and tells the manager.
-  void Release(const std::string& reason);
+  void Release(const std::string& reason, bool ended);
 
   const std::shared_ptr<Job> job_;
   const RestorePlan restore_;

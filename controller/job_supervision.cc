@@ -13,7 +13,7 @@ absl::StatusOr<RestorePlan> JobManager::PlanRecovery(const Job& job, const baton
 }
 
 absl::StatusOr<RestorePlan> JobManager::Shrink(Job& job) {
-  const baton::v1::JobSpec& spec = job.spec();
+  const baton::v1::JobSpec spec = *job.own_spec();
   const int own = MeshSize(spec);
   const int min_workers = spec.restart().has_min_workers() ? spec.restart().min_workers() : own;
   const int free = static_cast<int>(meshes_->FreeWorkers().size());
@@ -51,6 +51,39 @@ absl::StatusOr<RestorePlan> JobManager::Shrink(Job& job) {
     return restore;
   }
   return absl::FailedPreconditionError("no smaller data-parallel size fits the free workers and the batch");
+}
+
+absl::StatusOr<baton::v1::JobStatus> JobManager::Rescale(const std::string& id,
+                                                        const std::vector<baton::v1::MeshAxis>& mesh) {
+  auto job = Find(id);
+  if (!job.ok()) return job.status();
+  const baton::v1::JobSpec own = *(*job)->own_spec();
+  if (static_cast<int>(mesh.size()) != own.mesh_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", id, " has ", own.mesh_size(), " mesh axes; the rescale names ",
+                                                   mesh.size()));
+  }
+  baton::v1::JobSpec rescaled = own;
+  for (int a = 0; a < own.mesh_size(); ++a) {
+    if (mesh[a].name() != own.mesh(a).name()) {
+      return absl::InvalidArgumentError(absl::StrCat("axis ", a, " of job ", id, " is \"", own.mesh(a).name(),
+                                                     "\"; the rescale names \"", mesh[a].name(), "\""));
+    }
+    rescaled.mutable_mesh(a)->set_size(mesh[a].size());
+  }
+  rescaled.clear_workers();
+  if (auto s = ValidateJobSpec(rescaled); !s.ok()) return s;
+  auto plan = PlanJob(rescaled, id);
+  if (!plan.ok()) return plan.status();
+  const int need = MeshSize(rescaled), fleet = static_cast<int>(meshes_->Workers().size());
+  if (need > fleet) {
+    return absl::ResourceExhaustedError(absl::StrCat("the mesh needs ", need, " workers; the fleet has ", fleet));
+  }
+  if ((*job)->state() != baton::v1::JOB_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", baton::v1::JobState_Name((*job)->state()),
+                                                      "; only a running job is rescaled"));
+  }
+  (*job)->RequestRescale(std::move(rescaled), std::make_shared<const JobPlan>(std::move(*plan)));
+  return (*job)->status();
 }
 
 }  // namespace baton

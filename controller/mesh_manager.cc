@@ -203,6 +203,14 @@ absl::StatusOr<baton::v1::Mesh> MeshManager::Form(const std::string& owner,
 }
 
 void MeshManager::Release(const std::string& owner, const std::string& reason, bool keep_formed) {
+  Free(owner, reason, keep_formed, /*drop_job_state=*/false);
+}
+
+void MeshManager::ReleaseEnded(const std::string& owner, const std::string& reason) {
+  Free(owner, reason, /*keep_formed=*/false, /*drop_job_state=*/true);
+}
+
+void MeshManager::Free(const std::string& owner, const std::string& reason, bool keep_formed, bool drop_job_state) {
   std::vector<baton::v1::Mesh> aborted;
   {
     absl::MutexLock lock(&mu_);
@@ -219,7 +227,7 @@ void MeshManager::Release(const std::string& owner, const std::string& reason, b
   }
   // Aborted before the workers are free again: a new mesh never meets the
   // old one's abort.
-  for (const auto& mesh : aborted) AbortFormed(mesh, reason);
+  for (const auto& mesh : aborted) AbortFormed(mesh, reason, drop_job_state);
   absl::MutexLock lock(&mu_);
   auto it = reserved_.find(owner);
   if (it == reserved_.end()) return;
@@ -279,7 +287,7 @@ void MeshManager::OnWorkersDead(const std::vector<std::string>& names) {
   }
 }
 
-void MeshManager::AbortFormed(const baton::v1::Mesh& mesh, const std::string& reason) {
+void MeshManager::AbortFormed(const baton::v1::Mesh& mesh, const std::string& reason, bool drop_job_state) {
   kv_->AbortPrefix(absl::StrCat("mesh/", mesh.epoch(), "/"), reason);
   events_->Append(MeshEvent(baton::v1::Event::MESH_ABORTED, mesh, reason));
   std::vector<WorkerTarget> live;
@@ -295,6 +303,7 @@ void MeshManager::AbortFormed(const baton::v1::Mesh& mesh, const std::string& re
   baton::v1::AbortRequest req;
   req.set_epoch(mesh.epoch());
   req.set_reason(reason);
+  req.set_drop_job_state(drop_job_state);
   FanOut fan_out;
   fan_out.deadline = kAbortDeadline;
   dispatcher_->Call<AbortRpc>(live, [&](size_t) { return req; }, fan_out);

@@ -79,8 +79,12 @@ class MeshManager {
                                        baton::v1::CommBackend backend) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back what `owner` holds: its mesh is aborted on every live worker
   // (or, with `keep_formed`, stays formed and idle) and its workers are free.
+  // Its workers keep the state of the job loaded on it (a restart or a
+  // rescale restores from them: controller/live_restore.h) ...
   void Release(const std::string& owner, const std::string& reason, bool keep_formed = false)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // ... but not when the job ended.
+  void ReleaseEnded(const std::string& owner, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Aborts `mesh` everywhere: poisons its rendezvous keys, tells every live
   // worker of it to drop it. Its owner keeps its workers and is told.
   void Abort(const baton::v1::Mesh& mesh, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
@@ -145,7 +149,9 @@ class MeshManager {
   // Forgets mesh `epoch` (if formed) and returns it; epoch 0 when none.
   baton::v1::Mesh Unform(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The abort itself: keys poisoned, event, live workers told. No lock.
-  void AbortFormed(const baton::v1::Mesh& mesh, const std::string& reason);
+  void AbortFormed(const baton::v1::Mesh& mesh, const std::string& reason, bool drop_job_state = false);
+  void Free(const std::string& owner, const std::string& reason, bool keep_formed, bool drop_job_state)
+      ABSL_LOCKS_EXCLUDED(mu_);
   int64_t NewEpoch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* const registry_;

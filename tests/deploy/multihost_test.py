@@ -24,7 +24,10 @@ every gRPC probe of the manifests passes as the kubelet would make it; the
 daemons' HTTP ports serve /metrics; `baton check --mesh dp=2,tp=2` passes; a
 20-step FSDP job trains with losses equal to the same job's on a loopback
 fleet (`baton up`); a worker whose link is cut is reported DEAD by name
-within 5 s; with the link back it rejoins and `baton check` passes again.
+within 5 s; with the link back it rejoins and `baton check` passes again; a
+worker's container killed is restarted in its pod's namespace (restartPolicy
+Always) and a detached HSDP job recovers from its live replicas (no disk:
+the pods share none) and finishes.
 Finally the pods are deleted as the kubelet deletes them: SIGTERM, readiness
 NOT_SERVING while draining, exit within terminationGracePeriodSeconds.
 
@@ -63,6 +66,8 @@ NAMESPACE = "baton"         # the overlay's namespace (for the DNS names)
 CONTROLLER, WORKER = "baton-controller", "baton-worker"
 JOB_STEPS = 20
 JOB_EXAMPLE = "decoder_fsdp4.textproto"
+RESTART_EXAMPLE = "decoder_hsdp.textproto"  # replicas: its restore needs no disk
+RESTART_JOB_STEPS = 60
 MESH = "dp=2,tp=2"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where the image has its binaries; the test runs the Bazel-built ones instead.
@@ -356,13 +361,16 @@ class Pod:
             shown = argv[2:] if argv[:2] == ["/bin/sh", "-c"] else argv
             log("  %s: init container %s done: %s" % (self.name, c["name"], self.short(" ".join(shown))))
 
-    def start(self, ip, binaries):
+    def start(self, ip, binaries, restart=False):
+        """Starts the container's daemon; `restart`: again, as the kubelet
+        restarts a container that died (its log appended to)."""
         c = kube.container(self.workload)
         argv, env = self.argv(c, binaries)
         cwd = os.path.join(self.dir, "workdir")
-        os.makedirs(cwd)
-        log("  %s (netns %s, %s): %s" % (self.name, self.ns, self.address, self.short(" ".join(argv))))
-        with open(self.log_path, "w") as out:
+        os.makedirs(cwd, exist_ok=restart)
+        if not restart:
+            log("  %s (netns %s, %s): %s" % (self.name, self.ns, self.address, self.short(" ".join(argv))))
+        with open(self.log_path, "a" if restart else "w") as out:
             self.process = subprocess.Popen([ip, "netns", "exec", self.ns] + argv, env=env, cwd=cwd, stdout=out,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=die_with_parent)
@@ -716,6 +724,50 @@ def scenario(a, ip, net, pods, state, work):
     r = baton("check", "--controller", address, "--mesh", MESH, "--numel", "65536", timeout=90)
     log("baton check --mesh %s after the rejoin: %s" % (MESH, r.stdout.strip().splitlines()[-1]))
 
+    # A container killed in its pod: the kubelet starts it again in the same
+    # namespace (restartPolicy: Always), and a detached HSDP job on the fleet
+    # recovers by itself - the dead worker's shards from their live replicas,
+    # worker to worker (the pods share no disk) - and finishes.
+    with open(a.hsdp_example) as f:
+        text, n = re.subn(r"(?m)^steps:\s*\d+", "steps: %d" % RESTART_JOB_STEPS, f.read())
+    check(n == 1, "%s has no steps: line" % a.hsdp_example)
+    hsdp = os.path.join(work, "hsdp.textproto")
+    with open(hsdp, "w") as f:
+        f.write(text + "\nrestart { max_restarts: 2 backoff_ms: 100 }\n")
+    job_id = baton("submit", "--controller", address, hsdp, timeout=60).stdout.strip().splitlines()[-1]
+
+    def job_status():
+        r = baton("jobs", "--controller", address, "--output", "json", timeout=10)
+        return {j["job_id"]: j for j in json.loads(r.stdout).get("jobs", [])}.get(job_id, {})
+    wait_until("%s past step 5" % job_id, 60, lambda: int(job_status().get("step", 0)) >= 5, interval_s=0.1,
+               on_poll=all_running)
+    pod = workers[1]
+    killed_pid = pod.process.pid
+    pod.process.kill()
+    pod.process.wait(timeout=10)
+    killed = time.monotonic()
+    log("%s: its container killed (pid %d) during %s's step %s" % (pod.name, killed_pid, job_id,
+                                                                   job_status().get("step")))
+    time.sleep(0.5)  # the kubelet notices, then restarts the container
+    pod.start(ip, binaries, restart=True)
+    log("  the kubelet restarted it in %s: pid %d" % (pod.ns, pod.process.pid))
+
+    def finished():
+        j = job_status()
+        if j.get("state") in ("JOB_FAILED", "JOB_STOPPED"):
+            raise CheckFailed("%s %s: %s" % (job_id, j["state"], j.get("error")))
+        return j if j.get("state") == "JOB_FINISHED" else None
+    j = wait_until("%s finished" % job_id, 120, finished, interval_s=0.2, on_poll=all_running)
+    restored = j.get("restored", {})
+    log("  %s FINISHED %.1f s after the kill: %s restart, restored at step %s from live workers: %s bytes from "
+        "peers, %s kept in place, %s from disk" % (job_id, time.monotonic() - killed, j.get("restarts"),
+                                                  j.get("start_step"), restored.get("bytes_from_peers"),
+                                                  restored.get("bytes_local"), restored.get("bytes")))
+    check(int(j.get("restarts", 0)) == 1, "%s restarted %s times" % (job_id, j.get("restarts")))
+    check(restored.get("from_peers") is True and int(restored.get("bytes", 0)) == 0,
+          "%s was not restored from its live replicas: %s" % (job_id, restored))
+    check(int(j.get("step", 0)) == RESTART_JOB_STEPS, "%s ended at step %s" % (job_id, j.get("step")))
+
     # Deleting the pods: the kubelet sends SIGTERM, readiness turns to
     # NOT_SERVING (no new calls routed there) while the daemon drains, and
     # the daemon exits before terminationGracePeriodSeconds ends in SIGKILL.
@@ -788,7 +840,10 @@ def main():
     for path in a.examples:
         if os.path.basename(path) == JOB_EXAMPLE:
             a.job_example = path
+        if os.path.basename(path) == RESTART_EXAMPLE:
+            a.hsdp_example = path
     check(getattr(a, "job_example", None), "no %s among --examples" % JOB_EXAMPLE)
+    check(getattr(a, "hsdp_example", None), "no %s among --examples" % RESTART_EXAMPLE)
     for attr in ("baton", "controller_bin", "worker_bin"):
         setattr(a, attr, os.path.abspath(getattr(a, attr)))
 

@@ -1,0 +1,75 @@
+#include "controller/live_restore.h"
+
+#include "absl/strings/str_cat.h"
+#include "strategies/checkpoint_plan.h"
+
+namespace baton {
+namespace {
+
+// How long a survivor may take to say what it keeps (its last step on the
+// aborted mesh returning first), and to drop it.
+constexpr absl::Duration kAskWait = absl::Seconds(5);
+constexpr absl::Duration kAskSlack = absl::Seconds(5);
+
+}  // namespace
+
+absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::string& job_id, const LiveState& live,
+                                            const baton::v1::Mesh& mesh,
+                                            const std::vector<baton::v1::Program>& programs) {
+  if (live.plan == nullptr || live.plan->programs.empty() || live.step <= 0) {
+    return absl::NotFoundError("nothing of it is kept live");
+  }
+  const std::vector<WorkerTarget> old = MeshManager::Targets(live.mesh);
+  FanOut fan_out;
+  fan_out.deadline = kAskWait + kAskSlack;
+  auto answers = meshes.dispatcher()->Call<GetRetainedRpc>(
+      old,
+      [&](size_t) {
+        baton::v1::GetRetainedRequest req;
+        req.set_job_id(job_id);
+        req.set_wait_ms(absl::ToInt64Milliseconds(kAskWait));
+        return req;
+      },
+      fan_out);
+  std::vector<LiveHolder> holders;
+  for (size_t r = 0; r < answers.size(); ++r) {
+    const auto& a = answers[r];
+    if (!a.status.ok() || !a.response.held() || a.response.step() != live.step) continue;
+    LiveHolder h;
+    h.rank = static_cast<int>(r);
+    h.source.set_worker(old[r].name);
+    h.source.set_address(old[r].address);
+    h.source.set_job_id(job_id);
+    h.source.set_step(live.step);
+    holders.push_back(std::move(h));
+  }
+  if (holders.empty()) {
+    return absl::NotFoundError(absl::StrCat("no worker of ", live.mesh.mesh_id(), " keeps it at step ", live.step));
+  }
+  std::vector<std::string> targets(mesh.worker_names().begin(), mesh.worker_names().end());
+  auto reads = PlanPeerLoad(live.plan->programs, holders, programs, targets);
+  if (!reads.ok()) return reads.status();
+  RestorePlan plan;
+  plan.optimizer = true;
+  plan.data_seed = live.data_seed;
+  plan.metadata.set_step(live.step);
+  plan.info.set_step(live.step);
+  plan.info.set_from_peers(true);
+  plan.reads = std::move(*reads);
+  return plan;
+}
+
+void ReleaseLiveState(MeshManager& meshes, const std::string& job_id, const baton::v1::Mesh& mesh) {
+  FanOut fan_out;
+  fan_out.deadline = kAskSlack;
+  meshes.dispatcher()->Call<ReleaseStateRpc>(
+      MeshManager::Targets(mesh),
+      [&](size_t) {
+        baton::v1::ReleaseStateRequest req;
+        req.set_job_id(job_id);
+        return req;
+      },
+      fan_out);
+}
+
+}  // namespace baton

@@ -1,0 +1,37 @@
+// Restoring a job from the state live workers keep past its mesh
+// (worker/retained_state.h), worker to worker and without disk: after a
+// failure the survivors' pieces (and replicas of the dead ones' along a
+// data-parallel replicate axis), and for a rescale or a grow-back every
+// piece. Pieces of different steps never mix: only workers that keep the
+// job at the step the controller last recorded count as holders; when they
+// do not hold every piece the target mesh needs, the job loads from its
+// last checkpoint instead.
+#ifndef BATON_CONTROLLER_LIVE_RESTORE_H_
+#define BATON_CONTROLLER_LIVE_RESTORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "controller/checkpoint_coordinator.h"
+#include "controller/job.h"
+#include "controller/mesh_manager.h"
+#include "strategies/dry_run.h"
+
+namespace baton {
+
+// Asks the workers of `live.mesh` what they keep of `job_id` and plans the
+// load of `programs` on `mesh` from those at live.step. NOT_FOUND (nothing
+// touched) when they do not hold all of it.
+absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::string& job_id, const LiveState& live,
+                                            const baton::v1::Mesh& mesh,
+                                            const std::vector<baton::v1::Program>& programs);
+
+// Tells the workers of `mesh` to drop what they keep of `job_id` (best
+// effort, bounded).
+void ReleaseLiveState(MeshManager& meshes, const std::string& job_id, const baton::v1::Mesh& mesh);
+
+}  // namespace baton
+
+#endif  // BATON_CONTROLLER_LIVE_RESTORE_H_

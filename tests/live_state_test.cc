@@ -1,0 +1,204 @@
+// State that moves worker to worker, never through disk (issue 17's "from
+// live replicas" and "live rescale"), through real daemons under `baton up`:
+//
+//  - HSDP (replicate 2 x shard 2): a worker SIGKILLed at a step drawn from a
+//    printed seed; `baton up` starts it again; the job is restored from the
+//    state the survivors kept past the aborted mesh - the dead worker's
+//    pieces from its replica - with 0 bytes read from disk although a
+//    checkpoint exists, and every step's loss is bit-identical to an
+//    uninterrupted run (no step replayed).
+//  - FSDP rescaled dp=2 -> dp=4 -> dp=2 mid-job (`baton rescale` and the
+//    SDK): every piece of model and optimizer state moves worker to worker;
+//    the losses equal, within 1e-5, a job resumed from checkpoints on the
+//    same meshes at the same steps; the bytes moved are printed next to the
+//    model state's size.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "checkpoint/files.h"
+#include "client/client.h"
+#include "tests/cluster_util.h"
+#include "tests/step_lines.h"
+#include "tests/up_fleet.h"
+
+namespace baton {
+namespace {
+
+
+// Waits until `cond` holds for the job's status (or `timeout`); the last status.
+baton::v1::JobStatus Await(Client& client, const std::string& job,
+                           const std::function<bool(const baton::v1::JobStatus&)>& cond, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  baton::v1::JobStatus s;
+  while (absl::Now() < until) {
+    auto j = client.GetJob(job);
+    if (j.ok()) s = *j;
+    if (cond(s)) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return s;
+}
+
+TEST(LiveStateTest, HsdpRestoresADeadWorkerFromItsLiveReplica) {
+  testing::UpFleet fleet = testing::StartUpFleet("live_hsdp", 4);
+  ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
+  auto client = Client::Connect(fleet.addr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const int kSteps = 30;
+  auto job_file = [&](const std::string& name) {
+    return testing::WriteJobFile(fleet.dir, "decoder_hsdp.textproto", name, kSteps,
+                                 absl::StrCat("checkpoint { dir: \"", name, "\" every_n_steps: 5 }"));
+  };
+  const std::string straight = fleet.Submit(job_file("straight"));
+  auto straight_log = fleet.Follow(straight);
+  ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;
+  const std::map<int, double> uninterrupted = testing::StepLosses(straight_log.output);
+  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
+
+  const uint64_t seed = testing::TestSeed();
+  std::mt19937_64 draw(seed);
+  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 6)(draw);
+  const int victim_rank = std::uniform_int_distribution<int>(0, 3)(draw);
+  const std::string job = fleet.Submit(job_file("interrupted"));
+  baton::v1::JobStatus s = Await(**client, job, [&](const auto& s) { return s.step() >= kill_at; }, absl::Seconds(120));
+  ASSERT_LT(s.step(), kSteps) << "the job ended before the kill";
+  const std::string victim = s.workers(victim_rank);
+  const int killed_at = s.step();
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(fleet.CurrentPid(victim), SIGKILL), 0);
+  s = Await(**client, job,
+            [](const auto& s) { return s.restarts() == 1 && s.state() == baton::v1::JOB_RUNNING && s.step() > s.start_step(); },
+            absl::Seconds(120));
+  const double back_s = absl::ToDoubleSeconds(absl::Now() - killed);
+  auto resumed = fleet.Follow(job);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto final_status = (*client)->GetJob(job);
+  ASSERT_TRUE(final_status.ok());
+  int lines = 0, identical = 0;
+  for (const auto& line : testing::JsonLines(resumed.output)) {
+    const int step = static_cast<int>(testing::Field(line, "step"));
+    ++lines;
+    identical += uninterrupted.count(step) && uninterrupted.at(step) == testing::Field(line, "loss");
+  }
+  const baton::v1::CheckpointInfo& r = final_status->restored();
+  std::printf("HSDP 2x2, seed %llu: %s SIGKILLed at step %d; restored at step %d from live workers: %lld bytes from "
+              "peers (its replica), %lld kept in place, %lld from disk; first step after the kill %.2f s later; %s; "
+              "%d of %d step lines bit-identical to the uninterrupted run\n",
+              static_cast<unsigned long long>(seed), victim.c_str(), killed_at, final_status->start_step(),
+              static_cast<long long>(r.bytes_from_peers()), static_cast<long long>(r.bytes_local()),
+              static_cast<long long>(r.bytes()), back_s, baton::v1::JobState_Name(final_status->state()).c_str(),
+              identical, lines);
+  EXPECT_EQ(final_status->state(), baton::v1::JOB_FINISHED) << final_status->error();
+  EXPECT_EQ(final_status->restarts(), 1);
+  EXPECT_TRUE(r.from_peers()) << r.DebugString() << "\n" << fleet.log();
+  EXPECT_EQ(r.bytes(), 0);
+  EXPECT_GT(r.bytes_from_peers(), 0);
+  EXPECT_GT(r.bytes_local(), 0);
+  // Restored at the step it failed at: nothing replayed.
+  EXPECT_EQ(final_status->start_step(), final_status->failures(0).step());
+  EXPECT_EQ(lines, kSteps);
+  EXPECT_EQ(identical, lines);
+  EXPECT_EQ(fleet.Stop(), 0);
+  for (const pid_t p : fleet.AllPids()) EXPECT_TRUE(testing::ProcessGone(p)) << "pid " << p << " left behind";
+}
+
+// examples/decoder_fsdp2 with its dp axis of size `size`, `steps` steps and `extra`.
+std::string DpJob(const testing::UpFleet& fleet, const std::string& name, int size, int steps, const std::string& extra) {
+  const std::string path = testing::WriteJobFile(fleet.dir, "decoder_fsdp2.textproto", name, steps, extra);
+  std::string text = testing::ReadFile(path);
+  const std::string two = "mesh { name: \"dp\" size: 2 }";
+  text.replace(text.find(two), two.size(), absl::StrCat("mesh { name: \"dp\" size: ", size, " }"));
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  return path;
+}
+
+TEST(LiveStateTest, RescaleTwoFourTwoMovesStateWorkerToWorker) {
+  testing::UpFleet fleet = testing::StartUpFleet("live_rescale", 4);
+  ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
+  auto client = Client::Connect(fleet.addr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const int kSteps = 400;  // a small model: its steps take milliseconds
+  const std::string job = fleet.Submit(DpJob(fleet, "elastic", 2, kSteps, ""));
+  ASSERT_FALSE(job.empty());
+  Await(**client, job, [](const auto& s) { return s.step() >= 8; }, absl::Seconds(60));
+  // Up through the CLI...
+  auto up = fleet.Cli({"rescale", job, "--mesh=dp=4"}, absl::Seconds(120));
+  ASSERT_EQ(up.exit_code, 0) << up.output << fleet.log();
+  std::printf("baton rescale %s --mesh=dp=4: %s", job.c_str(), up.output.c_str());
+  baton::v1::JobStatus s = *(*client)->GetJob(job);
+  const int up_at = s.start_step();
+  const baton::v1::CheckpointInfo grown = s.restored();
+  ASSERT_EQ(s.workers_size(), 4);
+  // ... and down through the SDK.
+  Await(**client, job, [&](const auto& s) { return s.step() >= up_at + 8; }, absl::Seconds(60));
+  auto down = (*client)->RescaleJob(job, "dp=2", absl::Seconds(120));
+  ASSERT_TRUE(down.ok()) << down.status() << fleet.log();
+  const int down_at = down->start_step();
+  const baton::v1::CheckpointInfo shrunk = down->restored();
+  EXPECT_EQ(down->workers_size(), 2);
+  auto followed = fleet.Follow(job);
+  ASSERT_EQ(followed.exit_code, 0) << followed.output;
+  const std::map<int, double> live = testing::StepLosses(followed.output);
+  s = *(*client)->GetJob(job);
+  EXPECT_EQ(s.state(), baton::v1::JOB_FINISHED) << s.error();
+  EXPECT_EQ(s.restarts(), 0);
+
+  // The reference: the same steps on the same meshes, through checkpoints.
+  auto run = [&](const std::string& name, int size, int steps, const std::string& resume) {
+    std::string extra = absl::StrCat("checkpoint { dir: \"", name, "\" every_n_steps: ", steps, " }");
+    if (!resume.empty()) absl::StrAppend(&extra, "\nresume_from: \"", resume, "\"");
+    const std::string id = fleet.Submit(DpJob(fleet, name, size, steps, extra));
+    auto log = fleet.Follow(id);
+    EXPECT_EQ(log.exit_code, 0) << log.output;
+    return std::make_pair(testing::StepLosses(log.output), absl::StrCat(fleet.dir, "/root/", name));
+  };
+  auto [first, first_dir] = run("ref_dp2", 2, up_at, "");
+  auto [second, second_dir] = run("ref_dp4", 4, down_at, "ref_dp2");
+  auto [third, third_dir] = run("ref_dp2_again", 2, kSteps, "ref_dp4");
+  std::map<int, double> expected = first;
+  for (const auto& [step, loss] : second) expected[step] = loss;
+  for (const auto& [step, loss] : third) expected[step] = loss;
+  double worst = 0;
+  int compared = 0;
+  for (const auto& [step, loss] : live) {
+    if (!expected.count(step)) continue;
+    worst = std::max(worst, std::abs(loss - expected.at(step)) / std::abs(expected.at(step)));
+    ++compared;
+  }
+  auto metadata = ReadMetadata(FindCheckpoint(first_dir).value_or(""));
+  const int64_t state_bytes = metadata.ok() ? metadata->total_bytes() : -1;
+  std::printf("rescaled dp=2 -> dp=4 at step %d: %lld bytes worker to worker, %lld kept in place, %lld from disk; "
+              "dp=4 -> dp=2 at step %d: %lld worker to worker, %lld kept in place, %lld from disk; the model state "
+              "(parameters and AdamW moments, as a checkpoint holds them once) is %lld bytes; %d steps compared with "
+              "a job resumed from checkpoints on the same meshes: worst relative difference %.3g\n",
+              up_at, static_cast<long long>(grown.bytes_from_peers()), static_cast<long long>(grown.bytes_local()),
+              static_cast<long long>(grown.bytes()), down_at, static_cast<long long>(shrunk.bytes_from_peers()),
+              static_cast<long long>(shrunk.bytes_local()), static_cast<long long>(shrunk.bytes()),
+              static_cast<long long>(state_bytes), compared, worst);
+  EXPECT_TRUE(grown.from_peers());
+  EXPECT_TRUE(shrunk.from_peers());
+  EXPECT_EQ(grown.bytes(), 0);
+  EXPECT_EQ(shrunk.bytes(), 0);
+  EXPECT_GT(grown.bytes_from_peers(), 0);
+  EXPECT_GT(shrunk.bytes_from_peers(), 0);
+  EXPECT_GE(grown.bytes_from_peers() + grown.bytes_local(), state_bytes);
+  EXPECT_EQ(compared, kSteps);
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_EQ(fleet.Stop(), 0);
+  for (const pid_t p : fleet.AllPids()) EXPECT_TRUE(testing::ProcessGone(p)) << "pid " << p << " left behind";
+}
+
+}  // namespace
+}  // namespace baton
