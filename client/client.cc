@@ -185,7 +185,8 @@ absl::StatusOr<baton::v1::JobStatus> Client::RescaleJob(const std::string& job_i
     if (auto s = FromGrpcStatus(stub_->RescaleJob(&ctx, req, &resp)); !s.ok()) return s;
   }
   if (wait <= absl::ZeroDuration()) return resp.job();
-  // Running again, on the new mesh.
+  // Running again, on the new mesh (another mesh than when it was asked).
+  const std::string old_mesh = resp.job().mesh_id();
   const absl::Time until = absl::Now() + wait;
   for (;;) {
     auto job = GetJob(job_id);
@@ -199,7 +200,9 @@ absl::StatusOr<baton::v1::JobStatus> Client::RescaleJob(const std::string& job_i
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ",
                                                         baton::v1::JobState_Name(job->state()), ": ", job->error()));
     }
-    if (moved && job->state() == baton::v1::JOB_RUNNING && !job->mesh_id().empty()) return *job;
+    if (moved && job->state() == baton::v1::JOB_RUNNING && !job->mesh_id().empty() && job->mesh_id() != old_mesh) {
+      return *job;
+    }
     if (absl::Now() > until) {
       return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " is not running on ", mesh, " after ",
                                                       absl::FormatDuration(wait)));

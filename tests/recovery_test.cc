@@ -5,7 +5,8 @@
 // starts the worker again under its name; the job goes RECOVERING, waits
 // for it, is placed again, restored from its newest checkpoint and
 // finishes. Every step it ran (the replayed ones too) has the loss of an
-// uninterrupted run, bit for bit. Printed: the seed, the kill's step, the
+// uninterrupted run, bit for bit. HSDP's dead worker comes back from its
+// live replica instead: no disk, no step replayed. Printed: the seed, the kill's step, the
 // time from the kill to the first step completed after it, and the bytes
 // restored from disk and from peers. Also the budget: three kills past two
 // restarts fail the job, listing the three causes.
@@ -34,7 +35,12 @@ using testing::JsonLines;
 using testing::Field;
 
 
-void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int workers) {
+// Where the restore must come from: its newest checkpoint, or the state
+// its live workers kept (no disk, nothing replayed).
+enum class Restore { kFromDisk, kFromLiveReplicas };
+
+void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int workers,
+                                              Restore expected = Restore::kFromDisk) {
   testing::UpFleet fleet = testing::StartUpFleet("recovery", workers);
   ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
   auto client = Client::Connect(fleet.addr);
@@ -97,13 +103,15 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
     identical += uninterrupted.count(step) && uninterrupted.at(step) == Field(line, "loss");
   }
   std::printf("%s, seed %llu: %s SIGKILLed at step %d of %s (%.0f ms after step %d); %s after %d restart, restored "
-              "from step %d (%lld bytes from disk, %lld from peers); first step after the kill %.2f s later; %d of %d "
+              "from step %d (%lld bytes from disk, %lld from peers, %lld kept in place); first step after the kill "
+              "%.2f s later; %d of %d "
               "step lines (replayed ones included) bit-identical to the uninterrupted run\n",
               example.c_str(), static_cast<unsigned long long>(seed), victim.c_str(), killed_at, job.c_str(),
               absl::ToDoubleMilliseconds(delay), kill_at, baton::v1::JobState_Name(final_status->state()).c_str(),
               final_status->restarts(), final_status->start_step(),
               static_cast<long long>(final_status->restored().bytes()),
-              static_cast<long long>(final_status->restored().bytes_from_peers()), back_s, identical, lines);
+              static_cast<long long>(final_status->restored().bytes_from_peers()),
+              static_cast<long long>(final_status->restored().bytes_local()), back_s, identical, lines);
   for (absl::string_view line : absl::StrSplit(fleet.log(), '\n')) {
     if (absl::StrContains(line, "restarted") || absl::StrContains(line, "RECOVERING")) {
       std::printf("  up: %s\n", std::string(line).c_str());
@@ -114,8 +122,21 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
   EXPECT_EQ(final_status->restarts(), 1);
   ASSERT_EQ(final_status->failures_size(), 1);
   EXPECT_TRUE(absl::StrContains(final_status->failures(0).cause(), victim)) << final_status->failures(0).cause();
-  EXPECT_EQ(final_status->start_step() % 5, 0);
-  EXPECT_LE(final_status->start_step(), killed_at);
+  const baton::v1::CheckpointInfo& restored = final_status->restored();
+  if (expected == Restore::kFromDisk) {
+    EXPECT_EQ(final_status->start_step() % 5, 0);
+    EXPECT_GT(restored.bytes(), 0);
+  } else {
+    // At the step it failed at, every byte from the workers left.
+    EXPECT_EQ(final_status->start_step(), final_status->failures(0).step());
+    EXPECT_TRUE(restored.from_peers()) << restored.DebugString();
+    EXPECT_EQ(restored.bytes(), 0);
+    EXPECT_GT(restored.bytes_from_peers(), 0);
+    EXPECT_GT(restored.bytes_local(), 0);
+  }
+  // Not past the failure (a step the survivors completed as the victim died
+  // may be past the step the kill saw).
+  EXPECT_LE(final_status->start_step(), final_status->failures(0).step());
   EXPECT_GT(back_s, 0);
   // The steps between its checkpoint and the failure ran twice; the rest once.
   EXPECT_EQ(lines, kSteps + final_status->failures(0).step() - final_status->start_step());
@@ -294,6 +315,12 @@ TEST(RecoveryTest, FsdpTimesTensorParallelOnFour) {
 }
 TEST(RecoveryTest, OneFOneBPipelineTimesFsdpOnFour) {
   KillAWorkerAndCheckTheJobGoesOnBitForBit("decoder_pp2_fsdp2.textproto", 4);
+}
+// HSDP replicate 2 x shard 2: the dead worker's shards live on in its
+// replica; restored worker to worker, 0 bytes from disk although a
+// checkpoint exists.
+TEST(RecoveryTest, HsdpFromLiveReplicasWithoutDisk) {
+  KillAWorkerAndCheckTheJobGoesOnBitForBit("decoder_hsdp.textproto", 4, Restore::kFromLiveReplicas);
 }
 
 }  // namespace

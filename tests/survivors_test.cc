@@ -148,12 +148,26 @@ TEST_F(SurvivorsTest, NoSurvivorDiesOfAPeerKilledDuringAPipelineStep) {
       absl::SleepFor(absl::Milliseconds(20));
     }
     ASSERT_EQ(s.state(), baton::v1::JOB_RUNNING) << "round " << round << ": " << s.DebugString();
+    // The pid to kill is the one `baton up` started last: its log may name
+    // a restarted worker a moment after the worker registered (killing the
+    // dead predecessor's pid again would fail nothing and the round would
+    // wait 30 s for a failure that never comes).
+    ASSERT_TRUE(AwaitFleet(absl::Seconds(30))) << "round " << round << ":\n" << fleet_.log();
     absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(0, 300)(draw)));
+    // Still stepping on that mesh (not re-forming it: a kill then is not
+    // "during a step"), and how many failures it had before this kill.
+    auto now = client_->GetJob(job);
+    ASSERT_TRUE(now.ok());
+    if (now->state() != baton::v1::JOB_RUNNING || now->mesh_id() != s.mesh_id()) {
+      --round;
+      continue;
+    }
+    const int failures_before = now->failures_size();
     Kill(s.workers(std::uniform_int_distribution<int>(0, 3)(draw)));
     const absl::Time killed = absl::Now(), noticed = killed + absl::Seconds(30);
     while (absl::Now() < noticed) {
       auto j = client_->GetJob(job);
-      if (j.ok() && j->failures_size() > round) break;
+      if (j.ok() && j->failures_size() > failures_before) break;
       absl::SleepFor(absl::Milliseconds(10));
     }
     const double noticed_s = absl::ToDoubleSeconds(absl::Now() - killed);

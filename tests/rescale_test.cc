@@ -1,17 +1,10 @@
-// State that moves worker to worker, never through disk (issue 17's "from
-// live replicas" and "live rescale"), through real daemons under `baton up`:
-//
-//  - HSDP (replicate 2 x shard 2): a worker SIGKILLed at a step drawn from a
-//    printed seed; `baton up` starts it again; the job is restored from the
-//    state the survivors kept past the aborted mesh - the dead worker's
-//    pieces from its replica - with 0 bytes read from disk although a
-//    checkpoint exists, and every step's loss is bit-identical to an
-//    uninterrupted run (no step replayed).
-//  - FSDP rescaled dp=2 -> dp=4 -> dp=2 mid-job (`baton rescale` and the
-//    SDK): every piece of model and optimizer state moves worker to worker;
-//    the losses equal, within 1e-5, a job resumed from checkpoints on the
-//    same meshes at the same steps; the bytes moved are printed next to the
-//    model state's size.
+// Live rescale (issue 17), through real daemons under `baton up`: an FSDP
+// job rescaled dp=2 -> dp=4 -> dp=2 mid-job (`baton rescale` and the SDK).
+// Every piece of model and optimizer state moves worker to worker, 0 bytes
+// through disk; the losses equal, within 1e-5, a job resumed from
+// checkpoints on the same meshes at the same steps; the bytes moved are
+// printed next to the model state's size. (The restore from live replicas
+// after a failure: recovery_test's HSDP case.)
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -19,7 +12,6 @@
 #include <cmath>
 #include <functional>
 #include <map>
-#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -49,69 +41,6 @@ baton::v1::JobStatus Await(Client& client, const std::string& job,
   return s;
 }
 
-TEST(LiveStateTest, HsdpRestoresADeadWorkerFromItsLiveReplica) {
-  testing::UpFleet fleet = testing::StartUpFleet("live_hsdp", 4);
-  ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
-  auto client = Client::Connect(fleet.addr);
-  ASSERT_TRUE(client.ok()) << client.status();
-  const int kSteps = 30;
-  auto job_file = [&](const std::string& name) {
-    return testing::WriteJobFile(fleet.dir, "decoder_hsdp.textproto", name, kSteps,
-                                 absl::StrCat("checkpoint { dir: \"", name, "\" every_n_steps: 5 }"));
-  };
-  const std::string straight = fleet.Submit(job_file("straight"));
-  auto straight_log = fleet.Follow(straight);
-  ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;
-  const std::map<int, double> uninterrupted = testing::StepLosses(straight_log.output);
-  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
-
-  const uint64_t seed = testing::TestSeed();
-  std::mt19937_64 draw(seed);
-  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 6)(draw);
-  const int victim_rank = std::uniform_int_distribution<int>(0, 3)(draw);
-  const std::string job = fleet.Submit(job_file("interrupted"));
-  baton::v1::JobStatus s = Await(**client, job, [&](const auto& s) { return s.step() >= kill_at; }, absl::Seconds(120));
-  ASSERT_LT(s.step(), kSteps) << "the job ended before the kill";
-  const std::string victim = s.workers(victim_rank);
-  const int killed_at = s.step();
-  const absl::Time killed = absl::Now();
-  ASSERT_EQ(kill(fleet.CurrentPid(victim), SIGKILL), 0);
-  s = Await(**client, job,
-            [](const auto& s) { return s.restarts() == 1 && s.state() == baton::v1::JOB_RUNNING && s.step() > s.start_step(); },
-            absl::Seconds(120));
-  const double back_s = absl::ToDoubleSeconds(absl::Now() - killed);
-  auto resumed = fleet.Follow(job);
-  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
-  auto final_status = (*client)->GetJob(job);
-  ASSERT_TRUE(final_status.ok());
-  int lines = 0, identical = 0;
-  for (const auto& line : testing::JsonLines(resumed.output)) {
-    const int step = static_cast<int>(testing::Field(line, "step"));
-    ++lines;
-    identical += uninterrupted.count(step) && uninterrupted.at(step) == testing::Field(line, "loss");
-  }
-  const baton::v1::CheckpointInfo& r = final_status->restored();
-  std::printf("HSDP 2x2, seed %llu: %s SIGKILLed at step %d; restored at step %d from live workers: %lld bytes from "
-              "peers (its replica), %lld kept in place, %lld from disk; first step after the kill %.2f s later; %s; "
-              "%d of %d step lines bit-identical to the uninterrupted run\n",
-              static_cast<unsigned long long>(seed), victim.c_str(), killed_at, final_status->start_step(),
-              static_cast<long long>(r.bytes_from_peers()), static_cast<long long>(r.bytes_local()),
-              static_cast<long long>(r.bytes()), back_s, baton::v1::JobState_Name(final_status->state()).c_str(),
-              identical, lines);
-  EXPECT_EQ(final_status->state(), baton::v1::JOB_FINISHED) << final_status->error();
-  EXPECT_EQ(final_status->restarts(), 1);
-  EXPECT_TRUE(r.from_peers()) << r.DebugString() << "\n" << fleet.log();
-  EXPECT_EQ(r.bytes(), 0);
-  EXPECT_GT(r.bytes_from_peers(), 0);
-  EXPECT_GT(r.bytes_local(), 0);
-  // Restored at the step it failed at: nothing replayed.
-  EXPECT_EQ(final_status->start_step(), final_status->failures(0).step());
-  EXPECT_EQ(lines, kSteps);
-  EXPECT_EQ(identical, lines);
-  EXPECT_EQ(fleet.Stop(), 0);
-  for (const pid_t p : fleet.AllPids()) EXPECT_TRUE(testing::ProcessGone(p)) << "pid " << p << " left behind";
-}
-
 // examples/decoder_fsdp2 with its dp axis of size `size`, `steps` steps and `extra`.
 std::string DpJob(const testing::UpFleet& fleet, const std::string& name, int size, int steps, const std::string& extra) {
   const std::string path = testing::WriteJobFile(fleet.dir, "decoder_fsdp2.textproto", name, steps, extra);
@@ -124,7 +53,7 @@ std::string DpJob(const testing::UpFleet& fleet, const std::string& name, int si
   return path;
 }
 
-TEST(LiveStateTest, RescaleTwoFourTwoMovesStateWorkerToWorker) {
+TEST(RescaleTest, RescaleTwoFourTwoMovesStateWorkerToWorker) {
   testing::UpFleet fleet = testing::StartUpFleet("live_rescale", 4);
   ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
   auto client = Client::Connect(fleet.addr);
