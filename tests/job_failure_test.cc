@@ -162,5 +162,110 @@ TEST(JobTest, SilentWorkerFailsTheRunWithinTenSeconds) {
   StopAndExpectAllGone(*cluster);
 }
 
+// The state a worker keeps past its mesh, asked for wrongly: a job it does
+// not keep, another step, a box outside its piece, an absurd wait - each a
+// clear error; a good box answers its bytes, and the fleet trains after.
+TEST(JobTest, KeptStateAnswersBadReadsWithClearErrors) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  auto mesh = (*client)->CreateMesh("dp=2");
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  const std::string file = Runfile("examples/decoder_fsdp2.textproto");
+  auto job = ParseJobSpec(testing::ReadFile(file), false);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto programs = CompilePrograms(*job, "kept");
+  ASSERT_TRUE(programs.ok());
+  auto worker = baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, mesh->worker_addresses(0)));
+  auto call = [&](auto method, const auto& req, auto* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    return ((*worker).*method)(&ctx, req, resp);
+  };
+  baton::v1::LoadProgramRequest load;
+  load.set_epoch(mesh->epoch());
+  *load.mutable_program() = (*programs)[0];
+  baton::v1::LoadProgramResponse loaded;
+  ASSERT_TRUE(call(&baton::v1::Worker::Stub::LoadProgram, load, &loaded).ok());
+  // Its mesh aborted, the worker keeps the job at step 0.
+  baton::v1::AbortRequest abort;
+  abort.set_epoch(mesh->epoch());
+  baton::v1::AbortResponse aborted;
+  ASSERT_TRUE(call(&baton::v1::Worker::Stub::Abort, abort, &aborted).ok());
+  baton::v1::GetRetainedRequest ask;
+  ask.set_job_id("kept");
+  ask.set_wait_ms(5000);
+  baton::v1::GetRetainedResponse kept;
+  ASSERT_TRUE(call(&baton::v1::Worker::Stub::GetRetained, ask, &kept).ok());
+  std::printf("kept after its mesh was aborted: held %d, step %d, %lld bytes\n", kept.held(), kept.step(),
+              static_cast<long long>(kept.bytes()));
+  EXPECT_TRUE(kept.held());
+  EXPECT_EQ(kept.step(), 0);
+  EXPECT_GT(kept.bytes(), 0);
+  ask.set_wait_ms(-1);
+  EXPECT_EQ(call(&baton::v1::Worker::Stub::GetRetained, ask, &kept).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  const baton::v1::ParamLayout& param = (*programs)[0].units(0).params(0);
+  auto read = [&](const std::string& job_id, int step, std::vector<int64_t> offsets, std::vector<int64_t> sizes,
+                  baton::v1::ReadPiecesResponse* resp) {
+    baton::v1::ReadPiecesRequest req;
+    req.set_job_id(job_id);
+    req.set_step(step);
+    auto* box = req.add_boxes();
+    box->set_param(param.name());
+    box->mutable_offsets()->Assign(offsets.begin(), offsets.end());
+    box->mutable_sizes()->Assign(sizes.begin(), sizes.end());
+    return call(&baton::v1::Worker::Stub::ReadPieces, req, resp);
+  };
+  const int64_t rows = param.shape(0), cols = param.shape(1);
+  baton::v1::ReadPiecesResponse got;
+  const grpc::Status good = read("kept", 0, {0, 0}, {1, cols}, &got);
+  ASSERT_TRUE(good.ok()) << good.error_message();
+  ASSERT_EQ(got.values_size(), 1);
+  EXPECT_EQ(static_cast<int64_t>(got.values(0).size()), cols * 4);
+  struct Case {
+    std::string what;
+    grpc::Status status;
+    grpc::StatusCode expect;
+  } cases[] = {
+      {"a job it does not keep", read("other", 0, {0, 0}, {1, cols}, &got), grpc::StatusCode::NOT_FOUND},
+      {"another step", read("kept", 3, {0, 0}, {1, cols}, &got), grpc::StatusCode::FAILED_PRECONDITION},
+      {"rows of rank 1's piece", read("kept", 0, {rows - 1, 0}, {1, cols}, &got), grpc::StatusCode::INVALID_ARGUMENT},
+      {"a 2^62-element box", read("kept", 0, {0, 0}, {int64_t{1} << 31, int64_t{1} << 31}, &got),
+       grpc::StatusCode::INVALID_ARGUMENT},
+  };
+  for (const Case& c : cases) {
+    std::printf("%s: %s\n", c.what.c_str(), c.status.error_message().c_str());
+    EXPECT_EQ(c.status.error_code(), c.expect) << c.what << ": " << c.status.error_message();
+  }
+  {
+    // Its whole piece asked for until the answer would pass 1 GiB.
+    baton::v1::ReadPiecesRequest req;
+    req.set_job_id("kept");
+    const int64_t piece_bytes = rows / 2 * cols * 4;
+    for (int64_t b = 0; b <= (int64_t{1} << 30) / piece_bytes; ++b) {
+      auto* box = req.add_boxes();
+      box->set_param(param.name());
+      box->add_offsets(0);
+      box->add_offsets(0);
+      box->add_sizes(rows / 2);
+      box->add_sizes(cols);
+    }
+    const grpc::Status s = call(&baton::v1::Worker::Stub::ReadPieces, req, &got);
+    std::printf("%d boxes of %lld bytes: %s\n", req.boxes_size(), static_cast<long long>(piece_bytes),
+                s.error_message().c_str());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  }
+  baton::v1::ReleaseStateRequest release;
+  release.set_job_id("kept");
+  baton::v1::ReleaseStateResponse released;
+  ASSERT_TRUE(call(&baton::v1::Worker::Stub::ReleaseState, release, &released).ok());
+  EXPECT_EQ(released.bytes(), kept.bytes());
+  auto again = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file}, absl::Seconds(120));
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  StopAndExpectAllGone(*cluster);
+}
+
 }  // namespace
 }  // namespace baton

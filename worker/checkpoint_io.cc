@@ -83,9 +83,10 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WritePieces(const std::string& pat
 }
 
 absl::StatusOr<std::vector<std::string>> ReadBoxes(
-    const ShardStore& store, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes) {
+    const ShardStore& store, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes, int64_t max_bytes) {
   at::NoGradGuard no_grad;
   std::vector<std::string> out;
+  int64_t bytes = 0;
   for (const auto& box : boxes) {
     auto p = store.param(box.param());
     if (!p.ok()) return p.status();
@@ -94,7 +95,12 @@ absl::StatusOr<std::vector<std::string>> ReadBoxes(
       return absl::InvalidArgumentError(absl::StrCat("no state ", box.field(), " of ", box.param()));
     }
     const Piece region{{box.offsets().begin(), box.offsets().end()}, {box.sizes().begin(), box.sizes().end()}};
-    if (auto n = CheckedNumel(region); !n.ok()) return n.status();
+    auto n = CheckedNumel(region);
+    if (!n.ok()) return n.status();
+    if ((bytes += *n * static_cast<int64_t>(sizeof(float))) > max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("the boxes asked for come to more than ", max_bytes,
+                                                       " bytes: ask in smaller batches"));
+    }
     if (!(*p)->master_piece.Contains(region)) {
       return absl::InvalidArgumentError(absl::StrCat("box ", region.ToString(), " of ", box.param(),
                                                      " lies outside the piece held, ", (*p)->master_piece.ToString()));

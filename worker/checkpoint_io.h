@@ -42,9 +42,11 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WritePieces(const std::string& pat
                                                           int64_t delay_per_piece_ms);
 
 // The values of `boxes` (each inside the piece `store` holds of its field),
-// as fp32 bytes: what ReadPieces answers a peer.
+// as fp32 bytes: what ReadPieces answers a peer. RESOURCE_EXHAUSTED past
+// `max_bytes` in all (peers ask in batches far below it).
 absl::StatusOr<std::vector<std::string>> ReadBoxes(const ShardStore& store,
-                                                   const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes);
+                                                   const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes,
+                                                   int64_t max_bytes = int64_t{1} << 30);
 
 // Fetches `boxes` of a live worker's retained state (ReadBoxes there): one
 // string of fp32 bytes per box.
