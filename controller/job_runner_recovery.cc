@@ -51,7 +51,8 @@ void JobRunner::Fail(const std::string& cause) {
   }
   // RECOVERING: its mesh is gone; it goes back to the head of the queue and
   // waits for the workers it ran on (a dead one's replacement registers
-  // under its name), then for any, and resumes from its newest checkpoint.
+  // under its name), then for any, and resumes from what its live workers
+  // keep when they hold all of it, else from its newest checkpoint.
   const baton::v1::RestartPolicy& policy = job_->spec().restart();
   const absl::Duration wait = absl::Milliseconds(policy.has_replacement_timeout_ms() ? policy.replacement_timeout_ms()
                                                                                      : kReplacementTimeoutMs);
