@@ -45,12 +45,11 @@ bool IsEnded(baton::v1::JobState state);
 // What a job left on its workers when its mesh went (a failure, a rescale,
 // a grow-back): the Programs its ranks ran, that mesh (its workers by rank)
 // and the step it was at. Its restore reads it from them when they keep all
-// of it (controller/live_restore.h).
+// of it (controller/live_restore.h); its data stream is the job's own.
 struct LiveState {
   std::shared_ptr<const JobPlan> plan;
   baton::v1::Mesh mesh;
   int step = 0;
-  uint64_t data_seed = 0;
 };
 
 class Job {

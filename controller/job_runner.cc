@@ -76,7 +76,6 @@ absl::Status JobRunner::Place() {
     return absl::UnavailableError(absl::StrCat("loading job ", job_->id(), " failed: ", why));
   }
   int step = 0;
-  uint64_t data_seed = restore_.data_seed;
   baton::v1::CheckpointInfo restored;
   // From what its last mesh left on live workers when they keep all of it
   // (no disk), else from its checkpoint.
@@ -87,7 +86,6 @@ absl::Status JobRunner::Place() {
   } else if (from_peers->has_value()) {
     restored = **from_peers;
     step = restored.step();
-    data_seed = live->data_seed;
   } else if (!restore_.info.path().empty()) {
     // A rank that fails to read drops the job; it never runs half-loaded.
     auto loaded = checkpoints_.Load(restore_, *mesh, not_live);
@@ -96,7 +94,7 @@ absl::Status JobRunner::Place() {
     step = restore_.optimizer ? restore_.metadata.step() : 0;
   }
   if (live.has_value()) ReleaseLiveState(*context_.meshes, job_->id(), live->mesh);
-  job_->SetStart(step, data_seed, restored);
+  job_->SetStart(step, restore_.data_seed, restored);
   context_.meshes->SetState(*mesh, baton::v1::RUNNING);
   return absl::OkStatus();
 }

@@ -17,7 +17,6 @@ LiveState JobRunner::CurrentLiveState() const {
   live.plan = job_->plan();
   live.mesh = mesh_;
   live.step = job_->step();
-  live.data_seed = job_->status().data_seed();
   return live;
 }
 

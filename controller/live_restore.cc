@@ -1,5 +1,8 @@
 #include "controller/live_restore.h"
 
+#include <set>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "strategies/checkpoint_plan.h"
 
@@ -11,6 +14,23 @@ namespace {
 constexpr absl::Duration kAskWait = absl::Seconds(5);
 constexpr absl::Duration kAskSlack = absl::Seconds(5);
 
+// The workers of `mesh` still alive at the address they had in it (a dead
+// one's replacement keeps nothing of the job), and their ranks.
+std::vector<WorkerTarget> AliveWorkers(MeshManager& meshes, const baton::v1::Mesh& mesh, std::vector<size_t>* ranks) {
+  std::set<std::pair<std::string, std::string>> alive;
+  for (const auto& w : meshes.Workers()) {
+    if (w.state() != baton::v1::DEAD) alive.insert({w.name(), w.address()});
+  }
+  const std::vector<WorkerTarget> all = MeshManager::Targets(mesh);
+  std::vector<WorkerTarget> out;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!alive.count({all[r].name, all[r].address})) continue;
+    out.push_back(all[r]);
+    if (ranks != nullptr) ranks->push_back(r);
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::string& job_id, const LiveState& live,
@@ -19,11 +39,12 @@ absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::stri
   if (live.plan == nullptr || live.plan->programs.empty() || live.step <= 0) {
     return absl::NotFoundError("nothing of it is kept live");
   }
-  const std::vector<WorkerTarget> old = MeshManager::Targets(live.mesh);
+  std::vector<size_t> ranks;  // in live.mesh
+  const std::vector<WorkerTarget> asked = AliveWorkers(meshes, live.mesh, &ranks);
   FanOut fan_out;
   fan_out.deadline = kAskWait + kAskSlack;
   auto answers = meshes.dispatcher()->Call<GetRetainedRpc>(
-      old,
+      asked,
       [&](size_t) {
         baton::v1::GetRetainedRequest req;
         req.set_job_id(job_id);
@@ -32,13 +53,13 @@ absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::stri
       },
       fan_out);
   std::vector<LiveHolder> holders;
-  for (size_t r = 0; r < answers.size(); ++r) {
-    const auto& a = answers[r];
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const auto& a = answers[i];
     if (!a.status.ok() || !a.response.held() || a.response.step() != live.step) continue;
     LiveHolder h;
-    h.rank = static_cast<int>(r);
-    h.source.set_worker(old[r].name);
-    h.source.set_address(old[r].address);
+    h.rank = static_cast<int>(ranks[i]);
+    h.source.set_worker(asked[i].name);
+    h.source.set_address(asked[i].address);
     h.source.set_job_id(job_id);
     h.source.set_step(live.step);
     holders.push_back(std::move(h));
@@ -51,7 +72,6 @@ absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::stri
   if (!reads.ok()) return reads.status();
   RestorePlan plan;
   plan.optimizer = true;
-  plan.data_seed = live.data_seed;
   plan.metadata.set_step(live.step);
   plan.info.set_step(live.step);
   plan.info.set_from_peers(true);
@@ -63,7 +83,7 @@ void ReleaseLiveState(MeshManager& meshes, const std::string& job_id, const bato
   FanOut fan_out;
   fan_out.deadline = kAskSlack;
   meshes.dispatcher()->Call<ReleaseStateRpc>(
-      MeshManager::Targets(mesh),
+      AliveWorkers(meshes, mesh, nullptr),
       [&](size_t) {
         baton::v1::ReleaseStateRequest req;
         req.set_job_id(job_id);

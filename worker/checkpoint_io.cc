@@ -1,9 +1,9 @@
 #include "worker/checkpoint_io.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include <chrono>
-#include <cstring>
 #include <set>
 #include <thread>
 
@@ -116,12 +116,58 @@ namespace {
 // Peer reads batched per holder up to this many bytes a call.
 constexpr int64_t kPeerBatchBytes = 32 << 20;
 
-// Every peer read's region, fetched: indexed like `reads` (undefined for
-// file reads).
-absl::StatusOr<std::vector<at::Tensor>> FetchFromPeers(
-    const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads, const PeerFetch& fetch,
-    LoadTotals& totals) {
-  std::vector<at::Tensor> staged(reads.size());
+// Writes the values of one read's region into the rank's tensors it lands
+// in: the master piece, and a resident unit's compute tensor.
+class Applier {
+ public:
+  explicit Applier(ShardStore& store) : store_(store) {
+    for (const auto& u : store.units()) {
+      if (!u->resident) continue;
+      for (const auto& p : u->params) resident_.insert(&p);
+    }
+  }
+
+  // The region `read` names, checked against this rank's piece.
+  absl::StatusOr<Piece> Region(const baton::v1::ShardRead& read) const {
+    auto p = store_.param(read.param());
+    if (!p.ok()) return p.status();
+    if (FieldOf(**p, read.field()) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown shard field ", read.field()));
+    }
+    const Piece region{{read.offsets().begin(), read.offsets().end()}, {read.sizes().begin(), read.sizes().end()}};
+    if (auto n = CheckedNumel(region); !n.ok()) return n.status();
+    const Piece& home = IntoFull(**p, read) ? (*p)->compute_piece : (*p)->master_piece;
+    if (!home.Contains(region)) {
+      return absl::InvalidArgumentError(absl::StrCat("read of ", read.tensor(), " ", region.ToString(),
+                                                     " lies outside this rank's piece ", home.ToString()));
+    }
+    return region;
+  }
+
+  // `values`: the region's fp32 values (Region checked it).
+  void Apply(const baton::v1::ShardRead& read, const Piece& region, const at::Tensor& values) {
+    ShardStore::Param& param = **store_.param(read.param());
+    if (IntoFull(param, read)) Narrow(ShardStore::Writable(param.full), param.compute_piece, region).copy_(values);
+    if (!(read.field() == baton::v1::PARAM && param.master_is_view)) {
+      if (auto part = Intersect(region, param.master_piece); part.has_value()) {
+        Narrow(*FieldOf(param, read.field()), param.master_piece, *part).copy_(Narrow(values, region, *part));
+      }
+    }
+  }
+
+ private:
+  bool IntoFull(const ShardStore::Param& param, const baton::v1::ShardRead& read) const {
+    return read.field() == baton::v1::PARAM && resident_.count(&param) > 0;
+  }
+
+  ShardStore& store_;
+  std::set<const ShardStore::Param*> resident_;  // parameters of resident units
+};
+
+// The peer reads, fetched per holder in batches, each batch applied as it
+// arrives.
+absl::Status LoadFromPeers(const google::protobuf::RepeatedPtrField<baton::v1::ShardRead>& reads,
+                           const PeerFetch& fetch, Applier& applier, LoadTotals& totals) {
   std::map<std::string, std::vector<int>> by_peer;
   for (int i = 0; i < reads.size(); ++i) {
     if (reads[i].has_peer()) by_peer[reads[i].peer().worker()].push_back(i);
@@ -130,42 +176,40 @@ absl::StatusOr<std::vector<at::Tensor>> FetchFromPeers(
   for (const auto& [worker, indices] : by_peer) {
     for (size_t begin = 0; begin < indices.size();) {
       google::protobuf::RepeatedPtrField<baton::v1::PieceBox> boxes;
-      std::vector<int> batch;
+      std::vector<std::pair<int, Piece>> batch;  // read index, region
       int64_t bytes = 0;
       for (size_t i = begin; i < indices.size() && (batch.empty() || bytes < kPeerBatchBytes); ++i) {
         const baton::v1::ShardRead& read = reads[indices[i]];
-        const Piece region{{read.offsets().begin(), read.offsets().end()}, {read.sizes().begin(), read.sizes().end()}};
-        auto n = CheckedNumel(region);
-        if (!n.ok()) return n.status();
+        auto region = applier.Region(read);
+        if (!region.ok()) return region.status();
         baton::v1::PieceBox* box = boxes.Add();
         box->set_param(read.param());
         box->set_field(read.field());
         *box->mutable_offsets() = read.offsets();
         *box->mutable_sizes() = read.sizes();
-        batch.push_back(indices[i]);
-        bytes += *n * static_cast<int64_t>(sizeof(float));
+        bytes += region->numel() * static_cast<int64_t>(sizeof(float));
+        batch.emplace_back(indices[i], std::move(*region));
       }
       begin += batch.size();
-      auto values = fetch(reads[batch[0]].peer(), boxes);
+      auto values = fetch(reads[batch[0].first].peer(), boxes);
       if (!values.ok()) return values.status();
       if (values->size() != batch.size()) {
         return absl::DataLossError(absl::StrCat(worker, " answered ", values->size(), " boxes of ", batch.size()));
       }
       for (size_t b = 0; b < batch.size(); ++b) {
-        const baton::v1::ShardRead& read = reads[batch[b]];
-        at::Tensor t = at::empty(std::vector<int64_t>(read.sizes().begin(), read.sizes().end()), at::kFloat);
-        if (static_cast<int64_t>((*values)[b].size()) != t.numel() * static_cast<int64_t>(sizeof(float))) {
-          return absl::DataLossError(absl::StrCat(worker, " answered ", (*values)[b].size(), " bytes for ",
-                                                  read.tensor(), " where ", t.numel() * sizeof(float),
+        const auto& [index, region] = batch[b];
+        std::string& bytes_of = (*values)[b];
+        if (static_cast<int64_t>(bytes_of.size()) != region.numel() * static_cast<int64_t>(sizeof(float))) {
+          return absl::DataLossError(absl::StrCat(worker, " answered ", bytes_of.size(), " bytes for ",
+                                                  reads[index].tensor(), " where ", region.numel() * sizeof(float),
                                                   " were asked"));
         }
-        std::memcpy(t.data_ptr(), (*values)[b].data(), (*values)[b].size());
-        totals.by_peer[worker] += static_cast<int64_t>((*values)[b].size());
-        staged[batch[b]] = std::move(t);
+        applier.Apply(reads[index], region, at::from_blob(bytes_of.data(), region.shape, at::kFloat));
+        totals.by_peer[worker] += static_cast<int64_t>(bytes_of.size());
       }
     }
   }
-  return staged;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -175,54 +219,28 @@ absl::StatusOr<LoadTotals> LoadShards(ShardStore& store,
                                       const std::string& root, const PeerFetch& fetch) {
   at::NoGradGuard no_grad;
   LoadTotals totals;
-  auto from_peers = FetchFromPeers(reads, fetch, totals);
-  if (!from_peers.ok()) return from_peers.status();
-  std::set<const ShardStore::Param*> resident;  // parameters of resident units
-  for (const auto& u : store.units()) {
-    if (!u->resident) continue;
-    for (const auto& p : u->params) resident.insert(&p);
-  }
+  Applier applier(store);
+  if (auto s = LoadFromPeers(reads, fetch, applier, totals); !s.ok()) return s;
   ChunkReader reader;
   std::string last_path, last_resolved;
-  for (int i = 0; i < reads.size(); ++i) {
-    const baton::v1::ShardRead& read = reads[i];
-    auto p = store.param(read.param());
-    if (!p.ok()) return p.status();
-    ShardStore::Param& param = **p;
-    const at::Tensor* field = FieldOf(param, read.field());
-    if (field == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown shard field ", read.field()));
-    const Piece region{{read.offsets().begin(), read.offsets().end()}, {read.sizes().begin(), read.sizes().end()}};
-    if (auto n = CheckedNumel(region); !n.ok()) return n.status();
-    // Which of this rank's tensors the region lands in.
-    const bool into_full = read.field() == baton::v1::PARAM && resident.count(&param) > 0;
-    const bool into_master = !(read.field() == baton::v1::PARAM && param.master_is_view);
-    const Piece& home = into_full ? param.compute_piece : param.master_piece;
-    if (!home.Contains(region)) {
-      return absl::InvalidArgumentError(absl::StrCat("read of ", read.tensor(), " ", region.ToString(),
-                                                     " lies outside this rank's piece ", home.ToString()));
+  for (const auto& read : reads) {
+    if (read.has_peer()) continue;
+    auto region = applier.Region(read);
+    if (!region.ok()) return region.status();
+    if (read.path() != last_path) {
+      auto resolved = ResolveUnderRoot(root, read.path());
+      if (!resolved.ok()) return resolved.status();
+      last_path = read.path();
+      last_resolved = *resolved;
     }
-    at::Tensor staged = (*from_peers)[i];
-    if (!read.has_peer()) {
-      if (read.path() != last_path) {
-        auto resolved = ResolveUnderRoot(root, read.path());
-        if (!resolved.ok()) return resolved.status();
-        last_path = read.path();
-        last_resolved = *resolved;
-      }
-      staged = at::empty(region.shape, at::kFloat);
-      if (auto s = reader.Read(last_resolved, read.tensor(), read.chunk(), read.block_bytes(), region,
-                               FileRange{read.read_begin(), read.read_end()}, static_cast<char*>(staged.data_ptr()),
-                               region);
-          !s.ok()) {
-        return s;
-      }
+    at::Tensor staged = at::empty(region->shape, at::kFloat);
+    if (auto s = reader.Read(last_resolved, read.tensor(), read.chunk(), read.block_bytes(), *region,
+                             FileRange{read.read_begin(), read.read_end()}, static_cast<char*>(staged.data_ptr()),
+                             *region);
+        !s.ok()) {
+      return s;
     }
-    if (into_full) Narrow(ShardStore::Writable(param.full), param.compute_piece, region).copy_(staged);
-    if (into_master) {
-      if (auto part = Intersect(region, param.master_piece); part.has_value()) {
-        Narrow(*field, param.master_piece, *part).copy_(Narrow(staged, region, *part));
-      }
-    }
+    applier.Apply(read, *region, staged);
   }
   totals.disk = reader.bytes_read();
   return totals;

@@ -17,7 +17,6 @@ void RetainedStates::Keep(const std::string& job_id, std::unique_ptr<ShardStore>
   --taking_;
   if (store == nullptr) return;
   auto held = std::make_shared<Held>();
-  held->job_id = job_id;
   held->step = step;
   held->bytes = store->state_bytes();
   held->store = std::move(store);
@@ -50,13 +49,6 @@ int64_t RetainedStates::Release(const std::string& job_id) {
     }
   }
   return bytes;
-}
-
-int64_t RetainedStates::bytes() const {
-  absl::MutexLock lock(&mu_);
-  int64_t total = 0;
-  for (const auto& [_, h] : held_) total += h->bytes;
-  return total;
 }
 
 void RetainedStates::ExpireLocked() {

@@ -37,32 +37,29 @@ class RetainedStates {
   static constexpr absl::Duration kMaxAge = absl::Minutes(15);
 
   struct Held {
-    std::string job_id;
     int step = 0;
     int64_t bytes = 0;
     std::unique_ptr<const ShardStore> store;
     absl::Time since;
   };
 
-  // A mesh is being dropped: a copy may follow (Keep, or End when there was
-  // no job). Get waits for every begun one to end.
+  // A mesh is being dropped: a copy may follow. Get waits for every begun
+  // one to end.
   void Begin();
   // Ends a Begin: keeps `store` at `step` for `job_id` (replacing an older
   // copy of that job), or keeps nothing when `store` is null.
   void Keep(const std::string& job_id, std::unique_ptr<ShardStore> store, int step);
-  void End() { Keep("", nullptr, 0); }
 
   // The copy of `job_id`, after waiting up to `wait` for copies still being
   // taken; nullptr when none is held.
   std::shared_ptr<const Held> Get(const std::string& job_id, absl::Duration wait);
   // Drops the copy of `job_id` ("" = all); the bytes released.
   int64_t Release(const std::string& job_id);
-  int64_t bytes() const;
 
  private:
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   int taking_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::shared_ptr<const Held>> held_ ABSL_GUARDED_BY(mu_);
 };

@@ -187,13 +187,8 @@ int Main(int argc, char** argv) {
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
   options.auth = Authenticator("", credentials->token);
   options.metrics = &metrics;
-  // Peers read each other's retained state (recovery, rescale) as the
-  // fleet: its worker token, its TLS.
-  options.peer_channel = [credentials = *credentials](const std::string& address) {
-    grpc::ChannelArguments peer_args;
-    peer_args.SetMaxReceiveMessageSize(-1);
-    return MakeChannel(address, credentials, peer_args);
-  };
+  // Peers read each other's retained state (recovery, rescale) as the fleet.
+  options.fleet_credentials = *credentials;
   WorkerService service(info, &rendezvous, host, options);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -13,7 +13,6 @@
 #ifndef BATON_WORKER_WORKER_SERVICE_H_
 #define BATON_WORKER_WORKER_SERVICE_H_
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,10 +44,9 @@ struct WorkerOptions {
   // For tests that kill a worker mid-save: sleep this long before each
   // piece a save writes.
   int64_t testing_write_delay_ms = 0;
-  // A channel to a peer worker at an address, for reading its retained
-  // state (the fleet's worker token and TLS: common/security.h's
-  // MakeChannel); nullptr: plaintext without a token.
-  std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> peer_channel;
+  // What this worker presents to its peers when it reads their retained
+  // state: the fleet's worker token and TLS (none: plaintext, no token).
+  Credentials fleet_credentials;
 };
 
 class WorkerService final : public baton::v1::Worker::Service {
@@ -145,6 +143,9 @@ class WorkerService final : public baton::v1::Worker::Service {
   // touching the current mesh.
   absl::Status ValidateConfigure(const baton::v1::ConfigureRequest& req);
   absl::StatusOr<std::shared_ptr<MeshState>> BuildMesh(const baton::v1::ConfigureRequest& req);
+  // Boxes of this worker's retained copy of `job_id` at `step`.
+  absl::StatusOr<std::vector<std::string>> ReadRetained(
+      const std::string& job_id, int step, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes);
   // Reads boxes of a holder's retained state: this worker's own, or a
   // peer's through ReadPieces.
   absl::StatusOr<std::vector<std::string>> FetchPieces(

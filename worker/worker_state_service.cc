@@ -195,21 +195,22 @@ grpc::Status WorkerService::ReadPieces(grpc::ServerContext* ctx, const baton::v1
                                        baton::v1::ReadPiecesResponse* resp) {
   if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("ReadPieces", [&]() -> grpc::Status {
-    std::shared_ptr<const RetainedStates::Held> held = retained_->Get(req->job_id(), absl::ZeroDuration());
-    if (held == nullptr) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("worker ", name(), " keeps no state of job ", req->job_id()));
-    }
-    if (held->step != req->step()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("worker ", name(), " keeps job ", req->job_id(), " at step ", held->step,
-                                       ", not ", req->step()));
-    }
-    auto values = ReadBoxes(*held->store, req->boxes());
+    auto values = ReadRetained(req->job_id(), req->step(), req->boxes());
     if (!values.ok()) return ToGrpcStatus(values.status());
     for (auto& v : *values) resp->add_values(std::move(v));
     return grpc::Status::OK;
   });
+}
+
+absl::StatusOr<std::vector<std::string>> WorkerService::ReadRetained(
+    const std::string& job_id, int step, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes) {
+  std::shared_ptr<const RetainedStates::Held> held = retained_->Get(job_id, absl::ZeroDuration());
+  if (held == nullptr) return absl::NotFoundError(absl::StrCat("worker ", name(), " keeps no state of job ", job_id));
+  if (held->step != step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", name(), " keeps job ", job_id, " at step ", held->step, ", not ", step));
+  }
+  return ReadBoxes(*held->store, boxes);
 }
 
 grpc::Status WorkerService::ReleaseState(grpc::ServerContext* ctx, const baton::v1::ReleaseStateRequest* req,
@@ -221,26 +222,15 @@ grpc::Status WorkerService::ReleaseState(grpc::ServerContext* ctx, const baton::
 
 absl::StatusOr<std::vector<std::string>> WorkerService::FetchPieces(
     const baton::v1::PeerSource& peer, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes) {
-  if (peer.worker() == name()) {
-    std::shared_ptr<const RetainedStates::Held> held = retained_->Get(peer.job_id(), absl::ZeroDuration());
-    if (held == nullptr || held->step != peer.step()) {
-      return absl::NotFoundError(absl::StrCat("this worker keeps no state of job ", peer.job_id(), " at step ",
-                                              peer.step()));
-    }
-    return ReadBoxes(*held->store, boxes);
-  }
+  if (peer.worker() == name()) return ReadRetained(peer.job_id(), peer.step(), boxes);
   std::shared_ptr<grpc::Channel> channel;
   {
     absl::MutexLock lock(&mu_);
     std::shared_ptr<grpc::Channel>& cached = peer_channels_[peer.address()];
     if (cached == nullptr) {
-      if (options_.peer_channel) {
-        cached = options_.peer_channel(peer.address());
-      } else {
-        grpc::ChannelArguments args;
-        args.SetMaxReceiveMessageSize(-1);
-        cached = grpc::CreateCustomChannel(peer.address(), grpc::InsecureChannelCredentials(), args);
-      }
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);  // ReadPieces answers up to ReadBoxes' bound
+      cached = MakeChannel(peer.address(), options_.fleet_credentials, args);
     }
     channel = cached;
   }
