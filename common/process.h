@@ -18,19 +18,10 @@ sigset_t BlockTerminationSignals();
 // of a peer. (Not for the CLI: `baton logs | head` should end with head.)
 void IgnoreBrokenPipes();
 
-// The worker's allocation policy: blocks under 1 MiB come from the heap and
-// stay there once freed (reused step after step, like a CUDA caching
-// allocator's small pool); larger ones are mapped on their own and returned
-// when freed, so the process's memory follows the large tensors it holds and
-// a job's peak can be predicted from its plan (strategies/plan_theory.h).
-// Measured here: caching every block below 256 MiB left freed activations
-// resident in a fragmented heap (a worker 36 % above its tensors, identical
-// ranks 5-10 % apart); mapping everything from 128 KiB fixed that for
-// pipelines too but cost the demo's decoder 38 % per step (page faults of
-// many small activations), so 1 MiB: the step time of the old policy, and
-// the prediction within 10 % except where many sub-MiB activations of
-// interleaved microbatches fragment the heap (a 1F1B pipeline of 4-row
-// microbatches grew 1.68x its prediction).
+// The worker's heap policy, for what is not a tensor (tensors come from
+// worker/caching_allocator.h): blocks under 1 MiB come from the heap and stay
+// there once freed (reused step after step); larger ones are mapped on their
+// own and returned when freed.
 void UseCachingAllocation();
 
 // The controller's allocation policy: blocks from 64 KiB (requests,

@@ -160,6 +160,7 @@ absl::Status CheckInstruction(Context& c, const Instruction& ins) {
     }
     case Instruction::WAIT_PARAMS:
     case Instruction::FREE_GRADS:
+    case Instruction::WAIT_GRADS:
       return needs_unit();
     case Instruction::FREE_PARAMS:
       if (auto s = needs_unit(); !s.ok()) return s;
@@ -178,6 +179,12 @@ absl::Status CheckInstruction(Context& c, const Instruction& ins) {
     }
     case Instruction::ALL_REDUCE_GRADS:
       if (auto s = needs_unit(); !s.ok()) return s;
+      for (int unit : ins.bucket()) {
+        if (!c.units.count(unit) || unit == ins.unit()) {
+          return Bad(absl::StrCat(DescribeInstruction(ins), ": bucket unit ", unit, " is not another unit rank ",
+                                  p.rank(), " owns"));
+        }
+      }
       if (ins.axes_size() == 0) return Bad(absl::StrCat(DescribeInstruction(ins), " names no mesh axis"));
       if (!Instruction::Reduce_IsValid(ins.reduce())) {
         return Bad(absl::StrCat(DescribeInstruction(ins), ": unknown reduction ", ins.reduce()));
@@ -327,6 +334,7 @@ std::string DescribeInstruction(const Instruction& i) {
   std::string s = absl::StrCat(Instruction::Op_Name(i.op()), "(unit ", i.unit(), ", stage ", i.stage(),
                                ", microbatch ", i.microbatch());
   if (!i.axes().empty()) absl::StrAppend(&s, ", axes [", absl::StrJoin(i.axes(), ", "), "]");
+  if (!i.bucket().empty()) absl::StrAppend(&s, ", bucket with units [", absl::StrJoin(i.bucket(), ", "), "]");
   switch (i.op()) {
     case Instruction::SEND_ACTIVATION:
     case Instruction::SEND_GRAD: absl::StrAppend(&s, ", to rank ", i.peer()); break;

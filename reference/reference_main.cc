@@ -15,6 +15,7 @@
 #include "client/job_file.h"
 #include "client/step_output.h"
 #include "common/process.h"
+#include "worker/caching_allocator.h"
 #include "reference/reference_trainer.h"
 #include "common/exceptions.h"
 
@@ -36,7 +37,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "baton reference: %s\n", job.status().ToString().c_str());
     return 2;
   }
-  UseCachingAllocation();  // as the workers do
+  UseCachingAllocation();     // as the workers do: the heap for what is not a tensor,
+  InstallCachingAllocator();  // tensors from the workers' allocator
   at::set_num_threads(job->threads_per_rank());
   auto trainer = ReferenceTrainer::Create(*job);
   if (!trainer.ok()) {

@@ -64,6 +64,9 @@ JobSpec WithDefaults(JobSpec job) {
   if (!plan->has_root_reshard_after_forward()) plan->set_root_reshard_after_forward(false);
   if (!plan->has_prefetch()) plan->set_prefetch(true);
   if (!plan->has_reshard_last_block()) plan->set_reshard_last_block(false);
+  if (!plan->has_prefetch_depth()) plan->set_prefetch_depth(plan->prefetch() ? 1 : 0);
+  if (!plan->has_bucket_bytes()) plan->set_bucket_bytes(int64_t{25} << 20);
+  if (!plan->has_overlap_grad_reduce()) plan->set_overlap_grad_reduce(true);
   auto* opt = job.mutable_optimizer();
   if (!opt->has_beta1()) opt->set_beta1(0.9f);
   if (!opt->has_beta2()) opt->set_beta2(0.999f);
@@ -227,6 +230,14 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (ac.mode() == baton::v1::ActivationCheckpointing::SELECTIVE && (ac.every() < 1 || ac.every() > kMaxCheckpointEvery)) {
     return Invalid(absl::StrCat("plan.activation_checkpointing.every must be in [1, ", kMaxCheckpointEvery,
                                 "] for SELECTIVE (every k-th block), got ", ac.every()));
+  }
+  constexpr int kMaxPrefetchDepth = 16;
+  if (job.plan().prefetch_depth() < 0 || job.plan().prefetch_depth() > kMaxPrefetchDepth) {
+    return Invalid(absl::StrCat("plan.prefetch_depth must be in [0, ", kMaxPrefetchDepth, "], got ",
+                                job.plan().prefetch_depth()));
+  }
+  if (job.plan().bucket_bytes() < 0) {
+    return Invalid(absl::StrCat("plan.bucket_bytes must not be negative, got ", job.plan().bucket_bytes()));
   }
   if (auto s = ValidateOptimizer(job.optimizer()); !s.ok()) return OfJob(s);
   const auto& data = job.data();

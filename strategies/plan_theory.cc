@@ -104,10 +104,14 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   }
   std::map<int, bool> grads_held;
   std::map<int, int64_t> gathering;
+  // Gradient reductions in flight (by the first unit of a bucket): their
+  // packed buffers, until WAIT_GRADS.
+  std::map<int, int64_t> reducing;
   int64_t live_saved = 0, grads_live = 0, dynamic_peak = 0;
   auto held = [&](int64_t transient) {
     int64_t in_flight = 0;
     for (const auto& [u, bytes] : gathering) in_flight += bytes;
+    for (const auto& [u, bytes] : reducing) in_flight += bytes;
     dynamic_peak = std::max(dynamic_peak, current + live_bytes + live_saved + grads_live + in_flight + transient);
   };
   std::map<std::string, const ParamPieces*> by_name;
@@ -195,18 +199,19 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       case Instruction::GATHER_PARAMS:
       case Instruction::REDUCE_SCATTER_GRADS: {
         if (ins.axes_size() == 0) break;
-        if (ins.op() == Instruction::GATHER_PARAMS) {
-          // The gathered buffer and the send copy, until WAIT_PARAMS.
-          gathering[ins.unit()] = 2 * unsharded_bytes(ins.unit());
-          held(0);
-        } else {
-          held(8 * unsharded_numel(ins.unit()));  // the packed gradients and what arrives
-        }
         const int n = *mesh->AxisSize(ins.axes(0));
         const int64_t bytes = ins.op() == Instruction::GATHER_PARAMS ? elem : 4;
         double ideal = 0;
         auto block = sharded_block(ins.unit(), ins.axes(0), &ideal);
         if (!block.ok()) return block.status();
+        if (ins.op() == Instruction::GATHER_PARAMS) {
+          // The gathered buffer and the send copy, until WAIT_PARAMS.
+          gathering[ins.unit()] = 2 * unsharded_bytes(ins.unit());
+        } else {
+          // The packed gradients and the block that arrives, until WAIT_GRADS.
+          reducing[ins.unit()] = 4 * *block * (n + 1);
+        }
+        held(0);
         t.comm += RingAllGatherBytes(*block, bytes, n);
         t.ideal += ideal * bytes;
         break;
@@ -214,18 +219,25 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       case Instruction::ALL_REDUCE_GRADS: {
         auto n = group_size(ins.axes());
         if (!n.ok()) return n.status();
-        // The parameters that take part, as UnitCollectives picks them.
+        // The parameters that take part, as UnitCollectives picks them, of
+        // every unit of the bucket.
+        std::vector<int> bucket = {ins.unit()};
+        bucket.insert(bucket.end(), ins.bucket().begin(), ins.bucket().end());
         int64_t numel = 0;
-        for (const ParamPieces& pp : units[ins.unit()]) {
-          bool takes_part = true;
-          for (const std::string& axis : ins.axes()) {
-            const int a = *mesh->AxisIndex(axis);
-            takes_part &= ins.reduce() == Instruction::SUM ? pp.grad_partial.count(a) > 0
-                                                           : pp.storage.placements[a].is_replicate();
+        for (int unit : bucket) {
+          for (const ParamPieces& pp : units[unit]) {
+            bool takes_part = true;
+            for (const std::string& axis : ins.axes()) {
+              const int a = *mesh->AxisIndex(axis);
+              takes_part &= ins.reduce() == Instruction::SUM ? pp.grad_partial.count(a) > 0
+                                                             : pp.storage.placements[a].is_replicate();
+            }
+            if (takes_part) numel += pp.master.numel();
           }
-          if (takes_part) numel += pp.master.numel();
         }
-        if (numel == 0) break;
+        if (numel == 0 || *n == 1) break;
+        reducing[ins.unit()] = 4 * numel;  // the flat gradients, until WAIT_GRADS
+        held(0);
         t.comm += RingAllReduceBytes(numel, 4, *n);
         t.ideal += 2.0 * (*n - 1) / *n * numel * 4;
         break;
@@ -247,6 +259,9 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         t.ideal += numel * elem;
         break;
       }
+      case Instruction::WAIT_GRADS:
+        reducing.erase(ins.unit());
+        break;
       case Instruction::WAIT_PARAMS:
         gathering.erase(ins.unit());
         if (!allocated[ins.unit()]) {

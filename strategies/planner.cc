@@ -10,6 +10,7 @@
 #include "common/program_check.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
+#include "strategies/grad_reductions.h"
 #include "strategies/job_spec.h"
 #include "strategies/pipeline.h"
 #include "strategies/tensor_parallel.h"
@@ -69,13 +70,21 @@ bool ReshardsAfterForward(const baton::v1::ParallelPlan& plan, const UnitInfo& u
 // Writes one rank's step: walks the schedule's passes and inserts around
 // them the loads, gathers, frees and reductions the layouts call for,
 // keeping track of which units are gathered or in flight so every unit is
-// gathered exactly when needed and prefetched one unit ahead.
+// gathered exactly when needed and prefetched plan.prefetch_depth units ahead.
 class StepWriter {
  public:
   StepWriter(const JobSpec& job, const ModelLayout& model, const DataParallelLayout& layout,
              const TensorParallelPlan& tp, const PipelinePlan& pp, const DeviceMesh& mesh, int rank,
              Program* program)
-      : job_(job), model_(model), layout_(layout), tp_(tp), pp_(pp), mesh_(mesh), rank_(rank), program_(program) {
+      : job_(job),
+        model_(model),
+        layout_(layout),
+        tp_(tp),
+        pp_(pp),
+        mesh_(mesh),
+        rank_(rank),
+        program_(program),
+        reductions_(ReductionOptions(job, layout, tp), model, tp.grad_partial, program) {
     const int n_units = static_cast<int>(model.units.size());
     first_stage_.assign(n_units, -1);
     last_stage_.assign(n_units, -1);
@@ -150,7 +159,7 @@ class StepWriter {
       if (chunk_starts && pass.kind == Pass::kBackward && chunk.chunk < last_chunk) {
         PointToPoint(Instruction::RECV_GRAD, pass.stage, pass.microbatch, chunk.chunk + 1);
       }
-      Prepare(unit, NextUnit(order, i));
+      Prepare(unit, NextUnits(order, i));
       Instruction* run = Add(pass.kind == Pass::kForward ? Instruction::FORWARD : Instruction::BACKWARD);
       run->set_stage(pass.stage);
       run->set_microbatch(pass.microbatch);
@@ -168,9 +177,10 @@ class StepWriter {
         }
       } else if (pass.stage == first_stage_[unit]) {  // the unit's backward is complete
         Free(unit);
-        if (++backwards_done[unit] == microbatches) ReduceGrads(unit);
+        if (++backwards_done[unit] == microbatches) reductions_.UnitDone(unit);
       }
     }
+    reductions_.Finish();
     Instruction* metrics = Add(Instruction::REDUCE_METRICS);
     for (const auto& axis : mesh_.axes()) metrics->add_axes(axis.name);
     // The ranks of the last stage compute the loss of their rows (the tp
@@ -243,16 +253,18 @@ class StepWriter {
     }
   }
 
-  // The unit of the nearest pass after `i` in the same run (same kind and
-  // microbatch) that uses other parameters, or -1.
-  int NextUnit(const std::vector<Pass>& order, size_t i) const {
+  // The units of the nearest passes after `i` in the same run (same kind
+  // and microbatch) that use other parameters, at most plan.prefetch_depth.
+  std::vector<int> NextUnits(const std::vector<Pass>& order, size_t i) const {
+    std::vector<int> next;
+    const size_t depth = static_cast<size_t>(job_.plan().prefetch_depth());
     const int unit = model_.stages[order[i].stage].unit();
-    for (size_t j = i + 1; j < order.size(); ++j) {
+    for (size_t j = i + 1; j < order.size() && next.size() < depth; ++j) {
       if (order[j].kind != order[i].kind || order[j].microbatch != order[i].microbatch) break;
       const int u = model_.stages[order[j].stage].unit();
-      if (u >= 0 && u != unit) return u;
+      if (u >= 0 && u != unit && std::find(next.begin(), next.end(), u) == next.end()) next.push_back(u);
     }
-    return -1;
+    return next;
   }
 
   void Gather(int unit) {
@@ -261,11 +273,11 @@ class StepWriter {
     in_flight_.insert(unit);
   }
 
-  // Makes `unit` usable, issuing the prefetch of `next` before waiting, so
-  // both gathers are in flight together whenever the first one is exposed.
-  void Prepare(int unit, int next) {
+  // Makes `unit` usable, issuing the prefetches of `next` before waiting, so
+  // they are in flight together whenever the first one is exposed.
+  void Prepare(int unit, const std::vector<int>& next) {
     Gather(unit);
-    if (job_.plan().prefetch()) Gather(next);
+    for (int u : next) Gather(u);
     if (unit < 0 || ready_.count(unit)) return;
     in_flight_.erase(unit);
     UnitOp(Instruction::WAIT_PARAMS, unit);
@@ -278,13 +290,17 @@ class StepWriter {
     ready_.erase(unit);
   }
 
-  void ReduceGrads(int unit) {
-    if (!layout_.shard_axis.empty()) UnitOp(Instruction::REDUCE_SCATTER_GRADS, unit, layout_.shard_axis);
-    if (!layout_.shard_axis.empty() && layout_.free_grads) UnitOp(Instruction::FREE_GRADS, unit);
-    bool partial = false;  // sequence parallelism leaves partial sums of replicated weights
-    for (const ParamInfo& p : model_.units[unit].params) partial |= tp_.grad_partial.count(p.name) > 0;
-    if (partial) UnitOp(Instruction::ALL_REDUCE_GRADS, unit, tp_.axis)->set_reduce(Instruction::SUM);
-    if (!layout_.replicate_axis.empty()) UnitOp(Instruction::ALL_REDUCE_GRADS, unit, layout_.replicate_axis);
+  static GradReductions::Options ReductionOptions(const JobSpec& job, const DataParallelLayout& layout,
+                                                  const TensorParallelPlan& tp) {
+    GradReductions::Options o;
+    o.shard_axis = layout.shard_axis;
+    o.free_grads = layout.free_grads;
+    // Sequence parallelism leaves partial sums of replicated weights.
+    if (tp.enabled) o.partial_axis = tp.axis;
+    o.replicate_axis = layout.replicate_axis;
+    o.bucket_bytes = job.plan().bucket_bytes();
+    o.overlap = job.plan().overlap_grad_reduce();
+    return o;
   }
 
   const JobSpec& job_;
@@ -303,6 +319,7 @@ class StepWriter {
   std::vector<int> first_stage_, last_stage_;
   int last_block_ = -1;
   std::set<int> ready_, in_flight_;
+  GradReductions reductions_;
 };
 
 // The chunk boundary a point-to-point message crosses and its microbatch:

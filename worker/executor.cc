@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/program_check.h"
 #include "common/wire.h"
+#include "worker/caching_allocator.h"
 #include "worker/optimizer.h"
 #include "common/exceptions.h"
 
@@ -55,6 +56,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Prog
   return e;
 }
 
+Executor::ReleaseCacheAtEnd::~ReleaseCacheAtEnd() { ReleaseCachedBlocks(); }
+
 absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseconds timeout) {
   if (step != step_ + 1) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", program_.rank(), " expected step ",
@@ -69,6 +72,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   const std::array<int64_t, kCommOpCount> sent_by_op_before = groups_.bytes_sent_by_op();
   const Groups::CommTime comm_before = groups_.comm_time();
   store_->ResetPeak();
+  ResetAllocatorPeaks();
   activations_->BeginStep(step, timeout);
   loss_ = 0;
   grad_norm_ = 0;
@@ -137,6 +141,9 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_peak_live_microbatches(activations_->peak_live_microbatches());
   m.set_idle_ms(activations_->idle_ms());
   m.set_peak_live_activation_bytes(activations_->peak_live_activation_bytes());
+  const AllocatorStats allocator = CachingAllocatorStats();
+  m.set_peak_tensor_bytes(allocator.peak_allocated_bytes);
+  m.set_peak_reserved_bytes(allocator.peak_reserved_bytes);
   return m;
 }
 
@@ -154,6 +161,7 @@ absl::Status Executor::Execute(const Instruction& ins) {
     case Instruction::FREE_PARAMS:
     case Instruction::REDUCE_SCATTER_GRADS:
     case Instruction::ALL_REDUCE_GRADS:
+    case Instruction::WAIT_GRADS:
     case Instruction::FREE_GRADS:
       unit = Unit(ins.unit());
       if (!unit.ok()) return unit.status();
@@ -174,9 +182,17 @@ absl::Status Executor::Execute(const Instruction& ins) {
     case Instruction::FORWARD: return activations_->Forward(ins.stage(), ins.microbatch());
     case Instruction::BACKWARD: return activations_->Backward(ins.stage(), ins.microbatch());
     case Instruction::REDUCE_SCATTER_GRADS: return collectives_->ReduceScatterGrads(**unit, ins.axes(), timeout_);
-    case Instruction::ALL_REDUCE_GRADS:
-      return collectives_->AllReduceGrads(**unit, ins.axes(),
+    case Instruction::ALL_REDUCE_GRADS: {
+      std::vector<ShardStore::Unit*> bucket = {*unit};
+      for (int index : ins.bucket()) {
+        auto other = Unit(index);
+        if (!other.ok()) return other.status();
+        bucket.push_back(*other);
+      }
+      return collectives_->AllReduceGrads(bucket, ins.axes(),
                                           ins.reduce() == Instruction::SUM ? ReduceOp::kSum : ReduceOp::kAvg, timeout_);
+    }
+    case Instruction::WAIT_GRADS: return collectives_->WaitGrads(**unit);
     case Instruction::FREE_GRADS:
       store_->DropFullGrads(**unit);
       return absl::OkStatus();

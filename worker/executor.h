@@ -75,6 +75,11 @@ class Executor {
   // write into tensors the next step reuses).
   absl::Status Drain();
 
+  // Declared first, so destroyed last: once the job's tensors are gone, the
+  // allocator's free blocks go back to the system (worker/caching_allocator.h).
+  struct ReleaseCacheAtEnd {
+    ~ReleaseCacheAtEnd();
+  } release_cache_at_end_;
   const baton::v1::Program program_;
   const Groups groups_;
   std::unique_ptr<ShardStore> store_;

@@ -3,8 +3,14 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "worker/caching_allocator.h"
 
 namespace baton {
+
+RetainedStates::Held::~Held() {
+  store.reset();
+  ReleaseCachedBlocks();
+}
 
 void RetainedStates::Begin() {
   absl::MutexLock lock(&mu_);

@@ -37,6 +37,8 @@ class RetainedStates {
   static constexpr absl::Duration kMaxAge = absl::Minutes(15);
 
   struct Held {
+    // The store's blocks go back to the system with it.
+    ~Held();
     int step = 0;
     int64_t bytes = 0;
     std::unique_ptr<const ShardStore> store;

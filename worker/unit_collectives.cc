@@ -3,6 +3,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace baton {
@@ -156,9 +158,20 @@ absl::Status UnitCollectives::WaitGather(ShardStore::Unit& unit) {
   return absl::OkStatus();
 }
 
+absl::Status UnitCollectives::NoneInFlight(const ShardStore::Unit& unit) const {
+  for (const Pending& p : pending_) {
+    if (std::find(p.units.begin(), p.units.end(), unit.index) != p.units.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a reduction of unit ", unit.name, " is in flight: WAIT_GRADS must come first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const AxisNames& axes,
                                                  Milliseconds timeout) {
   if (axes.size() != 1) return absl::InvalidArgumentError("a reduce-scatter runs along one mesh axis");
+  if (auto s = NoneInFlight(unit); !s.ok()) return s;
   auto comm = groups_->Axis(axes[0]);
   if (!comm.ok()) return comm.status();
   auto packing = PackingOf(unit, axes[0]);
@@ -172,7 +185,7 @@ absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const A
   }
   at::Tensor out = at::empty({pk->block()}, at::kFloat);
   Pending pending;
-  pending.unit = unit.index;
+  pending.units = {unit.index};
   pending.handle = (*comm)->ReduceScatterAsync(flat, out, ReduceOp::kAvg, timeout);
   pending.finish = [pk, out, flat]() {
     for (const auto& region : pk->regions()) {
@@ -184,37 +197,34 @@ absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const A
   return absl::OkStatus();
 }
 
-absl::Status UnitCollectives::AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, ReduceOp op,
-                                             Milliseconds timeout) {
-  // The all-reduce needs the unit's earlier reduction (HSDP's reduce-scatter,
-  // sequence parallelism's sum). Chain it instead of waiting here, so
-  // backward goes on meanwhile; WaitReductions issues it, in the same order
-  // on every rank.
-  for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
-    if (it->unit == unit.index) {
-      it->then.push_back({axes, op, timeout});
-      return absl::OkStatus();
-    }
+absl::Status UnitCollectives::AllReduceGrads(const std::vector<ShardStore::Unit*>& units, const AxisNames& axes,
+                                             ReduceOp op, Milliseconds timeout) {
+  for (const ShardStore::Unit* unit : units) {
+    if (auto s = NoneInFlight(*unit); !s.ok()) return s;
   }
-  return IssueAllReduce(unit, {axes, op, timeout});
-}
-
-absl::Status UnitCollectives::IssueAllReduce(ShardStore::Unit& unit, const AllReduce& all_reduce) {
-  auto comm = groups_->Of(all_reduce.axes);
+  auto comm = groups_->Of(axes);
   if (!comm.ok()) return comm.status();
-  if (*comm == nullptr) return absl::OkStatus();
-  const std::vector<int> axes = groups_->AxisIndices(all_reduce.axes);
+  Pending pending;
+  for (const ShardStore::Unit* unit : units) pending.units.push_back(unit->index);
+  const std::vector<int> axis_indices = groups_->AxisIndices(axes);
   // Which parameters take part.
   std::vector<ShardStore::Param*> params;
-  for (ShardStore::Param& p : unit.params) {
-    bool takes_part = true;
-    for (int a : axes) {
-      takes_part &= all_reduce.op == ReduceOp::kSum ? p.grad_partial_axes.count(a) > 0
-                                                    : p.storage_layout.placements[a].is_replicate();
+  for (ShardStore::Unit* unit : units) {
+    for (ShardStore::Param& p : unit->params) {
+      bool takes_part = true;
+      for (int a : axis_indices) {
+        takes_part &= op == ReduceOp::kSum ? p.grad_partial_axes.count(a) > 0
+                                           : p.storage_layout.placements[a].is_replicate();
+      }
+      if (takes_part) params.push_back(&p);
     }
-    if (takes_part) params.push_back(&p);
   }
-  if (params.empty()) return absl::OkStatus();
+  if (*comm == nullptr || params.empty()) {  // nothing to reduce: done at once
+    pending.handle = CompletedHandle(absl::OkStatus());
+    pending.finish = [] {};
+    pending_.push_back(std::move(pending));
+    return absl::OkStatus();
+  }
   int64_t total = 0;
   for (const ShardStore::Param* p : params) total += p->master_piece.numel();
   at::Tensor flat = at::zeros({total}, at::kFloat);
@@ -225,9 +235,7 @@ absl::Status UnitCollectives::IssueAllReduce(ShardStore::Unit& unit, const AllRe
     if (len > 0 && g.defined()) flat.narrow(0, offset, len).copy_(g.reshape({-1}));
     offset += len;
   }
-  Pending pending;
-  pending.unit = unit.index;
-  pending.handle = (*comm)->AllReduceAsync(flat, all_reduce.op, all_reduce.timeout);
+  pending.handle = (*comm)->AllReduceAsync(flat, op, timeout);
   pending.finish = [params, flat]() {
     int64_t off = 0;
     for (ShardStore::Param* p : params) {
@@ -248,35 +256,28 @@ absl::Status UnitCollectives::IssueAllReduce(ShardStore::Unit& unit, const AllRe
   return absl::OkStatus();
 }
 
+absl::Status UnitCollectives::Complete(Pending& pending) {
+  if (absl::Status s = pending.handle->Wait(); !s.ok()) return s;
+  pending.finish();
+  return absl::OkStatus();
+}
+
+absl::Status UnitCollectives::WaitGrads(const ShardStore::Unit& unit) {
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (std::find(it->units.begin(), it->units.end(), unit.index) == it->units.end()) continue;
+    Pending pending = std::move(*it);
+    pending_.erase(it);
+    return Complete(pending);
+  }
+  return absl::FailedPreconditionError(absl::StrCat("WAIT_GRADS of unit ", unit.name, " without a reduction in flight"));
+}
+
 absl::Status UnitCollectives::WaitReductions() {
   absl::Status first;
-  while (!pending_.empty()) {
-    std::vector<Pending> batch = std::move(pending_);
-    pending_.clear();
-    for (auto& p : batch) {
-      absl::Status s = p.handle->Wait();
-      if (!s.ok()) {
-        if (first.ok()) first = s;
-        continue;
-      }
-      p.finish();
-      if (!p.then.empty() && first.ok()) {
-        const size_t before = pending_.size();
-        if (auto t = IssueAllReduce(*store_->unit(p.unit), p.then.front()); !t.ok()) {
-          first = t;
-        } else if (pending_.size() > before) {
-          pending_.back().then.assign(p.then.begin() + 1, p.then.end());
-        } else if (p.then.size() > 1) {
-          // Nothing took part in that one: the rest still waits its turn.
-          Pending next;
-          next.unit = p.unit;
-          next.handle = CompletedHandle(absl::OkStatus());
-          next.finish = [] {};
-          next.then.assign(p.then.begin() + 1, p.then.end());
-          pending_.push_back(std::move(next));
-        }
-      }
-    }
+  std::vector<Pending> pending = std::move(pending_);
+  pending_.clear();
+  for (Pending& p : pending) {
+    if (absl::Status s = Complete(p); !s.ok() && first.ok()) first = s;
   }
   return first;
 }

@@ -13,12 +13,13 @@
 //            all-gather; block r -> rank r's region of `full`
 //   REDUCE_SCATTER  rank r's region of `full_grad` -> block r; reduce-scatter
 //            (AVG = SUM, then our division); own block added to `grad`
-//   ALL_REDUCE  the unit's gradient pieces, flat (AVG over replicas, or SUM
-//            of sequence-parallel partial sums); chained after the unit's
-//            reduction in flight, if any (HSDP, sequence parallelism)
+//   ALL_REDUCE  the gradient pieces of a unit, or of a bucket of units, flat
+//            (AVG over replicas, or SUM of sequence-parallel partial sums)
 //
-// Gathers are asynchronous (prefetch): GATHER issues, WAIT completes.
-// Reductions are waited for together before anything reads gradients.
+// Every collective is asynchronous: GATHER issues, WAIT completes; a
+// reduction is issued by REDUCE_SCATTER / ALL_REDUCE and its result lands
+// in the gradient pieces at WaitGrads (WAIT_GRADS), which the planner places
+// (strategies/grad_reductions.h). A unit has at most one reduction in flight.
 //
 // Not thread-safe: the Executor's thread drives it; the collectives run on
 // the communicators' threads.
@@ -49,9 +50,13 @@ class UnitCollectives {
   absl::Status Gather(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
   absl::Status WaitGather(ShardStore::Unit& unit);
   absl::Status ReduceScatterGrads(ShardStore::Unit& unit, const AxisNames& axes, Milliseconds timeout);
-  // kAvg: the pieces of parameters Replicate along `axes` (data-parallel
+  // One collective over the units (a bucket), flat in their order. kAvg:
+  // the pieces of parameters Replicate along `axes` (data-parallel
   // replicas); kSum: those whose gradients are partial along them.
-  absl::Status AllReduceGrads(ShardStore::Unit& unit, const AxisNames& axes, ReduceOp op, Milliseconds timeout);
+  absl::Status AllReduceGrads(const std::vector<ShardStore::Unit*>& units, const AxisNames& axes, ReduceOp op,
+                              Milliseconds timeout);
+  // Completes the reduction in flight that holds `unit` (its whole bucket).
+  absl::Status WaitGrads(const ShardStore::Unit& unit);
   // Completes every reduction issued so far; the first failure, if any.
   absl::Status WaitReductions();
   // Completes and forgets every gather not waited for (after a failed step);
@@ -63,20 +68,16 @@ class UnitCollectives {
   // one axis.
   class Packing;
   struct InFlightGather;
-  // An all-reduce waiting for the unit's previous reduction.
-  struct AllReduce {
-    AxisNames axes;
-    ReduceOp op;
-    Milliseconds timeout;
-  };
   struct Pending {
     std::unique_ptr<CommHandle> handle;
     std::function<void()> finish;
-    int unit = 0;
-    std::vector<AllReduce> then;  // issued in order once this one finished
+    std::vector<int> units;
   };
 
-  absl::Status IssueAllReduce(ShardStore::Unit& unit, const AllReduce& all_reduce);
+  // FAILED_PRECONDITION when a reduction of `unit` is in flight.
+  absl::Status NoneInFlight(const ShardStore::Unit& unit) const;
+  // Waits for `pending` and applies its result.
+  static absl::Status Complete(Pending& pending);
   // The packing of `unit` along `axis`, worked out on first use: layouts
   // never change after load, and steps must not pay for it again.
   absl::StatusOr<std::shared_ptr<const Packing>> PackingOf(ShardStore::Unit& unit, const std::string& axis);

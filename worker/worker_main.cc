@@ -28,6 +28,7 @@
 #include "common/process.h"
 #include "proto/registry.grpc.pb.h"
 #include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/caching_allocator.h"
 #include "worker/grpc_rendezvous.h"
 #include "worker/worker_metrics.h"
 #include "common/file_root.h"
@@ -129,7 +130,8 @@ int Main(int argc, char** argv) {
   // Signals are handled by sigwait in main; block them before any thread
   // starts so every thread inherits the mask.
   sigset_t signals = BlockTerminationSignals();
-  UseCachingAllocation();
+  UseCachingAllocation();   // the heap, for what is not a tensor
+  InstallCachingAllocator();  // tensors (worker/caching_allocator.h)
   // Abseil's lock-cycle detection (on in Debian's build of it) walks a graph
   // on every lock: a fifth of the controller's time at a thousand workers.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -1,0 +1,52 @@
+// The worker's allocator for CPU tensors: size-binned and caching, as
+// PyTorch's CUDA caching allocator is for device memory.
+//
+// A tensor of at least kMinCachedBytes gets a block of its size class (its
+// size rounded up to 1/16 of its power of two, at least a page), mapped on
+// its own; when the tensor goes, the block goes to its class's free list and
+// the next tensor of that class takes it - no page faults, no heap to
+// fragment. Smaller tensors come from the heap. A miss first returns free
+// blocks of other classes (at least its own size, while there are any), so
+// what is mapped grows only with the live tensors, never by one class's
+// cache beside another's. A training step allocates the
+// same sizes step after step and microbatch after microbatch, so after the
+// first step every block is a reuse: a worker's memory follows the live
+// tensors of its plan (strategies/plan_theory.h predicts them) and is flat
+// over a long job. ReleaseCachedBlocks() unmaps every free block: called when
+// a job's executor goes, the worker is back to its baseline.
+//
+// Thread-safe (tensors die on communication threads too). Installed once per
+// process, before the first tensor; blocks are never moved between classes.
+#ifndef BATON_WORKER_CACHING_ALLOCATOR_H_
+#define BATON_WORKER_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace baton {
+
+inline constexpr size_t kMinCachedBytes = 32 << 10;
+
+// The block size a tensor of `bytes` (>= kMinCachedBytes) gets.
+size_t SizeClassOf(size_t bytes);
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;       // what live tensors asked for (cached sizes only)
+  int64_t reserved_bytes = 0;        // mapped: blocks in use plus free ones
+  int64_t cached_bytes = 0;          // free blocks kept for reuse
+  int64_t peak_allocated_bytes = 0;  // since the last ResetAllocatorPeaks
+  int64_t peak_reserved_bytes = 0;
+  int64_t hits = 0, misses = 0;      // allocations served from a free list / mapped
+};
+
+// Makes this allocator LibTorch's CPU allocator (idempotent).
+void InstallCachingAllocator();
+bool CachingAllocatorInstalled();
+AllocatorStats CachingAllocatorStats();
+void ResetAllocatorPeaks();
+// Unmaps every free block; the bytes returned.
+int64_t ReleaseCachedBlocks();
+
+}  // namespace baton
+
+#endif  // BATON_WORKER_CACHING_ALLOCATOR_H_

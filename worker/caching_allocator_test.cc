@@ -1,0 +1,112 @@
+#include "worker/caching_allocator.h"
+
+#include <ATen/ops/empty.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+namespace baton {
+namespace {
+
+TEST(SizeClassTest, PagesAndAtMostASixteenthOver) {
+  double worst = 0;
+  for (size_t bytes = kMinCachedBytes; bytes < (size_t{1} << 31); bytes = bytes * 9 / 8 + 4093) {
+    const size_t size = SizeClassOf(bytes);
+    EXPECT_GE(size, bytes);
+    EXPECT_EQ(size % 4096, 0u) << bytes;
+    worst = std::max(worst, static_cast<double>(size - bytes) / static_cast<double>(bytes));
+    EXPECT_EQ(SizeClassOf(size), size) << "a class's own size is in it";
+  }
+  std::printf("size classes: worst rounding %.4f of the request\n", worst);
+  EXPECT_LE(worst, 1.0 / 16);
+}
+
+// One test, in order: the allocator is process-wide once installed.
+TEST(CachingAllocatorTest, ReusesBlocksAccountsAndReturnsThem) {
+  InstallCachingAllocator();
+  ASSERT_TRUE(CachingAllocatorInstalled());
+  ReleaseCachedBlocks();
+  const AllocatorStats before = CachingAllocatorStats();
+
+  // A step's pattern, three times: the first maps, the others reuse.
+  auto step = [] {
+    std::vector<at::Tensor> live;
+    for (int64_t rows : {64, 256, 1024, 64, 256}) live.push_back(at::empty({rows, 1000}, at::kFloat));
+    live.push_back(at::empty({4}, at::kFloat));  // from the heap
+    for (auto& t : live) t.fill_(1);
+    return static_cast<int64_t>(4 * 1000 * (64 + 256 + 1024 + 64 + 256));
+  };
+  const int64_t step_bytes = step();
+  const AllocatorStats first = CachingAllocatorStats();
+  step();
+  step();
+  const AllocatorStats third = CachingAllocatorStats();
+  std::printf("3 steps of 5 cached tensors (%lld bytes): misses %lld -> %lld, hits %lld -> %lld, reserved %lld\n",
+              static_cast<long long>(step_bytes), static_cast<long long>(before.misses),
+              static_cast<long long>(third.misses), static_cast<long long>(before.hits),
+              static_cast<long long>(third.hits), static_cast<long long>(third.reserved_bytes));
+  EXPECT_EQ(first.misses - before.misses, 5);
+  EXPECT_EQ(third.misses, first.misses) << "later steps map nothing";
+  EXPECT_EQ(third.hits - first.hits, 10);
+  EXPECT_EQ(third.reserved_bytes, first.reserved_bytes) << "flat over steps";
+  EXPECT_EQ(third.allocated_bytes, before.allocated_bytes) << "every tensor is gone";
+  EXPECT_GE(third.peak_allocated_bytes - before.allocated_bytes, step_bytes);
+  EXPECT_LE(third.cached_bytes - before.cached_bytes, step_bytes + step_bytes / 16);
+
+  // The peak follows the live tensors, reset per step.
+  ResetAllocatorPeaks();
+  {
+    at::Tensor a = at::empty({1 << 20}, at::kFloat);
+    at::Tensor b = at::empty({1 << 19}, at::kFloat);
+  }
+  const AllocatorStats peaks = CachingAllocatorStats();
+  EXPECT_EQ(peaks.peak_allocated_bytes - peaks.allocated_bytes, 6 << 20);
+
+  // A miss returns free blocks of other classes first: what is mapped grows
+  // with the live tensors, not with a cache per class.
+  const AllocatorStats cached = CachingAllocatorStats();
+  {
+    at::Tensor c = at::empty({3 << 20}, at::kFloat);  // 12 MiB: no block of its class is free
+    const AllocatorStats with_c = CachingAllocatorStats();
+    std::printf("a 12 MiB miss with %lld bytes cached: reserved %lld -> %lld, cached -> %lld\n",
+                static_cast<long long>(cached.cached_bytes), static_cast<long long>(cached.reserved_bytes),
+                static_cast<long long>(with_c.reserved_bytes), static_cast<long long>(with_c.cached_bytes));
+    EXPECT_EQ(with_c.misses, cached.misses + 1);
+    EXPECT_EQ(with_c.cached_bytes, 0) << "fewer than 12 MiB were cached: all of it goes";
+    EXPECT_EQ(with_c.reserved_bytes, cached.reserved_bytes - cached.cached_bytes + (12 << 20));
+  }
+  {
+    at::Tensor small = at::empty({(64 << 10) / 4}, at::kFloat);  // 64 KiB: the 12 MiB block is the only free one
+    EXPECT_EQ(CachingAllocatorStats().cached_bytes, 0) << "the smallest block covering the miss goes";
+  }
+
+  // Released: back to what was mapped before.
+  const AllocatorStats full = CachingAllocatorStats();
+  const int64_t released = ReleaseCachedBlocks();
+  const AllocatorStats after = CachingAllocatorStats();
+  std::printf("released %lld bytes; reserved %lld -> %lld (before the test %lld)\n", static_cast<long long>(released),
+              static_cast<long long>(full.reserved_bytes), static_cast<long long>(after.reserved_bytes),
+              static_cast<long long>(before.reserved_bytes));
+  EXPECT_EQ(released, full.cached_bytes);
+  EXPECT_GT(released, 0);
+  EXPECT_EQ(after.cached_bytes, 0);
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes - before.cached_bytes);
+
+  // Tensors made and dropped on other threads (as communication threads do).
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t] {
+      for (int i = 0; i < 500; ++i) {
+        at::Tensor x = at::empty({(i % 7 + 1) * 10000 + t}, at::kFloat);
+        x.fill_(i);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(CachingAllocatorStats().allocated_bytes, before.allocated_bytes);
+}
+
+}  // namespace
+}  // namespace baton
