@@ -15,6 +15,8 @@
 #   ./dev.sh bench-checkpoint  install what is missing, run bench/checkpoint.sh
 #   ./dev.sh fuzz SECONDS  install what is missing, run bench/fuzz.sh (libFuzzer targets)
 #   ./dev.sh bench-dispatch  install what is missing, run bench/dispatch.sh
+#   ./dev.sh bench-memory  install what is missing, run bench/memory.sh (every
+#                   example's memory vs the plan; the tensor allocator's step time)
 #   ./dev.sh bench-ac  install what is missing, run bench/activation_checkpointing.sh
 #                   (the controller driving 8 .. 1,024 fake workers)
 # Installing is idempotent: apt is not called when every package is present.
@@ -148,5 +150,6 @@ case "${1:-}" in
   fuzz) install_missing; shift; bench/fuzz.sh "$@"; bazel shutdown ;;
   bench-dispatch) install_missing; shift; status=0; bench/dispatch.sh "$@" || status=$?; bazel shutdown; exit $status ;;
   bench-ac) install_missing; shift; bench/activation_checkpointing.sh "$@"; bazel shutdown ;;
-  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|bench-dispatch|bench-ac|fuzz" >&2; exit 2 ;;
+  bench-memory) install_missing; shift; bench/memory.sh "$@"; bazel shutdown ;;
+  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|bench-dispatch|bench-ac|bench-memory|fuzz" >&2; exit 2 ;;
 esac

@@ -103,6 +103,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     if (ins.op() == Instruction::FREE_GRADS) released_grads.insert(ins.unit());
   }
   std::map<int, bool> grads_held;
+  std::set<int> grads_appeared;
   std::map<int, int64_t> gathering;
   // Gradient reductions in flight (by the first unit of a bucket): their
   // packed buffers, until WAIT_GRADS.
@@ -172,10 +173,12 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
           t.forward_flops += fp.flops;
         } else {
           // This unit's compute gradients appear with its first backward
-          // and stay until FREE_GRADS (when they are released at all).
+          // (ZERO_GRAD drops them) and stay until FREE_GRADS, or to the
+          // step's end when they are kept (DDP, ZeRO-1).
           const int unit = p.stages(ins.stage()).unit();
-          if (unit >= 0 && released_grads.count(unit) && !grads_held[unit]) {
+          if (unit >= 0 && !grads_held[unit] && !grads_appeared.count(unit)) {
             grads_held[unit] = true;
+            grads_appeared.insert(unit);
             grads_live += 4 * unsharded_numel(unit);
           }
           if (recompute) {
@@ -288,6 +291,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     }
   }
   // What stays between steps; the Executor's rules for views (shard_store.h).
+  int64_t kept_grads = 0;
   for (const auto& [u, params] : units) {
     for (const ParamPieces& pp : params) {
       const int64_t s = pp.master.numel(), c = pp.compute.numel();
@@ -297,7 +301,11 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       if (!master_is_view) t.state += 4 * s;       // fp32 master
       if (!grad_is_compute_grad) t.state += 4 * s;  // gradient piece
       if (allocated[u]) t.state += c * elem;       // compute parameters
-      if (grad_is_compute_grad || !frees_grads[u]) t.state += 4 * c;  // compute gradients
+      if (grad_is_compute_grad || !frees_grads[u]) {
+        t.state += 4 * c;  // compute gradients
+        // Kept to the step's end: in the walk's peak from their first backward.
+        if (grads_appeared.count(u) && !released_grads.count(u)) kept_grads += 4 * c;
+      }
     }
   }
   // Resident compute parameters are in both the state and `current`.
@@ -305,7 +313,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
   for (const auto& [u, on] : allocated) {
     if (on) resident_bytes += unsharded_bytes(u);
   }
-  t.memory = kWorkerOverheadBytes + t.state - resident_bytes + dynamic_peak;
+  t.memory = kWorkerOverheadBytes + t.state - kept_grads - resident_bytes + dynamic_peak;
   return t;
 }
 

@@ -49,6 +49,7 @@ class CachingAllocator final : public c10::Allocator {
       free.swap(free_);
       stats_.reserved_bytes -= stats_.cached_bytes;
       stats_.cached_bytes = 0;
+      high_water_ = stats_.reserved_bytes;  // a new job's peak starts here
     }
     int64_t released = 0;
     for (auto& [size, blocks] : free) {
@@ -107,13 +108,19 @@ class CachingAllocator final : public c10::Allocator {
     return p;
   }
 
-  // A miss of `size`: free blocks of other classes, at least `size` of them
-  // while there are any, go back to the system first, so what is mapped
-  // grows only when the live tensors do - never by a cache of one class
-  // beside a cache of another (the sum of each class's peak). The smallest
-  // block that covers `size` alone, else the largest ones.
+  // A miss of `size`: when mapping it would take what is mapped past the
+  // most the live tensors ever needed (in blocks) since the cache was last
+  // emptied, free blocks of other classes go back to the system first - at
+  // least the excess: the smallest block that covers it alone, else the
+  // largest ones. So what is mapped follows the live tensors' peak, never a
+  // cache of one class beside another's, and a step that needs the same
+  // blocks as the last one maps nothing.
   std::vector<std::pair<void*, size_t>> EvictLocked(size_t size) {
     std::vector<std::pair<void*, size_t>> evicted;
+    const int64_t live = stats_.reserved_bytes - stats_.cached_bytes + static_cast<int64_t>(size);
+    high_water_ = std::max(high_water_, live);
+    const int64_t excess = stats_.reserved_bytes + static_cast<int64_t>(size) - high_water_;
+    if (excess <= 0) return evicted;
     auto take = [&](std::map<size_t, std::vector<void*>>::iterator it) {
       evicted.emplace_back(it->second.back(), it->first);
       it->second.pop_back();
@@ -123,14 +130,12 @@ class CachingAllocator final : public c10::Allocator {
       if (it->second.empty()) free_.erase(it);
       return taken;
     };
-    for (auto it = free_.lower_bound(size); it != free_.end(); ++it) {
-      if (!it->second.empty()) {
-        take(it);
-        return evicted;
-      }
+    if (auto it = free_.lower_bound(static_cast<size_t>(excess)); it != free_.end()) {
+      take(it);
+      return evicted;
     }
-    size_t freed = 0;
-    while (freed < size && !free_.empty()) freed += take(std::prev(free_.end()));
+    int64_t freed = 0;
+    while (freed < excess && !free_.empty()) freed += static_cast<int64_t>(take(std::prev(free_.end())));
     return evicted;
   }
 
@@ -140,6 +145,7 @@ class CachingAllocator final : public c10::Allocator {
     stats_.reserved_bytes += static_cast<int64_t>(reserved);
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+    high_water_ = std::max(high_water_, stats_.reserved_bytes - stats_.cached_bytes);
   }
 
   void Free(void* p) {
@@ -169,6 +175,7 @@ class CachingAllocator final : public c10::Allocator {
   std::unordered_map<void*, Live> live_;
   std::map<size_t, std::vector<void*>> free_;  // by size class; no empty lists
   AllocatorStats stats_;
+  int64_t high_water_ = 0;  // most bytes of live blocks since the cache was last emptied
 };
 
 CachingAllocator* CachingAllocator::instance = nullptr;

@@ -5,10 +5,10 @@
 // size rounded up to 1/16 of its power of two, at least a page), mapped on
 // its own; when the tensor goes, the block goes to its class's free list and
 // the next tensor of that class takes it - no page faults, no heap to
-// fragment. Smaller tensors come from the heap. A miss first returns free
-// blocks of other classes (at least its own size, while there are any), so
-// what is mapped grows only with the live tensors, never by one class's
-// cache beside another's. A training step allocates the
+// fragment. Smaller tensors come from the heap. A miss that would map more
+// than the live blocks' high-water mark (since the cache was last emptied)
+// first returns free blocks of other classes, so what is mapped follows the
+// live tensors' peak, never one class's cache beside another's. A training step allocates the
 // same sizes step after step and microbatch after microbatch, so after the
 // first step every block is a reuse: a worker's memory follows the live
 // tensors of its plan (strategies/plan_theory.h predicts them) and is flat

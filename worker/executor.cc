@@ -79,6 +79,9 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   // BATON_TRACE=1 prints where each step's time went, per instruction kind.
   static const bool trace = std::getenv("BATON_TRACE") != nullptr;
   std::map<int, double> op_ms;
+  int64_t traced_peak = 0;
+  std::string peak_at;
+  const AllocatorStats allocator_before = CachingAllocatorStats();
   for (const Instruction& ins : program_.instructions()) {
     absl::Status s;
     const auto op_start = std::chrono::steady_clock::now();
@@ -88,6 +91,13 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       s = absl::InternalError(FirstLine(e));
     }
     op_ms[ins.op()] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start).count();
+    if (trace) {  // where the step's tensor peak is reached
+      const int64_t peak = CachingAllocatorStats().peak_allocated_bytes;
+      if (peak > traced_peak) {
+        traced_peak = peak;
+        peak_at = DescribeInstruction(ins);
+      }
+    }
     if (s.ok() && ins.op() == Instruction::OPTIMIZER_STEP) committed_step_ = step;
     if (!s.ok()) {
       (void)Drain();
@@ -105,6 +115,9 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       absl::StrAppend(&line, " ", Instruction::Op_Name(static_cast<Instruction::Op>(op)), "=",
                       static_cast<int>(ms * 10) / 10.0, "ms");
     }
+    const AllocatorStats allocator = CachingAllocatorStats();
+    absl::StrAppend(&line, "; tensor peak ", traced_peak, " B at ", peak_at, "; allocator hits ",
+                    allocator.hits - allocator_before.hits, ", misses ", allocator.misses - allocator_before.misses);
     Logf("%s", line.c_str());
   }
   baton::v1::StepMetrics m;

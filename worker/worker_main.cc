@@ -12,6 +12,8 @@
 #include <atomic>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -130,8 +132,11 @@ int Main(int argc, char** argv) {
   // Signals are handled by sigwait in main; block them before any thread
   // starts so every thread inherits the mask.
   sigset_t signals = BlockTerminationSignals();
-  UseCachingAllocation();   // the heap, for what is not a tensor
-  InstallCachingAllocator();  // tensors (worker/caching_allocator.h)
+  UseCachingAllocation();  // the heap, for what is not a tensor
+  // Tensors (worker/caching_allocator.h), unless a benchmark compares.
+  if (const char* a = std::getenv("BATON_TENSOR_ALLOCATOR"); a == nullptr || std::string(a) != "system") {
+    InstallCachingAllocator();
+  }
   // Abseil's lock-cycle detection (on in Debian's build of it) walks a graph
   // on every lock: a fifth of the controller's time at a thousand workers.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
