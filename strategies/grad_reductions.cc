@@ -1,5 +1,6 @@
 #include "strategies/grad_reductions.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace baton {
@@ -44,7 +45,10 @@ void GradReductions::UnitDone(int unit) {
   bucket_.units.push_back(unit);
   bucket_.rest = std::move(links);
   bucket_bytes_ += GradBytes(unit);
-  if (bucket_bytes_ >= options_.bucket_bytes) FlushBucket();
+  // The step's first bucket is at most 1 MiB, as DDP's: the last units'
+  // gradients start on the wire while the rest of backward computes.
+  const int64_t cap = buckets_ == 0 ? std::min(options_.bucket_bytes, kFirstBucketBytes) : options_.bucket_bytes;
+  if (bucket_bytes_ >= cap) FlushBucket();
 }
 
 void GradReductions::FlushBucket() {
@@ -52,6 +56,7 @@ void GradReductions::FlushBucket() {
   Chain chain = std::move(bucket_);
   bucket_ = Chain{};
   bucket_bytes_ = 0;
+  ++buckets_;
   Start(std::move(chain));
 }
 

@@ -12,8 +12,9 @@
 // unit's backward computed, as FSDP2 waits for the previous reduce-scatter -
 // and its next link is issued then; what is left is completed before the
 // step's metrics. Chains that start with an all-reduce are issued for
-// buckets of units of at least `bucket_bytes` of gradients (DDP's buckets):
-// one collective instead of one per unit. Without overlap each collective is
+// buckets of units of at least `bucket_bytes` of gradients (DDP's buckets;
+// the first at most 1 MiB, as DDP's, so reduction starts early): one
+// collective instead of one per unit. Without overlap each collective is
 // waited for at once: the same collectives on the same bytes, so the same
 // results bit for bit.
 //
@@ -35,6 +36,7 @@ namespace baton {
 
 class GradReductions {
  public:
+  static constexpr int64_t kFirstBucketBytes = 1 << 20;
   struct Options {
     std::string shard_axis;      // "" when gradients are not sharded
     bool free_grads = true;      // FREE_GRADS once the reduce-scatter has its copy
@@ -83,6 +85,7 @@ class GradReductions {
   std::vector<Chain> in_flight_;
   Chain bucket_;  // being filled
   int64_t bucket_bytes_ = 0;
+  int buckets_ = 0;  // flushed so far this step
 };
 
 }  // namespace baton
