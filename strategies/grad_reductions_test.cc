@@ -149,6 +149,27 @@ TEST(GradReductionsTest, DdpBucketsUnitsUpToBucketBytes) {
   }
 }
 
+TEST(GradReductionsTest, TheFirstBucketIsAtMostOneMiBAsDdps) {
+  // Blocks of 3 MiB of gradients, a head of 66 KB: the head and the last
+  // block (the first past 1 MiB) go first, the other blocks and the
+  // embedding in the 25 MiB bucket.
+  auto job = ParseJobSpec(R"pb(
+    model { decoder { vocab: 64 dim: 256 layers: 4 heads: 4 ffn_dim: 1024 seq_len: 8 } }
+    mesh { name: "dp" size: 2 } plan { mode: DDP } optimizer { lr: 0.01 } data { batch_size: 8 } steps: 1
+  )pb",
+                          false);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto programs = CompilePrograms(*job, "j");
+  ASSERT_TRUE(programs.ok()) << programs.status();
+  std::vector<int> bucket_sizes;
+  for (const Instruction& i : (*programs)[0].instructions()) {
+    if (i.op() == Instruction::ALL_REDUCE_GRADS) bucket_sizes.push_back(1 + i.bucket_size());
+  }
+  std::printf("DDP, 4 blocks of 3 MiB: buckets of %d and %d units\n", bucket_sizes.empty() ? 0 : bucket_sizes[0],
+              bucket_sizes.size() < 2 ? 0 : bucket_sizes[1]);
+  EXPECT_EQ(bucket_sizes, (std::vector<int>{2, 4}));
+}
+
 TEST(GradReductionsTest, PrefetchDepthKeepsThatManyGathersInFlight) {
   for (int depth : {0, 1, 2, 3}) {
     auto programs = Compile(R"pb(mesh { name: "dp" size: 2 })pb", absl::StrCat("mode: FSDP prefetch_depth: ", depth), 6);
