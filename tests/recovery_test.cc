@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <random>
@@ -57,12 +58,23 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
   const std::map<int, double> uninterrupted = testing::StepLosses(straight_log.output);
   ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
 
+  // A step's time in the uninterrupted run (the controller's, median).
+  std::vector<double> step_ms;
+  for (const auto& line : JsonLines(straight_log.output)) step_ms.push_back(Field(line, "step_ms"));
+  std::sort(step_ms.begin(), step_ms.end());
+  const double median_step_ms = step_ms.empty() ? 10.0 : step_ms[step_ms.size() / 2];
+
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 draw(seed);
-  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 6)(draw);
+  // The job's status moves a call at a time, and a detached job's calls end
+  // at its every-5-steps saves: seen at or past step 20, its workers may be
+  // in the last call already. Up to 20, two calls and a save remain.
+  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 10)(draw);
   const int victim_rank = std::uniform_int_distribution<int>(0, workers - 1)(draw);
-  // A while after that step, so the kill lands anywhere in a step or a save.
-  const absl::Duration delay = absl::Milliseconds(std::uniform_int_distribution<int>(0, 400)(draw));
+  // A while after that step, so the kill lands anywhere in a step or a save:
+  // under 4 steps' time (at most 400 ms), so it lands before the job ends.
+  const int most_delay_ms = static_cast<int>(std::min(400.0, 4 * median_step_ms));
+  const absl::Duration delay = absl::Milliseconds(std::uniform_int_distribution<int>(0, most_delay_ms)(draw));
   const std::string job = fleet.Submit(job_file("interrupted"));
   auto step_of = [&] {
     auto j = (*client)->GetJob(job);
