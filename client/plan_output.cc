@@ -150,9 +150,9 @@ std::string FormatMeasuredVsPredicted(const baton::v1::CreateJobResponse& create
        static_cast<double>(created.expected_peak_live_activation_bytes())},
       {"memory_bytes", "peak memory B", static_cast<double>(last.memory_growth_bytes()),
        static_cast<double>(created.expected_memory_bytes())},
-      // The worker's tensor allocator's own accounting (what it had mapped at
-      // most) against the prediction less the process's fixed overhead: the
-      // tensors alone, whether the worker is fresh or has run jobs before.
+      // The worker's tensor allocator's own accounting (the most bytes its
+      // live tensors held) against the prediction less the process's fixed
+      // overhead: the tensors alone, whether the worker is fresh or not.
       {"tensor_bytes", "peak tensors B", static_cast<double>(last.peak_tensor_bytes()),
        static_cast<double>(std::max<int64_t>(0, created.expected_memory_bytes() - kWorkerOverheadBytes))},
       {"idle_fraction", "idle fraction", idle, created.expected_idle_fraction()},

@@ -1,9 +1,12 @@
 #include "common/program_check.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <set>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -179,10 +182,12 @@ absl::Status CheckInstruction(Context& c, const Instruction& ins) {
     }
     case Instruction::ALL_REDUCE_GRADS:
       if (auto s = needs_unit(); !s.ok()) return s;
-      for (int unit : ins.bucket()) {
-        if (!c.units.count(unit) || unit == ins.unit()) {
+      for (int i = 0; i < ins.bucket_size(); ++i) {
+        const int unit = ins.bucket(i);
+        const bool again = unit == ins.unit() || std::count(ins.bucket().begin(), ins.bucket().begin() + i, unit) > 0;
+        if (!c.units.count(unit) || again) {
           return Bad(absl::StrCat(DescribeInstruction(ins), ": bucket unit ", unit, " is not another unit rank ",
-                                  p.rank(), " owns"));
+                                  p.rank(), " owns, once"));
         }
       }
       if (ins.axes_size() == 0) return Bad(absl::StrCat(DescribeInstruction(ins), " names no mesh axis"));
@@ -220,9 +225,12 @@ absl::Status CheckInstruction(Context& c, const Instruction& ins) {
 
 // Replays GATHER/WAIT/FREE_PARAMS: every gather is waited for before the
 // unit is gathered again and before the step ends, and every stage runs with
-// its unit's parameters gathered (resident units always are).
+// its unit's parameters gathered (resident units always are). And gradient
+// reductions: none issued for a unit with one in flight, every WAIT_GRADS
+// for one in flight.
 absl::Status CheckParameterLifetimes(const Context& c) {
   std::set<int> in_flight, ready;
+  std::map<int, int> reducing;  // unit -> the first unit of its reduction's bucket
   for (const auto& [index, unit] : c.units) {
     if (unit->resident()) ready.insert(index);
   }
@@ -241,6 +249,33 @@ absl::Status CheckParameterLifetimes(const Context& c) {
         break;
       case Instruction::FREE_PARAMS:
         ready.erase(ins.unit());
+        break;
+      case Instruction::REDUCE_SCATTER_GRADS:
+      case Instruction::ALL_REDUCE_GRADS: {
+        // A unit has one reduction in flight at most; WAIT_GRADS of its
+        // first unit completes a bucket.
+        std::vector<int> bucket = {ins.unit()};
+        bucket.insert(bucket.end(), ins.bucket().begin(), ins.bucket().end());
+        for (int u : bucket) {
+          if (reducing.count(u)) {
+            return Bad(absl::StrCat(DescribeInstruction(ins), ": unit ", u, " has a reduction in flight (WAIT_GRADS first)"));
+          }
+        }
+        for (int u : bucket) reducing[u] = ins.unit();
+        break;
+      }
+      case Instruction::WAIT_GRADS: {
+        auto it = reducing.find(ins.unit());
+        if (it == reducing.end() || it->second != ins.unit()) {
+          return Bad(absl::StrCat(DescribeInstruction(ins), ": no reduction of unit ", ins.unit(), " to wait for"));
+        }
+        for (auto r = reducing.begin(); r != reducing.end();) r = r->second == ins.unit() ? reducing.erase(r) : std::next(r);
+        break;
+      }
+      case Instruction::REDUCE_METRICS:
+      case Instruction::CLIP_GRAD_NORM:
+      case Instruction::OPTIMIZER_STEP:
+        reducing.clear();  // the Executor completes every reduction first
         break;
       case Instruction::FORWARD:
       case Instruction::BACKWARD: {

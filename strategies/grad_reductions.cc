@@ -45,7 +45,7 @@ void GradReductions::UnitDone(int unit) {
   bucket_.units.push_back(unit);
   bucket_.rest = std::move(links);
   bucket_bytes_ += GradBytes(unit);
-  // The step's first bucket is at most 1 MiB, as DDP's: the last units'
+  // The step's first bucket closes at 1 MiB, as DDP's: the last units'
   // gradients start on the wire while the rest of backward computes.
   const int64_t cap = buckets_ == 0 ? std::min(options_.bucket_bytes, kFirstBucketBytes) : options_.bucket_bytes;
   if (bucket_bytes_ >= cap) FlushBucket();

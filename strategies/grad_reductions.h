@@ -12,9 +12,9 @@
 // unit's backward computed, as FSDP2 waits for the previous reduce-scatter -
 // and its next link is issued then; what is left is completed before the
 // step's metrics. Chains that start with an all-reduce are issued for
-// buckets of units of at least `bucket_bytes` of gradients (DDP's buckets;
-// the first at most 1 MiB, as DDP's, so reduction starts early): one
-// collective instead of one per unit. Without overlap each collective is
+// buckets of units, each closed once it holds `bucket_bytes` of its units'
+// whole gradients (DDP's buckets; the step's first once it holds 1 MiB, as
+// DDP's, so reduction starts early): one collective instead of one per unit. Without overlap each collective is
 // waited for at once: the same collectives on the same bytes, so the same
 // results bit for bit.
 //

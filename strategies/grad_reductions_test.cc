@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/program_check.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"
 #include "strategies/planner.h"
@@ -168,6 +169,44 @@ TEST(GradReductionsTest, TheFirstBucketIsAtMostOneMiBAsDdps) {
   std::printf("DDP, 4 blocks of 3 MiB: buckets of %d and %d units\n", bucket_sizes.empty() ? 0 : bucket_sizes[0],
               bucket_sizes.size() < 2 ? 0 : bucket_sizes[1]);
   EXPECT_EQ(bucket_sizes, (std::vector<int>{2, 4}));
+}
+
+TEST(GradReductionsTest, TheProgramCheckRefusesBrokenReductions) {
+  auto fsdp = Compile(R"pb(mesh { name: "dp" size: 2 })pb", "mode: FSDP");
+  ASSERT_FALSE(fsdp.empty());
+  ASSERT_TRUE(ValidateProgram(fsdp[0]).ok());
+  auto drop_first = [](baton::v1::Program p, Instruction::Op op) {
+    auto* ins = p.mutable_instructions();
+    for (int i = 0; i < ins->size(); ++i) {
+      if (ins->Get(i).op() == op) {
+        ins->DeleteSubrange(i, 1);
+        break;
+      }
+    }
+    return p;
+  };
+  // A wait with nothing in flight (its reduce-scatter gone).
+  const absl::Status no_reduction = ValidateProgram(drop_first(fsdp[0], Instruction::REDUCE_SCATTER_GRADS));
+  EXPECT_FALSE(no_reduction.ok());
+  std::printf("without its REDUCE_SCATTER_GRADS: %s\n", std::string(no_reduction.message()).c_str());
+  // A second reduction of a unit in flight.
+  baton::v1::Program twice = fsdp[0];
+  for (int i = 0; i < twice.instructions_size(); ++i) {
+    if (twice.instructions(i).op() != Instruction::REDUCE_SCATTER_GRADS) continue;
+    *twice.mutable_instructions()->Add() = twice.instructions(i);
+    twice.mutable_instructions()->SwapElements(i + 1, twice.instructions_size() - 1);
+    break;
+  }
+  EXPECT_FALSE(ValidateProgram(twice).ok());
+  // A bucket that names a unit twice.
+  auto ddp = Compile(R"pb(mesh { name: "dp" size: 2 })pb", "mode: DDP");
+  ASSERT_FALSE(ddp.empty());
+  for (auto& ins : *ddp[0].mutable_instructions()) {
+    if (ins.op() == Instruction::ALL_REDUCE_GRADS && ins.bucket_size() > 0) ins.add_bucket(ins.bucket(0));
+  }
+  const absl::Status dup = ValidateProgram(ddp[0]);
+  EXPECT_FALSE(dup.ok());
+  std::printf("a bucket naming a unit twice: %s\n", std::string(dup.message()).c_str());
 }
 
 TEST(GradReductionsTest, PrefetchDepthKeepsThatManyGathersInFlight) {

@@ -211,8 +211,9 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
           // The gathered buffer and the send copy, until WAIT_PARAMS.
           gathering[ins.unit()] = 2 * unsharded_bytes(ins.unit());
         } else {
-          // The packed gradients and the block that arrives, until WAIT_GRADS.
-          reducing[ins.unit()] = 4 * *block * (n + 1);
+          // Until WAIT_GRADS: the packed gradients, what arrives from each
+          // rank (the communicator's, worker/comm) and this rank's block.
+          reducing[ins.unit()] = 4 * *block * (2 * n + 1);
         }
         held(0);
         t.comm += RingAllGatherBytes(*block, bytes, n);
@@ -245,8 +246,12 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         t.ideal += 2.0 * (*n - 1) / *n * numel * 4;
         break;
       }
+      case Instruction::OPTIMIZER_STEP:
+        reducing.clear();  // the Executor completes every reduction first
+        break;
       case Instruction::REDUCE_METRICS:
       case Instruction::CLIP_GRAD_NORM: {
+        reducing.clear();  // the Executor completes every reduction first
         auto n = group_size(ins.axes());
         if (!n.ok()) return n.status();
         // Two doubles (loss, squared norm) or one (the clipping norm).

@@ -43,15 +43,21 @@ TEST(OverlapTest, SchedulingNeverChangesTheSteps) {
       {"HSDP 2x2", R"pb(mesh { name: "r" size: 2 } mesh { name: "s" size: 2 })pb", "mode: HSDP",
        {{"overlapped", ""}, {"waited at once", "overlap_grad_reduce: false"}}},
       {"DDP dp=4", R"pb(mesh { name: "dp" size: 4 })pb", "mode: DDP",
-       {{"one bucket", ""}, {"waited at once", "overlap_grad_reduce: false"}}},
+       {{"default buckets", ""}, {"waited at once", "overlap_grad_reduce: false"}}},
       // Buckets move an element to another chunk of the ring all-reduce: with
       // two ranks every sum is a + b either way (at four the three additions
       // may come in another order, a last-bit difference).
       {"DDP dp=2", R"pb(mesh { name: "dp" size: 2 })pb", "mode: DDP",
-       {{"one bucket", ""}, {"a unit per all-reduce", "bucket_bytes: 0"}, {"buckets of 64 KiB", "bucket_bytes: 65536"}}},
+       {{"default buckets", ""}, {"a unit per all-reduce", "bucket_bytes: 0"}, {"buckets of 64 KiB", "bucket_bytes: 65536"}}},
       {"FSDP dp=2 x TP tp=2, SP", R"pb(mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 })pb",
        R"pb(mode: FSDP tensor_parallel { axis: "tp" sequence_parallel: true })pb",
-       {{"overlapped", ""}, {"waited at once", "overlap_grad_reduce: false"}, {"buckets of a unit", "bucket_bytes: 0"}}},
+       {{"overlapped", ""}, {"waited at once", "overlap_grad_reduce: false"}}},
+      // Bucketed all-reduces of both kinds: the partial sums along tp, then
+      // the replicas' average along dp (two ranks each).
+      {"DDP dp=2 x TP tp=2, SP", R"pb(mesh { name: "dp" size: 2 } mesh { name: "tp" size: 2 })pb",
+       R"pb(mode: DDP tensor_parallel { axis: "tp" sequence_parallel: true })pb",
+       {{"default buckets", ""}, {"a unit per all-reduce", "bucket_bytes: 0"},
+        {"waited at once", "overlap_grad_reduce: false"}}},
   };
   auto cluster = testing::StartCluster(4);
   ASSERT_NE(cluster, nullptr);

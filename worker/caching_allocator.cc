@@ -49,7 +49,6 @@ class CachingAllocator final : public c10::Allocator {
       free.swap(free_);
       stats_.reserved_bytes -= stats_.cached_bytes;
       stats_.cached_bytes = 0;
-      high_water_ = stats_.reserved_bytes;  // a new job's peak starts here
     }
     int64_t released = 0;
     for (auto& [size, blocks] : free) {
@@ -57,6 +56,19 @@ class CachingAllocator final : public c10::Allocator {
       released += static_cast<int64_t>(size * blocks.size());
     }
     return released;
+  }
+
+  void AddUser() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++users_;
+  }
+  void RemoveUser() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--users_ > 0) return;
+      high_water_ = stats_.reserved_bytes - stats_.cached_bytes;  // the next job's peak starts here
+    }
+    ReleaseCached();
   }
 
   static CachingAllocator* instance;
@@ -73,7 +85,7 @@ class CachingAllocator final : public c10::Allocator {
       void* p = nullptr;
       if (posix_memalign(&p, 64, n) != 0) throw std::bad_alloc();
       std::lock_guard<std::mutex> lock(mu_);
-      live_[p] = Live{0, n};
+      Track(p, Live{0, n}, [p] { std::free(p); });
       Count(n, malloc_usable_size(p));
       return p;
     }
@@ -87,8 +99,8 @@ class CachingAllocator final : public c10::Allocator {
         it->second.pop_back();
         if (it->second.empty()) free_.erase(it);
         stats_.cached_bytes -= static_cast<int64_t>(size);
+        Track(p, Live{size, n}, [&] { free_[size].push_back(p); stats_.cached_bytes += static_cast<int64_t>(size); });
         ++stats_.hits;
-        live_[p] = Live{size, n};
         Count(n, 0);
         return p;
       }
@@ -102,10 +114,21 @@ class CachingAllocator final : public c10::Allocator {
       if (p == MAP_FAILED) throw std::bad_alloc();
     }
     std::lock_guard<std::mutex> lock(mu_);
+    Track(p, Live{size, n}, [p, size] { munmap(p, size); });
     ++stats_.misses;
-    live_[p] = Live{size, n};
     Count(n, size);
     return p;
+  }
+
+  // Records a block handed out; if even that fails, `undo` gives it back.
+  template <typename Undo>
+  void Track(void* p, Live live, Undo undo) {
+    try {
+      live_.emplace(p, live);
+    } catch (...) {
+      undo();
+      throw;
+    }
   }
 
   // A miss of `size`: when mapping it would take what is mapped past the
@@ -151,6 +174,7 @@ class CachingAllocator final : public c10::Allocator {
   void Free(void* p) {
     if (p == nullptr) return;
     size_t heap_bytes = 0;
+    bool unmap = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = live_.find(p);
@@ -158,15 +182,23 @@ class CachingAllocator final : public c10::Allocator {
       const Live live = it->second;
       live_.erase(it);
       stats_.allocated_bytes -= static_cast<int64_t>(live.bytes);
-      if (live.size_class != 0) {
+      if (live.size_class != 0 && users_ > 0) {
         free_[live.size_class].push_back(p);
         stats_.cached_bytes += static_cast<int64_t>(live.size_class);
         return;
       }
-      heap_bytes = malloc_usable_size(p);
+      heap_bytes = live.size_class != 0 ? live.size_class : malloc_usable_size(p);
       stats_.reserved_bytes -= static_cast<int64_t>(heap_bytes);
+      if (live.size_class != 0) {
+        // No job holds the cache: the block goes back at once.
+        unmap = true;
+      }
     }
-    std::free(p);
+    if (unmap) {
+      munmap(p, heap_bytes);
+    } else {
+      std::free(p);
+    }
   }
 
   static void Delete(void* p) { instance->Free(p); }
@@ -175,7 +207,8 @@ class CachingAllocator final : public c10::Allocator {
   std::unordered_map<void*, Live> live_;
   std::map<size_t, std::vector<void*>> free_;  // by size class; no empty lists
   AllocatorStats stats_;
-  int64_t high_water_ = 0;  // most bytes of live blocks since the cache was last emptied
+  int64_t high_water_ = 0;  // most bytes of live blocks since the last user went
+  int users_ = 0;           // CacheUsers alive
 };
 
 CachingAllocator* CachingAllocator::instance = nullptr;
@@ -191,7 +224,17 @@ void InstallCachingAllocator() {
   });
 }
 
-bool CachingAllocatorInstalled() { return CachingAllocator::instance != nullptr; }
+bool CachingAllocatorInstalled() {
+  return CachingAllocator::instance != nullptr && c10::GetCPUAllocator() == CachingAllocator::instance;
+}
+
+CacheUser::CacheUser() {
+  if (CachingAllocator::instance != nullptr) CachingAllocator::instance->AddUser();
+}
+
+CacheUser::~CacheUser() {
+  if (CachingAllocator::instance != nullptr) CachingAllocator::instance->RemoveUser();
+}
 
 AllocatorStats CachingAllocatorStats() {
   return CachingAllocator::instance == nullptr ? AllocatorStats{} : CachingAllocator::instance->Stats();

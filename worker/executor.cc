@@ -13,7 +13,6 @@
 #include "common/log.h"
 #include "common/program_check.h"
 #include "common/wire.h"
-#include "worker/caching_allocator.h"
 #include "worker/optimizer.h"
 #include "common/exceptions.h"
 
@@ -55,8 +54,6 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Prog
   e->activations_ = std::make_unique<Activations>(e->program_, e->store_.get(), &e->groups_, std::move(*data));
   return e;
 }
-
-Executor::ReleaseCacheAtEnd::~ReleaseCacheAtEnd() { ReleaseCachedBlocks(); }
 
 absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseconds timeout) {
   if (step != step_ + 1) {

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "proto/program.pb.h"
 #include "worker/activations.h"
+#include "worker/caching_allocator.h"
 #include "worker/groups.h"
 #include "worker/shard_store.h"
 #include "worker/unit_collectives.h"
@@ -75,11 +76,10 @@ class Executor {
   // write into tensors the next step reuses).
   absl::Status Drain();
 
-  // Declared first, so destroyed last: once the job's tensors are gone, the
-  // allocator's free blocks go back to the system (worker/caching_allocator.h).
-  struct ReleaseCacheAtEnd {
-    ~ReleaseCacheAtEnd();
-  } release_cache_at_end_;
+  // Declared first, so destroyed last: the job's blocks are cached for reuse
+  // while it lives, and go back to the system after its tensors
+  // (worker/caching_allocator.h).
+  CacheUser cache_user_;
   const baton::v1::Program program_;
   const Groups groups_;
   std::unique_ptr<ShardStore> store_;

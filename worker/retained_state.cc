@@ -3,14 +3,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "worker/caching_allocator.h"
 
 namespace baton {
-
-RetainedStates::Held::~Held() {
-  store.reset();
-  ReleaseCachedBlocks();
-}
 
 void RetainedStates::Begin() {
   absl::MutexLock lock(&mu_);
@@ -18,7 +12,7 @@ void RetainedStates::Begin() {
 }
 
 void RetainedStates::Keep(const std::string& job_id, std::unique_ptr<ShardStore> store, int step) {
-  std::shared_ptr<const Held> replaced;  // freed outside the lock
+  std::vector<std::shared_ptr<const Held>> dropped;  // freed outside the lock (declared before it)
   absl::MutexLock lock(&mu_);
   --taking_;
   if (store == nullptr) return;
@@ -27,16 +21,17 @@ void RetainedStates::Keep(const std::string& job_id, std::unique_ptr<ShardStore>
   held->bytes = store->state_bytes();
   held->store = std::move(store);
   held->since = absl::Now();
-  replaced = std::move(held_[job_id]);
+  dropped.push_back(std::move(held_[job_id]));
   held_[job_id] = std::move(held);
-  ExpireLocked();
+  ExpireLocked(&dropped);
 }
 
 std::shared_ptr<const RetainedStates::Held> RetainedStates::Get(const std::string& job_id, absl::Duration wait) {
+  std::vector<std::shared_ptr<const Held>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   auto none_taking = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return taking_ == 0; };
   mu_.AwaitWithTimeout(absl::Condition(&none_taking), wait);
-  ExpireLocked();
+  ExpireLocked(&expired);
   auto it = held_.find(job_id);
   return it == held_.end() ? nullptr : it->second;
 }
@@ -57,10 +52,15 @@ int64_t RetainedStates::Release(const std::string& job_id) {
   return bytes;
 }
 
-void RetainedStates::ExpireLocked() {
+void RetainedStates::ExpireLocked(std::vector<std::shared_ptr<const Held>>* expired) {
   const absl::Time now = absl::Now();
   for (auto it = held_.begin(); it != held_.end();) {
-    it = now - it->second->since > kMaxAge ? held_.erase(it) : std::next(it);
+    if (now - it->second->since > kMaxAge) {
+      expired->push_back(std::move(it->second));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

@@ -21,12 +21,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/worker.pb.h"
+#include "worker/caching_allocator.h"
 #include "worker/shard_store.h"
 
 namespace baton {
@@ -37,8 +39,8 @@ class RetainedStates {
   static constexpr absl::Duration kMaxAge = absl::Minutes(15);
 
   struct Held {
-    // The store's blocks go back to the system with it.
-    ~Held();
+    // First, so last to go: the store's blocks are cached while it is kept.
+    CacheUser cache_user;
     int step = 0;
     int64_t bytes = 0;
     std::unique_ptr<const ShardStore> store;
@@ -59,7 +61,8 @@ class RetainedStates {
   int64_t Release(const std::string& job_id);
 
  private:
-  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the states past kMaxAge into `expired`, to be freed outside the lock.
+  void ExpireLocked(std::vector<std::shared_ptr<const Held>>* expired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   int taking_ ABSL_GUARDED_BY(mu_) = 0;
