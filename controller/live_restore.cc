@@ -1,7 +1,10 @@
 #include "controller/live_restore.h"
 
+#include <functional>
+#include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "strategies/checkpoint_plan.h"
@@ -52,31 +55,50 @@ absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::stri
         return req;
       },
       fan_out);
-  std::vector<LiveHolder> holders;
+  // Holders by the step they keep. A failed K-step call can leave survivors
+  // a step past the one the controller recorded (a rank completes a step
+  // all-or-none, ranks need not stop at the same one): every holder at one
+  // step keeps the same global state, so any step whose holders together
+  // keep every piece will do - the recorded one first (no step's metrics
+  // lost), else the newest.
+  std::map<int, std::vector<LiveHolder>, std::greater<int>> by_step;
   for (size_t i = 0; i < answers.size(); ++i) {
     const auto& a = answers[i];
-    if (!a.status.ok() || !a.response.held() || a.response.step() != live.step) continue;
+    if (!a.status.ok() || !a.response.held() || a.response.step() < live.step) continue;
     LiveHolder h;
     h.rank = static_cast<int>(ranks[i]);
     h.source.set_worker(asked[i].name);
     h.source.set_address(asked[i].address);
     h.source.set_job_id(job_id);
-    h.source.set_step(live.step);
-    holders.push_back(std::move(h));
+    h.source.set_step(a.response.step());
+    by_step[a.response.step()].push_back(std::move(h));
   }
-  if (holders.empty()) {
-    return absl::NotFoundError(absl::StrCat("no worker of ", live.mesh.mesh_id(), " keeps it at step ", live.step));
+  if (by_step.empty()) {
+    return absl::NotFoundError(absl::StrCat("no worker of ", live.mesh.mesh_id(), " keeps it at step ", live.step,
+                                            " or later"));
+  }
+  std::vector<int> steps;
+  if (by_step.count(live.step)) steps.push_back(live.step);
+  for (const auto& [step, holders] : by_step) {
+    if (step != live.step) steps.push_back(step);
   }
   std::vector<std::string> targets(mesh.worker_names().begin(), mesh.worker_names().end());
-  auto reads = PlanPeerLoad(live.plan->programs, holders, programs, targets);
-  if (!reads.ok()) return reads.status();
-  RestorePlan plan;
-  plan.optimizer = true;
-  plan.metadata.set_step(live.step);
-  plan.info.set_step(live.step);
-  plan.info.set_from_peers(true);
-  plan.reads = std::move(*reads);
-  return plan;
+  absl::Status first;
+  for (int step : steps) {
+    auto reads = PlanPeerLoad(live.plan->programs, by_step[step], programs, targets);
+    if (!reads.ok()) {
+      if (first.ok()) first = absl::Status(reads.status().code(), absl::StrCat("at step ", step, ": ", reads.status().message()));
+      continue;
+    }
+    RestorePlan plan;
+    plan.optimizer = true;
+    plan.metadata.set_step(step);
+    plan.info.set_step(step);
+    plan.info.set_from_peers(true);
+    plan.reads = std::move(*reads);
+    return plan;
+  }
+  return first;
 }
 
 void ReleaseLiveState(MeshManager& meshes, const std::string& job_id, const baton::v1::Mesh& mesh) {

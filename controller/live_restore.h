@@ -22,8 +22,11 @@
 namespace baton {
 
 // Asks the workers of `live.mesh` what they keep of `job_id` and plans the
-// load of `programs` on `mesh` from those at live.step. NOT_FOUND (nothing
-// touched) when they do not hold all of it.
+// load of `programs` on `mesh` from those at one step: live.step when its
+// holders keep all of it, else the newest later step whose holders do
+// (survivors of a failed K-step call may be a step ahead of the record);
+// the plan's step says which. NOT_FOUND (nothing touched) when no step's
+// holders keep all of it.
 absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::string& job_id, const LiveState& live,
                                             const baton::v1::Mesh& mesh,
                                             const std::vector<baton::v1::Program>& programs);
