@@ -25,15 +25,18 @@ pids=()
 trap 'for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$dir"' EXIT
 export BATON_TOKEN_FILE="$dir/client.token"
 
-fleet() {  # fleet NAME [ENV=VALUE]: a fleet of 4; its address in $dir/NAME.addr
+# fleet NAME [ENV=VALUE]: a fleet of 4, its address in $dir/NAME.addr. Not in
+# a command substitution: its pid must reach this shell's trap.
+fleet() {
   env ${2:-} "$BIN/client/baton" up --workers 4 --address_file "$dir/$1.addr" --checkpoint_root "$dir" \
     > "$dir/$1.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 600); do [ -s "$dir/$1.addr" ] && break; sleep 0.1; done
-  cat "$dir/$1.addr"
 }
-caching=$(fleet caching)
-system=$(fleet system BATON_TENSOR_ALLOCATOR=system)
+fleet caching
+fleet system BATON_TENSOR_ALLOCATOR=system
+caching=$(cat "$dir/caching.addr")
+system=$(cat "$dir/system.addr")
 
 echo "measured vs predicted peak per rank (largest rank, last step), caching allocator:"
 printf '  %-36s %12s %12s %7s   %12s %12s %7s\n' example "growth B" predicted ratio "tensors B" predicted ratio
