@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <map>
 #include <set>
 #include <tuple>
@@ -10,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/program_lifetimes.h"
 #include "common/spec_check.h"
 #include "common/wire.h"
 #include "mesh/layout.h"
@@ -223,78 +223,6 @@ absl::Status CheckInstruction(Context& c, const Instruction& ins) {
   }
 }
 
-// Replays GATHER/WAIT/FREE_PARAMS: every gather is waited for before the
-// unit is gathered again and before the step ends, and every stage runs with
-// its unit's parameters gathered (resident units always are). And gradient
-// reductions: none issued for a unit with one in flight, every WAIT_GRADS
-// for one in flight.
-absl::Status CheckParameterLifetimes(const Context& c) {
-  std::set<int> in_flight, ready;
-  std::map<int, int> reducing;  // unit -> the first unit of its reduction's bucket
-  for (const auto& [index, unit] : c.units) {
-    if (unit->resident()) ready.insert(index);
-  }
-  for (const Instruction& ins : c.program.instructions()) {
-    switch (ins.op()) {
-      case Instruction::GATHER_PARAMS:
-        if (!in_flight.insert(ins.unit()).second) {
-          return Bad(absl::StrCat(DescribeInstruction(ins), ": unit ", ins.unit(), " is already being gathered"));
-        }
-        break;
-      case Instruction::WAIT_PARAMS:
-        if (in_flight.erase(ins.unit()) == 0) {
-          return Bad(absl::StrCat(DescribeInstruction(ins), ": no GATHER_PARAMS of unit ", ins.unit(), " to wait for"));
-        }
-        ready.insert(ins.unit());
-        break;
-      case Instruction::FREE_PARAMS:
-        ready.erase(ins.unit());
-        break;
-      case Instruction::REDUCE_SCATTER_GRADS:
-      case Instruction::ALL_REDUCE_GRADS: {
-        // A unit has one reduction in flight at most; WAIT_GRADS of its
-        // first unit completes a bucket.
-        std::vector<int> bucket = {ins.unit()};
-        bucket.insert(bucket.end(), ins.bucket().begin(), ins.bucket().end());
-        for (int u : bucket) {
-          if (reducing.count(u)) {
-            return Bad(absl::StrCat(DescribeInstruction(ins), ": unit ", u, " has a reduction in flight (WAIT_GRADS first)"));
-          }
-        }
-        for (int u : bucket) reducing[u] = ins.unit();
-        break;
-      }
-      case Instruction::WAIT_GRADS: {
-        auto it = reducing.find(ins.unit());
-        if (it == reducing.end() || it->second != ins.unit()) {
-          return Bad(absl::StrCat(DescribeInstruction(ins), ": no reduction of unit ", ins.unit(), " to wait for"));
-        }
-        for (auto r = reducing.begin(); r != reducing.end();) r = r->second == ins.unit() ? reducing.erase(r) : std::next(r);
-        break;
-      }
-      case Instruction::REDUCE_METRICS:
-      case Instruction::CLIP_GRAD_NORM:
-      case Instruction::OPTIMIZER_STEP:
-        reducing.clear();  // the Executor completes every reduction first
-        break;
-      case Instruction::FORWARD:
-      case Instruction::BACKWARD: {
-        const int unit = c.program.stages(ins.stage()).unit();
-        if (unit >= 0 && !ready.count(unit)) {
-          return Bad(absl::StrCat(DescribeInstruction(ins), " runs without unit ", unit, "'s parameters gathered"));
-        }
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  if (!in_flight.empty()) {
-    return Bad(absl::StrCat("unit ", *in_flight.begin(), " is gathered but never waited for"));
-  }
-  return absl::OkStatus();
-}
-
 // What a tensor-parallel stage assumes of its unit's layouts
 // (worker/model/stages.cc): each of its regions (models/model.h) is either
 // whole or split Megatron's way along the axis - colwise weights by rows,
@@ -378,6 +306,14 @@ std::string DescribeInstruction(const Instruction& i) {
     default: break;
   }
   return s + ")";
+}
+
+bool TakesPartInAllReduce(const TensorLayout& storage, const std::set<int>& partial_axes,
+                          const std::vector<int>& axes, bool sum) {
+  for (int a : axes) {
+    if (sum ? partial_axes.count(a) == 0 : !storage.placements[a].is_replicate()) return false;
+  }
+  return true;
 }
 
 bool MasterIsView(bool resident, baton::v1::Precision compute_dtype, const Piece& master, const Piece& compute) {
@@ -496,7 +432,8 @@ absl::Status ValidateProgram(const Program& p) {
   for (const auto& ins : p.instructions()) {
     if (auto s = CheckInstruction(c, ins); !s.ok()) return s;
   }
-  return CheckParameterLifetimes(c);
+  if (auto s = CheckLifetimes(p); !s.ok()) return Bad(std::string(s.message()));
+  return absl::OkStatus();
 }
 
 }  // namespace baton

@@ -6,7 +6,9 @@
 #ifndef BATON_COMMON_PROGRAM_CHECK_H_
 #define BATON_COMMON_PROGRAM_CHECK_H_
 
+#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +38,14 @@ bool ReadsBatch(baton::v1::StageKind kind);
 // master piece is a row range of the compute piece (ZeRO's and DDP's full
 // replicas). The worker's ShardStore and the planner's theory both follow it.
 bool MasterIsView(bool resident, baton::v1::Precision compute_dtype, const Piece& master, const Piece& compute);
+
+// Whether a parameter's gradient piece takes part in an ALL_REDUCE_GRADS
+// along the mesh axes `axes` (indices): with SUM (`sum`) those whose gradient
+// is a partial sum along each of them (sequence parallelism), with AVG those
+// Replicate along each of them (data-parallel replicas). The worker's
+// UnitCollectives and the planner's theory both follow it.
+bool TakesPartInAllReduce(const TensorLayout& storage, const std::set<int>& partial_axes,
+                          const std::vector<int>& axes, bool sum);
 
 // "GATHER_PARAMS(unit 3, stage 0, microbatch 0, axes [dp])", for errors.
 std::string DescribeInstruction(const baton::v1::Instruction& ins);

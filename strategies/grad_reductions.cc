@@ -34,14 +34,7 @@ void GradReductions::UnitDone(int unit) {
     Start(Chain{{unit}, std::move(links)});
     return;
   }
-  auto same = [](const std::deque<Link>& a, const std::deque<Link>& b) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (a[i].op != b[i].op || a[i].axis != b[i].axis || a[i].reduce != b[i].reduce) return false;
-    }
-    return true;
-  };
-  if (!bucket_.units.empty() && !same(bucket_.rest, links)) FlushBucket();
+  if (!bucket_.units.empty() && !(bucket_.rest == links)) FlushBucket();  // a bucket shares one chain
   bucket_.units.push_back(unit);
   bucket_.rest = std::move(links);
   bucket_bytes_ += GradBytes(unit);

@@ -60,6 +60,7 @@ class GradReductions {
     baton::v1::Instruction::Op op;
     std::string axis;
     baton::v1::Instruction::Reduce reduce;
+    bool operator==(const Link& o) const { return op == o.op && axis == o.axis && reduce == o.reduce; }
   };
   // A bucket (one unit unless bucketed) and the links of its chain not yet
   // issued.

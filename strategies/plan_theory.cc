@@ -227,16 +227,14 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         // every unit of the bucket.
         std::vector<int> bucket = {ins.unit()};
         bucket.insert(bucket.end(), ins.bucket().begin(), ins.bucket().end());
+        std::vector<int> axes;
+        for (const std::string& axis : ins.axes()) axes.push_back(*mesh->AxisIndex(axis));
         int64_t numel = 0;
         for (int unit : bucket) {
           for (const ParamPieces& pp : units[unit]) {
-            bool takes_part = true;
-            for (const std::string& axis : ins.axes()) {
-              const int a = *mesh->AxisIndex(axis);
-              takes_part &= ins.reduce() == Instruction::SUM ? pp.grad_partial.count(a) > 0
-                                                             : pp.storage.placements[a].is_replicate();
+            if (TakesPartInAllReduce(pp.storage, pp.grad_partial, axes, ins.reduce() == Instruction::SUM)) {
+              numel += pp.master.numel();
             }
-            if (takes_part) numel += pp.master.numel();
           }
         }
         if (numel == 0 || *n == 1) break;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/program_check.h"
 
 namespace baton {
 
@@ -211,12 +212,9 @@ absl::Status UnitCollectives::AllReduceGrads(const std::vector<ShardStore::Unit*
   std::vector<ShardStore::Param*> params;
   for (ShardStore::Unit* unit : units) {
     for (ShardStore::Param& p : unit->params) {
-      bool takes_part = true;
-      for (int a : axis_indices) {
-        takes_part &= op == ReduceOp::kSum ? p.grad_partial_axes.count(a) > 0
-                                           : p.storage_layout.placements[a].is_replicate();
+      if (TakesPartInAllReduce(p.storage_layout, p.grad_partial_axes, axis_indices, op == ReduceOp::kSum)) {
+        params.push_back(&p);
       }
-      if (takes_part) params.push_back(&p);
     }
   }
   if (*comm == nullptr || params.empty()) {  // nothing to reduce: done at once
