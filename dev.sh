@@ -17,6 +17,8 @@
 #   ./dev.sh bench-dispatch  install what is missing, run bench/dispatch.sh
 #   ./dev.sh bench-memory  install what is missing, run bench/memory.sh (every
 #                   example's memory vs the plan; the tensor allocator's step time)
+#   ./dev.sh bench-cp  install what is missing, run bench/cp.sh (context
+#                   parallelism at cp = 1, 2, 4: tokens/s and peak memory)
 #   ./dev.sh bench-ac  install what is missing, run bench/activation_checkpointing.sh
 #                   (the controller driving 8 .. 1,024 fake workers)
 # Installing is idempotent: apt is not called when every package is present.
@@ -151,5 +153,6 @@ case "${1:-}" in
   bench-dispatch) install_missing; shift; status=0; bench/dispatch.sh "$@" || status=$?; bazel shutdown; exit $status ;;
   bench-ac) install_missing; shift; bench/activation_checkpointing.sh "$@"; bazel shutdown ;;
   bench-memory) install_missing; shift; bench/memory.sh "$@"; bazel shutdown ;;
-  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|bench-dispatch|bench-ac|bench-memory|fuzz" >&2; exit 2 ;;
+  bench-cp) install_missing; shift; bench/cp.sh "$@"; bazel shutdown ;;
+  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|bench-dispatch|bench-ac|bench-memory|bench-cp|fuzz" >&2; exit 2 ;;
 esac

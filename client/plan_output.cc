@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/program_check.h"
+#include "common/sequence_shards.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
 #include "models/model.h"
@@ -22,6 +23,26 @@ std::string PipelineLine(const baton::v1::JobSpec& job, const DryRun& plan) {
   return absl::StrFormat("pipeline %s along \"%s\": %d ranks x %d chunk%s, %d microbatches",
                          PipelineParallel::Schedule_Name(pp.schedule), pp.axis, pp.size, pp.virtual_stages,
                          pp.virtual_stages > 1 ? "s" : "", job.data().microbatches());
+}
+
+// The ring of context parallelism: which chunks of each row every rank of
+// the axis holds, and where its keys and values go.
+std::string RingLines(const DryRun& plan) {
+  const baton::v1::Program& p = plan.programs.front();
+  if (!p.has_context_parallel()) return "";
+  const auto& layout = p.context_parallel();
+  const int ranks = *ToDeviceMesh(p.mesh())->AxisSize(layout.axis());
+  const int64_t seq = p.model().decoder().seq_len(), len = seq / layout.chunks();
+  std::string out = absl::StrFormat(
+      "context parallel along \"%s\": %d ranks in a ring (rank r passes keys and values to r + 1), each row's %d "
+      "positions in %d chunks of %d (head-tail)\n",
+      layout.axis(), ranks, seq, layout.chunks(), len);
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> spans;
+    for (int c : ChunksOf(layout, r, ranks)) spans.push_back(absl::StrFormat("%d [%d, %d)", c, c * len, (c + 1) * len));
+    absl::StrAppendFormat(&out, "  %s %-2d holds chunks %s\n", layout.axis(), r, absl::StrJoin(spans, ", "));
+  }
+  return out;
 }
 
 // Blocks of the model, and those activation checkpointing recomputes.
@@ -44,6 +65,7 @@ std::string FormatPlan(const baton::v1::JobSpec& job, const DryRun& plan, bool e
                         plan.programs.size(), FormatMeshSpec(ToMeshAxes(job.mesh())),
                         baton::v1::ParallelMode_Name(job.plan().mode()), plan.theory.parameters,
                         PipelineLine(job, plan));
+  out += RingLines(plan);
   const PipelinePlan& pp = plan.pipeline;
   if (pp.enabled) {
     for (size_t c = 0; c < plan.chunks.size(); ++c) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/program_lifetimes.h"
+#include "common/sequence_shards.h"
 #include "common/spec_check.h"
 #include "common/wire.h"
 #include "mesh/layout.h"
@@ -241,8 +242,8 @@ absl::Status CheckTensorParallel(const Context& c, const baton::v1::Stage& stage
   if ((tp.sequence_parallel() || tp.loss_parallel()) && !p.model().has_decoder()) {
     return Bad(where + "sequence and loss parallelism need a decoder");
   }
-  if (tp.sequence_parallel() && p.model().decoder().seq_len() % n != 0) {
-    return Bad(absl::StrCat(where, "seq_len ", p.model().decoder().seq_len(), " does not split over ", n));
+  if (tp.sequence_parallel() && LocalSequence(p, c.mesh) % n != 0) {
+    return Bad(absl::StrCat(where, "the ", LocalSequence(p, c.mesh), " positions of a row here do not split over ", n));
   }
   const StageDef& def = StageOf(stage.kind());
   std::set<std::string> in_region;
@@ -360,6 +361,7 @@ absl::Status ValidateProgram(const Program& p) {
     if (auto a = mesh->AxisIndex(axis); !a.ok()) return Bad(absl::StrCat("stage_axes: ", a.status().message()));
   }
   if (p.units_size() > kMaxUnits) return Bad(absl::StrCat("more than ", kMaxUnits, " units"));
+  if (auto s = CheckContextParallel(p, *mesh); !s.ok()) return Bad(std::string(s.message()));
   Context c{p, *mesh, {}, {}};
   int64_t total_numel = 0;
   for (const auto& unit : p.units()) {

@@ -21,11 +21,11 @@ int64_t KvHeads(const DecoderModel& m) { return m.has_n_kv_heads() ? m.n_kv_head
 int64_t HeadDim(const DecoderModel& m) { return m.dim() / m.heads(); }
 bool SwiGlu(const DecoderModel& m) { return m.mlp() == DecoderModel::SWIGLU; }
 
-// Features of a sequence-parallel stage's activations: [rows, seq / tp, dim].
-int64_t LocalSeq(const StageShape& s) {
-  const int64_t seq = s.model->decoder().seq_len();
-  return s.sequence_parallel ? seq / s.tp : seq;
-}
+// Positions of a row on this rank: seq / cp (context parallelism).
+int64_t RankSeq(const StageShape& s) { return s.model->decoder().seq_len() / s.cp; }
+// Positions of a stage's activations between stages: [rows, seq / cp (/ tp
+// under sequence parallelism), dim].
+int64_t LocalSeq(const StageShape& s) { return s.sequence_parallel ? RankSeq(s) / s.tp : RankSeq(s); }
 
 StageDef Embedding() {
   StageDef def;
@@ -57,7 +57,7 @@ StageDef Embedding() {
     // the mask of the ids it holds; whole, nothing (the batch's ids are the
     // microbatch's, held anyway).
     if (s.Split("tok_embeddings.weight")) {
-      const int64_t tokens = s.rows * m.seq_len(), rows = tokens * m.dim();
+      const int64_t tokens = s.rows * RankSeq(s), rows = tokens * m.dim();
       f.saved = {{"the ids shifted to this rank's rows (int64)", tokens * 8},
                  {"the mask of the ids this rank holds", tokens * s.elem}};
       // The partial rows, masked; the reduction's fp32 copies (and under
@@ -118,7 +118,7 @@ StageDef Block(bool parallel) {
   def.footprint = [parallel](const StageShape& s) {
     const auto& m = s.model->decoder();
     const std::string p = s.unit + ".";
-    const int64_t rows = s.rows, seq = m.seq_len(), d = m.dim(), hd = HeadDim(m), elem = s.elem;
+    const int64_t rows = s.rows, seq = RankSeq(s), d = m.dim(), hd = HeadDim(m), elem = s.elem;
     const int64_t norms = parallel ? 1 : 2;
     const int64_t heads = s.Local(m.heads(), p + "attention.wq.weight");
     const int64_t kv_heads = s.Local(KvHeads(m), p + "attention.wq.weight");
@@ -140,33 +140,60 @@ StageDef Block(bool parallel) {
         {"the residual stream after attention", parallel ? 0 : activation},
         {"the norms' rsqrt vectors", norms * rows * LocalSeq(s) * elem},
         {"the sequence-parallel gathers into attention and the MLP", s.sequence_parallel ? 2 * gathered : 0},
-        // q and k rotated, k and v repeated to every query head of their
-        // group (the unrotated, unrepeated ones are not kept), the output.
-        {"q, k, v (repeated to the query heads) and the attention output", 4 * rows * seq * heads * hd * elem},
-        {"the attention probabilities (softmax's fp32 output and its cast)", scores * (elem + fp32_extra)},
         {"the MLP's hidden activations", mlp},
         {"the rotary tables' cos and sin (fp32, interleaved)", 2 * seq * 2 * (hd / 2) * 4},
     };
-    f.forward = {
-        // Scores, scaled, masked (two alive at once), in fp32 for the softmax.
-        {"two score tensors in fp32", 2 * scores * std::max<int64_t>(elem, 4)},
-        // Rotating q (k is no larger): its fp32 copy, the swapped pairs,
-        // both products and their sum, its cast back.
-        {"rotating q", rows * seq * heads * hd * (4 * 4 + (elem == 4 ? 0 : 4 + elem))},
-    };
+    // Rotating q (k is no larger): its fp32 copy, the swapped pairs, both
+    // products and their sum, its cast back.
+    const Bytes rotating{"rotating q", rows * seq * heads * hd * (4 * 4 + (elem == 4 ? 0 : 4 + elem))};
+    f.forward = {rotating};
     // Backward frees what it has used as it goes: its worst point is the
-    // MLP's (a hidden gradient beside everything saved) or the softmax's.
+    // MLP's (a hidden gradient beside everything saved) or attention's.
     // The weights' gradients are the plan's to count.
-    f.backward = {
-        {"the MLP's hidden gradient", rows * seq * ffn * elem},
-        {"the softmax's gradients (fp32)", 2 * scores * std::max<int64_t>(elem, 4)},
-    };
+    f.backward = {{"the MLP's hidden gradient", rows * seq * ffn * elem}};
+    const int64_t q_bytes = rows * heads * seq * hd * elem, kv_bytes = 2 * rows * kv_heads * seq * hd * elem;
+    int64_t attention = 0;  // multiply-adds of q k^T and probs v
+    if (s.cp == 1) {
+      // q and k rotated, k and v repeated to every query head of their
+      // group (the unrotated, unrepeated ones are not kept), the output.
+      f.saved.push_back({"q, k, v (repeated to the query heads) and the attention output", 4 * q_bytes});
+      f.saved.push_back({"the attention probabilities (softmax's fp32 output and its cast)", scores * (elem + fp32_extra)});
+      // Scores, scaled, masked (two alive at once), in fp32 for the softmax.
+      f.forward.push_back({"two score tensors in fp32", 2 * scores * std::max<int64_t>(elem, 4)});
+      f.backward.push_back({"the softmax's gradients (fp32)", 2 * scores * std::max<int64_t>(elem, 4)});
+      attention = 2 * rows * heads * seq * seq * hd;
+    } else {
+      // Ring attention (worker/model/ring_attention.h): q, k, v, the fp32
+      // output and log-sum-exp are kept (no probabilities); the output
+      // reshaped for wo. At work: the keys and values in hand and arriving,
+      // their fp32 copies, q and the accumulator in fp32, one chunk pair's
+      // scores (a chunk is seq / (2 cp) positions); backward also dq and two
+      // blocks of key/value gradients in fp32.
+      const int64_t chunk = m.seq_len() / (2 * s.cp), pair = rows * heads * chunk * chunk * 4;
+      const int64_t q32 = rows * heads * seq * hd * 4, kv32 = 2 * rows * kv_heads * seq * hd * 4;
+      f.saved.push_back({"q, k, v, the output (and its fp32 copy) and the log-sum-exp",
+                         2 * q_bytes + kv_bytes + q32 + rows * heads * seq * 4});
+      f.forward.push_back({"ring attention: keys and values in hand and arriving, fp32 copies, a chunk pair's scores",
+                           2 * kv_bytes + kv32 + 2 * q32 + 3 * pair});
+      f.backward.push_back({"ring attention's backward: as forward, with dq and the key/value gradients",
+                            2 * kv_bytes + kv32 + 4 * q32 + 2 * kv32 + 4 * pair});
+      // Head-tail chunks: a rank's two query chunks see 2 cp + 1 key chunks.
+      attention = 2 * rows * heads * (2 * s.cp + 1) * chunk * chunk * hd;
+    }
     const int64_t tokens = rows * seq;
     const int64_t projections = tokens * d * (2 * heads * hd + 2 * kv_heads * hd);  // q, o; k, v
-    const int64_t attention = 2 * rows * heads * seq * seq * hd;                   // q k^T, probs v
     const int64_t ffn_flops = tokens * d * ffn * (SwiGlu(m) ? 3 : 2);
     f.flops = 2 * (projections + attention + ffn_flops);
     return f;
+  };
+  // Around the context-parallel ring (worker/model/ring_attention.h): the
+  // keys and values (compute dtype) to each of the cp - 1 other ranks
+  // forward; backward the same again, and their gradients (fp32) a full turn.
+  def.ring_bytes = [](const StageShape& s, bool backward) -> int64_t {
+    const auto& m = s.model->decoder();
+    const int64_t kv_heads = s.Local(KvHeads(m), s.unit + ".attention.wq.weight");
+    const int64_t kv = 2 * s.rows * kv_heads * RankSeq(s) * HeadDim(m);
+    return (s.cp - 1) * kv * s.elem + (backward ? s.cp * kv * 4 : 0);
   };
   return def;
 }
@@ -197,7 +224,7 @@ StageDef HeadCrossEntropy() {
   };
   def.footprint = [](const StageShape& s) {
     const auto& m = s.model->decoder();
-    const int64_t tokens = s.rows * m.seq_len(), v = m.vocab(), elem = s.elem;
+    const int64_t tokens = s.rows * RankSeq(s), v = m.vocab(), elem = s.elem;
     const bool vocab_split = s.Split("output.weight");
     const int64_t local = tokens * (vocab_split ? v / s.tp : v);
     const int64_t fp32_extra = elem == 4 ? 0 : 4;

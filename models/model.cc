@@ -163,7 +163,7 @@ void MarkRecomputedBlocks(const baton::v1::ActivationCheckpointing& ac, ModelLay
 int64_t TensorParallelBytes(const StageDef& def, const StageShape& shape, bool backward) {
   if (shape.tp <= 1 || !def.regions) return 0;
   const int n = shape.tp;
-  const int64_t tokens = shape.rows * TokensPerRow(*shape.model);
+  const int64_t tokens = shape.rows * TokensPerRow(*shape.model) / shape.cp;
   int64_t bytes = 0;
   for (const TensorParallelRegion& region : def.regions(*shape.model, shape.unit)) {
     const std::string& first = region.colwise.empty() ? region.rowwise.front() : region.colwise.front();
@@ -190,6 +190,11 @@ int64_t TensorParallelBytes(const StageDef& def, const StageShape& shape, bool b
     }
   }
   return bytes;
+}
+
+int64_t ContextParallelBytes(const StageDef& def, const StageShape& shape, bool backward) {
+  if (shape.cp <= 1 || !def.ring_bytes) return 0;
+  return def.ring_bytes(shape, backward);
 }
 
 }  // namespace baton

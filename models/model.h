@@ -123,6 +123,7 @@ struct StageShape {
   int64_t rows = 0;    // the microbatch's rows
   int64_t elem = 4;    // bytes per element of the compute dtype
   int tp = 1;          // ranks of the stage's tensor-parallel axis (1: none)
+  int cp = 1;          // ranks of the context-parallel axis (1: none): each holds seq_len / cp positions of a row
   bool sequence_parallel = false;
   bool loss_parallel = false;
   // Whether a parameter is split over those ranks (unset: none is).
@@ -171,6 +172,9 @@ struct StageDef {
   // Its tensor-parallel regions (none: it runs whole under tensor parallelism).
   std::function<std::vector<TensorParallelRegion>(const baton::v1::ModelSpec&, const std::string& unit)> regions;
   std::function<StageFootprint(const StageShape&)> footprint;
+  // Bytes one rank sends around the context-parallel ring in the stage's
+  // forward (or backward); unset: it sends none (it mixes no positions).
+  std::function<int64_t(const StageShape&, bool backward)> ring_bytes;
 };
 
 // The definition of a stage kind; nullptr for a kind no family defines.
@@ -197,6 +201,10 @@ void MarkRecomputedBlocks(const baton::v1::ActivationCheckpointing& ac, ModelLay
 // in the compute dtype, even splits, the ring algorithms'
 // (mesh/collective_cost.h) counts.
 int64_t TensorParallelBytes(const StageDef& def, const StageShape& shape, bool backward);
+// Bytes one rank sends around the context-parallel ring in a stage's forward
+// (or backward): 0 without context parallelism or for a stage that sends
+// none.
+int64_t ContextParallelBytes(const StageDef& def, const StageShape& shape, bool backward);
 
 }  // namespace baton
 

@@ -113,6 +113,65 @@ int DataParallelSize(const JobSpec& job) {
   return n;
 }
 
+namespace {
+
+bool IsContextAxis(const JobSpec& job, const std::string& axis) {
+  return job.plan().has_context_parallel() && axis == job.plan().context_parallel().axis();
+}
+
+}  // namespace
+
+std::vector<std::string> BatchAxes(const JobSpec& job) {
+  std::vector<std::string> axes;
+  for (const auto& a : job.mesh()) {
+    if (IsDataAxis(job, a.name()) && !IsContextAxis(job, a.name())) axes.push_back(a.name());
+  }
+  return axes;
+}
+
+int BatchParallelSize(const JobSpec& job) {
+  int n = 1;
+  for (const auto& a : job.mesh()) {
+    if (IsDataAxis(job, a.name()) && !IsContextAxis(job, a.name())) n *= a.size();
+  }
+  return n;
+}
+
+int ContextParallelSize(const JobSpec& job) {
+  for (const auto& a : job.mesh()) {
+    if (IsContextAxis(job, a.name())) return a.size();
+  }
+  return 1;
+}
+
+namespace {
+
+// The context-parallel axis (named in the mesh, checked by the caller) is
+// neither the tensor- nor the pipeline-parallel one, the model a decoder, and
+// the sequence cuts into 2 x cp chunks (of whole sequence-parallel shards).
+absl::Status ValidateContextParallel(const JobSpec& job) {
+  if (!job.plan().has_context_parallel()) return absl::OkStatus();
+  const auto& plan = job.plan();
+  const std::string& axis = plan.context_parallel().axis();
+  if (!IsDataAxis(job, axis)) {
+    return Invalid(absl::StrCat("plan.context_parallel.axis \"", axis,
+                                "\" is also the tensor- or pipeline-parallel axis; give it an axis of its own"));
+  }
+  if (!job.model().has_decoder()) {
+    return Invalid("plan.context_parallel needs a decoder model: it shards the sequence");
+  }
+  const int cp = ContextParallelSize(job);
+  const int64_t seq = job.model().decoder().seq_len();
+  if (seq % (2 * cp) != 0) {
+    return Invalid(absl::StrCat("plan.context_parallel: seq_len ", seq, " does not divide into 2 x ", cp, " = ",
+                                2 * cp, " chunks (head-tail load balancing over the ", cp, " ranks of \"", axis,
+                                "\")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const JobSpec& job) {
   if (auto s = ValidateModel(job.model()); !s.ok()) return OfJob(s);
   if (job.mesh_size() == 0) return Invalid("mesh is missing, e.g. mesh { name: \"dp\" size: 2 }");
@@ -124,7 +183,8 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
         {"resume_from", &job.resume_from(), kMaxPathBytes},
         {"init_from", &job.init_from(), kMaxPathBytes},
         {"plan.tensor_parallel.axis", &job.plan().tensor_parallel().axis(), kMaxNameBytes},
-        {"plan.pipeline_parallel.axis", &job.plan().pipeline_parallel().axis(), kMaxNameBytes}}) {
+        {"plan.pipeline_parallel.axis", &job.plan().pipeline_parallel().axis(), kMaxNameBytes},
+        {"plan.context_parallel.axis", &job.plan().context_parallel().axis(), kMaxNameBytes}}) {
     if (value->size() > limit) {
       return Invalid(absl::StrCat(field, " has ", value->size(), " bytes; the limit is ", limit));
     }
@@ -198,12 +258,15 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   for (const auto& [field, set, axis] :
        {std::make_tuple("tensor_parallel", job.plan().has_tensor_parallel(), job.plan().tensor_parallel().axis()),
         std::make_tuple("pipeline_parallel", job.plan().has_pipeline_parallel(),
-                        job.plan().pipeline_parallel().axis())}) {
+                        job.plan().pipeline_parallel().axis()),
+        std::make_tuple("context_parallel", job.plan().has_context_parallel(),
+                        job.plan().context_parallel().axis())}) {
     if (set && !mesh->AxisIndex(axis).ok()) {
       return Invalid(absl::StrCat("plan.", field, ".axis \"", axis, "\" is not an axis of the mesh (",
                                   FormatMeshSpec(mesh->axes()), ")"));
     }
   }
+  if (auto s = ValidateContextParallel(job); !s.ok()) return s;
   // The data-parallel mode runs on the axes tensor and pipeline parallelism
   // leave.
   const int data_axes = static_cast<int>(DataParallelAxes(job).size());
@@ -214,7 +277,9 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (mode != baton::v1::HSDP && data_axes != 1 && !(model_parallel && data_axes == 0)) {
     return Invalid(absl::StrCat("plan.mode ", baton::v1::ParallelMode_Name(mode), " takes one data-parallel mesh axis",
                                 model_parallel ? " besides the tensor- and pipeline-parallel ones" : "",
-                                ", got ", data_axes, "; use HSDP for two (replicate, shard)"));
+                                ", got ", data_axes,
+                                job.plan().has_context_parallel() ? " (the context-parallel axis counts as one)" : "",
+                                "; use HSDP for two (replicate, shard)"));
   }
   const auto& mp = job.plan().mixed_precision();
   if (mp.reduce_dtype() == baton::v1::BF16) {
@@ -242,7 +307,7 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
   if (auto s = ValidateOptimizer(job.optimizer()); !s.ok()) return OfJob(s);
   const auto& data = job.data();
   if (auto s = ValidateData(data, job.model()); !s.ok()) return OfJob(s);
-  const int dp = DataParallelSize(job);
+  const int dp = BatchParallelSize(job);
   if (data.batch_size() % dp != 0) {
     return Invalid(absl::StrCat("data.batch_size ", data.batch_size(), " is not divisible by the ", dp,
                                 " data-parallel ranks of the mesh"));

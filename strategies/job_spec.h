@@ -41,8 +41,15 @@ int MeshSize(const baton::v1::JobSpec& job);
 // The mesh axes the batch is split over: every axis but the tensor-parallel
 // one, in mesh order.
 std::vector<std::string> DataParallelAxes(const baton::v1::JobSpec& job);
-// Ranks that each see different data: the product of those axes.
+// The product of those axes' sizes.
 int DataParallelSize(const baton::v1::JobSpec& job);
+// The data axes that split the batch's rows: all but the context-parallel
+// one (its ranks hold pieces of the same rows' sequences), in mesh order.
+std::vector<std::string> BatchAxes(const baton::v1::JobSpec& job);
+// Ranks that each see different rows: the product of those axes.
+int BatchParallelSize(const baton::v1::JobSpec& job);
+// Ranks of the context-parallel axis (1 without one).
+int ContextParallelSize(const baton::v1::JobSpec& job);
 
 }  // namespace baton
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/program_check.h"
+#include "common/sequence_shards.h"
 #include "common/wire.h"
 #include "mesh/collective_cost.h"
 #include "mesh/layout.h"
@@ -131,6 +132,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     shape.rows = microbatch_rows;
     shape.elem = elem;
     shape.input_requires_grad = !(index > 0 && StageOf(p.stages(index - 1).kind()).output_is_batch);
+    shape.cp = ContextParallelRanks(p, *mesh);
     if (!stage.has_tensor_parallel()) return shape;
     const int axis = *mesh->AxisIndex(stage.tensor_parallel().axis());
     shape.tp = mesh->axes()[axis].size;
@@ -193,8 +195,10 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         }
         // The recomputed forward's collectives run again before the backward's.
         const bool backward = ins.op() == Instruction::BACKWARD;
-        const int64_t bytes = TensorParallelBytes(def, shape, backward) +
-                              (backward && recompute ? TensorParallelBytes(def, shape, false) : 0);
+        auto stage_bytes = [&](bool back) {
+          return TensorParallelBytes(def, shape, back) + ContextParallelBytes(def, shape, back);
+        };
+        const int64_t bytes = stage_bytes(backward) + (backward && recompute ? stage_bytes(false) : 0);
         t.comm += bytes;
         t.ideal += bytes;
         break;

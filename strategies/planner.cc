@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/program_check.h"
+#include "common/sequence_shards.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
 #include "strategies/channel_check.h"
@@ -104,11 +105,12 @@ class StepWriter {
     }
     if (layout.resident) ready_ = owned_;
     // This rank's place among the data-parallel ranks (row-major over the
-    // data axes): which rows of the batch it loads.
-    for (const std::string& axis : DataParallelAxes(job)) {
+    // data axes but the context-parallel one, whose ranks load pieces of
+    // the same rows): which rows of the batch it loads.
+    for (const std::string& axis : BatchAxes(job)) {
       dp_rank_ = dp_rank_ * *mesh.AxisSize(axis) + *mesh.LocalRank(axis, rank);
     }
-    rows_per_rank_ = job.data().batch_size() / DataParallelSize(job);
+    rows_per_rank_ = job.data().batch_size() / BatchParallelSize(job);
     rows_ = rows_per_rank_ / job.data().microbatches();
   }
 
@@ -233,7 +235,8 @@ class StepWriter {
 
   // An activation (or its gradient) to or from the rank of `chunk`, along
   // the pp axis: a microbatch's (batch, sequence, features) - the sequence
-  // this rank's shard under sequence parallelism - or (batch, features).
+  // this rank's share under context parallelism, and its shard of that under
+  // sequence parallelism - or (batch, features).
   void PointToPoint(Instruction::Op op, int stage, int mb, int chunk) {
     std::vector<int> coords = *mesh_.Coordinates(rank_);
     coords[*mesh_.AxisIndex(pp_.axis)] = pp_.RankOf(chunk);
@@ -245,7 +248,7 @@ class StepWriter {
     i->add_shape(rows_);
     if (job_.model().has_decoder()) {
       const auto& m = job_.model().decoder();
-      i->add_shape(m.seq_len() / (tp_.enabled && tp_.sequence_parallel ? tp_.size : 1));
+      i->add_shape(m.seq_len() / ContextParallelSize(job_) / (tp_.enabled && tp_.sequence_parallel ? tp_.size : 1));
       i->add_shape(m.dim());
     } else {
       i->add_shape(job_.model().mlp().d_model());
@@ -373,6 +376,9 @@ absl::StatusOr<CompiledJob> CompileJob(const JobSpec& job, const std::string& jo
     p.set_reports_loss(writer.RunsStage(IsLossStage));
     p.set_counts_tokens(writer.pp_rank() == 0 && (!tp->enabled || *mesh->LocalRank(tp->axis, rank) == 0));
     if (pp->enabled) p.add_stage_axes(pp->axis);
+    if (job.plan().has_context_parallel()) {
+      *p.mutable_context_parallel() = HeadTailLayout(job.plan().context_parallel().axis(), ContextParallelSize(job));
+    }
     for (size_t u = 0; u < model.units.size(); ++u) {
       if (!writer.owned().count(static_cast<int>(u))) continue;
       auto* unit = p.add_units();

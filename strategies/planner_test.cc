@@ -417,7 +417,7 @@ TEST(PlannerTest, TensorParallelProgramsAreCheckedAgainstWhatStagesAssume) {
   refused(bad, "only a replicated weight has partial gradients to sum there");
   bad = good;
   bad.mutable_model()->mutable_decoder()->set_seq_len(9);
-  refused(bad, "seq_len 9 does not split over 2");
+  refused(bad, "the 9 positions of a row here do not split over 2");
 }
 
 TEST(PlannerTest, TheoryMatchesTheFsdpFormulas) {

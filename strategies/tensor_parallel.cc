@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/wire.h"
+#include "strategies/job_spec.h"
 
 namespace baton {
 namespace {
@@ -205,8 +206,11 @@ absl::StatusOr<TensorParallelPlan> PlanTensorParallel(const baton::v1::JobSpec& 
   if ((plan.sequence_parallel || plan.loss_parallel) && !job.model().has_decoder()) {
     return Invalid("sequence_parallel and loss_parallel need a decoder model");
   }
-  if (plan.sequence_parallel && job.model().decoder().seq_len() % plan.size != 0) {
+  // Under context parallelism each rank's share of the sequence is split.
+  const int cp = ContextParallelSize(job);
+  if (plan.sequence_parallel && (job.model().decoder().seq_len() / cp) % plan.size != 0) {
     return Invalid(absl::StrCat("sequence_parallel: seq_len ", job.model().decoder().seq_len(),
+                                cp > 1 ? absl::StrCat(" / ", cp, " context-parallel ranks") : std::string(),
                                 " does not split over ", plan.size, " tp ranks"));
   }
   // The style of every module: the defaults, then the job's rules in order.

@@ -47,7 +47,9 @@ TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
                               "decoder_tp4_sp_lp.textproto", "decoder_fsdp_tp.textproto", "decoder_pp4_gpipe.textproto",
                               "decoder_pp4_1f1b.textproto", "decoder_pp4_interleaved.textproto",
                               "decoder_pp2_fsdp2.textproto", "decoder_pp2_tp2.textproto",
-                              "llama_gqa_tp2.textproto", "llama_gqa_pp2.textproto", "llama_parallel_tp2.textproto"}) {
+                              "llama_gqa_tp2.textproto", "llama_gqa_pp2.textproto", "llama_parallel_tp2.textproto",
+                              "llama_cp2.textproto", "llama_cp4.textproto", "llama_dp2_cp2.textproto",
+                              "llama_cp2_tp2.textproto", "llama_pp2_cp2.textproto"}) {
     const std::string file = Runfile(absl::StrCat("examples/", example));
     // The dry run's predictions, made without any worker.
     auto plan = RunCommand({Baton(), "plan", file, "--output=json"}, absl::Seconds(60));

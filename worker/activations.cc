@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
 
 #include <chrono>
 #include <set>
@@ -39,6 +40,14 @@ void Activations::BeginStep(int64_t step, Milliseconds timeout) {
 
 absl::Status Activations::LoadBatch(const Instruction& ins) {
   Batch batch = data_->Get(step_, ins.row_offset(), ins.rows());
+  if (program_.has_context_parallel()) {
+    // Context parallelism: this rank's chunks of every row's positions.
+    auto cp = ContextGroup();
+    if (!cp.ok()) return cp.status();
+    const at::Tensor positions = cp->Positions(cp->rank());
+    batch.tokens = batch.tokens.index_select(1, positions);
+    batch.targets = batch.targets.index_select(1, positions);
+  }
   if (program_.counts_tokens()) tokens_ += batch.token_count();
   batches_[ins.microbatch()] = std::move(batch);
   return absl::OkStatus();
@@ -53,6 +62,18 @@ absl::StatusOr<ShardStore::Unit*> Activations::StageUnit(int stage) {
         absl::StrCat("stage ", stage, " runs without unit ", index, "'s parameters gathered"));
   }
   return unit;
+}
+
+absl::StatusOr<ContextParallelGroup> Activations::ContextGroup() const {
+  const auto& layout = program_.context_parallel();
+  auto comm = groups_->Axis(layout.axis());
+  if (!comm.ok()) return comm.status();
+  ContextParallelGroup cp;
+  cp.comm = *comm;
+  cp.timeout = timeout_;
+  cp.layout = layout;
+  cp.seq_len = program_.model().decoder().seq_len();
+  return cp;
 }
 
 absl::StatusOr<at::Tensor> Activations::RunStage(int stage, int microbatch, const Entry& entry, int64_t* logits) {
@@ -92,9 +113,15 @@ absl::StatusOr<at::Tensor> Activations::RunStage(int stage, int microbatch, cons
       return false;
     };
   }
+  absl::StatusOr<ContextParallelGroup> cp;
+  if (program_.has_context_parallel()) {
+    cp = ContextGroup();
+    if (!cp.ok()) return cp.status();
+  }
   return StageForward(spec, program_.model(), *unit == nullptr ? "" : (*unit)->name, lookup, entry.input,
                       batch == batches_.end() ? kNoBatch : batch->second, store_->compute_dtype(),
-                      spec.has_tensor_parallel() ? &tp : nullptr, logits);
+                      spec.has_tensor_parallel() ? &tp : nullptr, logits,
+                      program_.has_context_parallel() ? &*cp : nullptr);
 }
 
 absl::Status Activations::Forward(int stage, int microbatch) {

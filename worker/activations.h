@@ -81,6 +81,8 @@ class Activations {
   // Runs `stage`'s forward on `entry`'s input (microbatch `microbatch`),
   // autograd recording unless the caller disabled it.
   absl::StatusOr<at::Tensor> RunStage(int stage, int microbatch, const Entry& entry, int64_t* logits);
+  // The context-parallel group of the Program's sequence layout (one it has).
+  absl::StatusOr<ContextParallelGroup> ContextGroup() const;
 
   const baton::v1::Program& program_;
   ShardStore* const store_;

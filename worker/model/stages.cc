@@ -70,14 +70,15 @@ at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return at::cat({turned, x.narrow(-1, 2 * half, 1)}, -1);
 }
 
-// The angles' cos and sin for positions 0 .. seq - 1, computed as Meta's
+// The angles' cos and sin for `positions` (int64: a row's positions, or
+// this rank's of them under context parallelism), computed as Meta's
 // precompute_freqs_cis does, in float32 (1 / theta^(2i / hd), times t),
 // interleaved as Rotate takes them.
-std::pair<at::Tensor, at::Tensor> RotaryTables(int64_t seq, int64_t head_dim, double theta) {
+std::pair<at::Tensor, at::Tensor> RotaryTables(const at::Tensor& positions, int64_t head_dim, double theta) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   const at::Tensor exponents = at::arange(0, 2 * (head_dim / 2), 2, f32).div(static_cast<double>(head_dim));
   const at::Tensor inverse = at::reciprocal(at::pow(at::Scalar(theta), exponents));
-  const at::Tensor angles = at::arange(seq, f32).unsqueeze(1).mul(inverse);
+  const at::Tensor angles = positions.to(at::kFloat).unsqueeze(1).mul(inverse);
   const at::Tensor cos = at::cos(angles), sin = at::sin(angles);
   return {at::stack({cos, cos}, -1).flatten(-2), at::stack({sin.neg(), sin}, -1).flatten(-2)};
 }
@@ -87,8 +88,10 @@ std::pair<at::Tensor, at::Tensor> RotaryTables(int64_t seq, int64_t head_dim, do
 // the region. With attention split, each rank holds whole heads: wq's and
 // wk/wv's rows and wo's columns of its query and key/value heads (groups
 // stay whole: query head j uses key/value head j / (heads / n_kv_heads)).
+// Under context parallelism `a` holds this rank's positions of each row,
+// rotated by those positions, and attention runs around the ring.
 at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, const ParamLookup& w,
-                     const at::Tensor& normed, const TensorParallelGroup* tp) {
+                     const at::Tensor& normed, const TensorParallelGroup* tp, const ContextParallelGroup* cp) {
   const bool split = Split(tp, p + "attention.wq.weight");
   const int64_t hd = m.dim() / m.heads();
   const at::Tensor a = Enter(normed, split, tp);
@@ -97,15 +100,23 @@ at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, con
     const at::Tensor& weight = w(p + "attention." + name + ".weight");
     return at::linear(a, weight).view({b, t, weight.size(0) / hd, hd}).transpose(1, 2);
   };
-  // The whole sequence is here (sequence parallelism gathered it on entry):
-  // positions are 0 .. t - 1.
-  const auto [cos, sin] = RotaryTables(t, hd, m.has_rope_theta() ? m.rope_theta() : 10000.0);
+  // This rank's whole share of the sequence is here (sequence parallelism
+  // gathered it on entry): positions 0 .. t - 1, or its chunks' under
+  // context parallelism.
+  const bool chunks = cp != nullptr && !cp->faults.rotate_local_positions;
+  const at::Tensor positions = chunks ? cp->Positions(cp->rank()) : at::arange(t, at::kLong);
+  const auto [cos, sin] = RotaryTables(positions, hd, m.has_rope_theta() ? m.rope_theta() : 10000.0);
   at::Tensor q = Rotate(heads("wq"), cos, sin), k = Rotate(heads("wk"), cos, sin), v = heads("wv");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  if (cp != nullptr) {
+    const at::Tensor o = RingAttention(q, k, v, *cp, scale).transpose(1, 2).reshape({b, t, q.size(1) * hd});
+    return Leave(at::linear(o, w(p + "attention.wo.weight")), split, tp);
+  }
   if (const int64_t group = q.size(1) / k.size(1); group > 1) {
     k = k.repeat_interleave(group, 1);
     v = v.repeat_interleave(group, 1);
   }
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(1.0 / std::sqrt(static_cast<double>(hd)));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(scale);
   scores = scores.add(CausalMask(t, scores.scalar_type()));
   at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(normed.scalar_type());
   at::Tensor o = at::matmul(probs, v).transpose(1, 2).reshape({b, t, q.size(1) * hd});
@@ -128,16 +139,16 @@ at::Tensor FeedForward(const baton::v1::DecoderModel& m, const std::string& p, c
 
 // Llama's block: h = x + attention(norm(x)); h + mlp(norm(h)).
 at::Tensor DecoderBlock(const baton::v1::DecoderModel& m, const std::string& p, const ParamLookup& w,
-                        const at::Tensor& x, const TensorParallelGroup* tp) {
-  at::Tensor hidden = x.add(Attention(m, p, w, RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps()), tp));
+                        const at::Tensor& x, const TensorParallelGroup* tp, const ContextParallelGroup* cp) {
+  at::Tensor hidden = x.add(Attention(m, p, w, RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps()), tp, cp));
   return hidden.add(FeedForward(m, p, w, RmsNorm(hidden, w(p + "ffn_norm.weight"), m.norm_eps()), tp));
 }
 
 // The parallel block (GPT-J, PaLM): x + attention(norm(x)) + mlp(norm(x)).
 at::Tensor ParallelDecoderBlock(const baton::v1::DecoderModel& m, const std::string& p, const ParamLookup& w,
-                                const at::Tensor& x, const TensorParallelGroup* tp) {
+                                const at::Tensor& x, const TensorParallelGroup* tp, const ContextParallelGroup* cp) {
   const at::Tensor normed = RmsNorm(x, w(p + "attention_norm.weight"), m.norm_eps());
-  return x.add(Attention(m, p, w, normed, tp)).add(FeedForward(m, p, w, normed, tp));
+  return x.add(Attention(m, p, w, normed, tp, cp)).add(FeedForward(m, p, w, normed, tp));
 }
 
 // A vocabulary-sharded embedding: ids outside this rank's rows give zeros,
@@ -155,7 +166,7 @@ at::Tensor VocabParallelEmbedding(const at::Tensor& weight, const at::Tensor& to
 at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
                         const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
-                        const TensorParallelGroup* tp, int64_t* logits_elements) {
+                        const TensorParallelGroup* tp, int64_t* logits_elements, const ContextParallelGroup* cp) {
   auto held = [logits_elements](const at::Tensor& logits) {
     if (logits_elements != nullptr) *logits_elements = logits.numel();
     return logits;
@@ -191,9 +202,9 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
       return tp != nullptr && tp->sequence_parallel ? ScatterSequence(h, *tp) : h;
     }
     case baton::v1::DECODER_BLOCK:
-      return DecoderBlock(model.decoder(), p, params, input, tp);
+      return DecoderBlock(model.decoder(), p, params, input, tp, cp);
     case baton::v1::PARALLEL_DECODER_BLOCK:
-      return ParallelDecoderBlock(model.decoder(), p, params, input, tp);
+      return ParallelDecoderBlock(model.decoder(), p, params, input, tp, cp);
     case baton::v1::LM_HEAD_CE: {
       const auto& m = model.decoder();
       at::Tensor h = RmsNorm(input, params("norm.weight"), m.norm_eps());

@@ -13,6 +13,7 @@
 
 #include "proto/job.pb.h"
 #include "proto/program.pb.h"
+#include "worker/model/ring_attention.h"
 #include "worker/model/tensor_parallel.h"
 
 namespace baton {
@@ -37,11 +38,16 @@ using ParamLookup = std::function<const at::Tensor&(const std::string& fqn)>;
 // Megatron collectives (worker/model/tensor_parallel.h); with sequence
 // parallelism activations between stages are this rank's sequence shard.
 // A loss stage stores in `logits_elements` how many logits this rank held
-// (V/tp per token with loss parallelism, V otherwise).
+// (V/tp per token with loss parallelism, V otherwise). With `cp`, the
+// activations and the batch hold this rank's positions of each row
+// (context parallelism) and a decoder block's attention runs around its
+// ring (worker/model/ring_attention.h); a loss stage's mean is then over
+// this rank's tokens, the mean over the cp ranks the row's.
 at::Tensor StageForward(const baton::v1::Stage& stage, const baton::v1::ModelSpec& model,
                         const std::string& unit_name, const ParamLookup& params,
                         const at::Tensor& input, const Batch& batch, at::ScalarType compute_dtype,
-                        const TensorParallelGroup* tp = nullptr, int64_t* logits_elements = nullptr);
+                        const TensorParallelGroup* tp = nullptr, int64_t* logits_elements = nullptr,
+                        const ContextParallelGroup* cp = nullptr);
 
 }  // namespace baton
 
