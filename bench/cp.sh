@@ -4,8 +4,9 @@
 # cp=2 HSDP) and cp = 4 (FSDP over cp), each rank holding 512 positions per
 # step in all three. Rounds run the configurations interleaved (order
 # rotated); figures are medians over rounds: tokens/s, each rank's peak
-# memory growth and peak tensor bytes (the allocator's) with the plan's
-# prediction, the live activation bytes and the bytes each rank sends.
+# memory growth and peak tensor bytes ("tensors": the allocator's, against the
+# prediction less the fixed overhead) with the plan's prediction, the live
+# activation bytes and the bytes each rank sends.
 #
 #   bench/cp.sh [ROUNDS] [STEPS]     (defaults 3 and 6 timed steps, after 2 warm-up)
 #
@@ -51,7 +52,7 @@ import json, statistics, sys
 d, rounds, warmup, configs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 print("\ndecoder dim 128, 4 layers, 8 heads / 2 kv, SwiGLU, seq 512, 512 positions per rank and step, 4 workers, "
       "1 thread/rank; medians over %d rounds" % rounds)
-print("%-4s %10s %14s %14s %14s %14s %14s %14s" % ("cp", "tokens/s", "peak mem MiB", "predicted", "peak tensors MiB",
+print("%-4s %10s %14s %14s %14s %14s %14s %14s" % ("cp", "tokens/s", "peak mem MiB", "predicted", "tensors MiB",
                                                   "predicted", "live act B", "comm B/step"))
 base = None
 for c in configs:
