@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Context parallelism on 4 workers, side by side: the same decoder on rows of
-# 512 positions at cp = 1 (dp=4 FSDP: a whole row per rank), cp = 2 (dp=2 x
-# cp=2 HSDP) and cp = 4 (FSDP over cp), each rank holding 512 positions per
-# step in all three. Rounds run the configurations interleaved (order
+# Context parallelism on 4 workers, side by side: the same decoder and the
+# same global batch of 4 rows of 512 positions at cp = 1 (dp=4 FSDP: a whole
+# row per rank), cp = 2 (dp=2 x cp=2 HSDP: 2 rows x 256 positions per rank)
+# and cp = 4 (FSDP over cp: 4 rows x 128 positions), the same work per step. Rounds run the configurations interleaved (order
 # rotated); figures are medians over rounds: tokens/s, each rank's peak
 # memory growth and peak tensor bytes ("tensors": the allocator's, against the
 # prediction less the fixed overhead) with the plan's prediction, the live
@@ -33,8 +33,8 @@ threads_per_rank: 1
 JOB
 }
 job cp1 4 'mesh { name: "dp" size: 4 }' 'mode: FSDP'
-job cp2 2 'mesh { name: "dp" size: 2 } mesh { name: "cp" size: 2 }' 'mode: HSDP context_parallel { axis: "cp" }'
-job cp4 1 'mesh { name: "cp" size: 4 }' 'mode: FSDP context_parallel { axis: "cp" }'
+job cp2 4 'mesh { name: "dp" size: 2 } mesh { name: "cp" size: 2 }' 'mode: HSDP context_parallel { axis: "cp" }'
+job cp4 4 'mesh { name: "cp" size: 4 }' 'mode: FSDP context_parallel { axis: "cp" }'
 
 configs=(cp1 cp2 cp4)
 for ((round = 0; round < ROUNDS; round++)); do
@@ -50,8 +50,8 @@ done
 $PY - "$dir" "$ROUNDS" "$WARMUP" "${configs[@]}" <<'PYEOF'
 import json, statistics, sys
 d, rounds, warmup, configs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-print("\ndecoder dim 128, 4 layers, 8 heads / 2 kv, SwiGLU, seq 512, 512 positions per rank and step, 4 workers, "
-      "1 thread/rank; medians over %d rounds" % rounds)
+print("\ndecoder dim 128, 4 layers, 8 heads / 2 kv, SwiGLU, seq 512, global batch 4 rows (512 positions per rank "
+      "and step), 4 workers, 1 thread/rank; medians over %d rounds" % rounds)
 print("%-4s %10s %14s %14s %14s %14s %14s %14s" % ("cp", "tokens/s", "peak mem MiB", "predicted", "tensors MiB",
                                                   "predicted", "live act B", "comm B/step"))
 base = None
@@ -70,7 +70,7 @@ for c in configs:
     t = statistics.median(v for v, _ in tensors) / 2**20
     print("%-4s %10.0f %14.1f %14.1f %14.1f %14.1f %14d %14d" % (c[2:], statistics.median(tps), m, mem[0][1] / 2**20,
                                                              t, tensors[0][1] / 2**20, live, comm))
-    base = base or live
+    base = base or (m, live)
     if c != configs[0]:
-        print("     live activations %.4f of cp=1's" % (live / base))
+        print("     peak memory %.4f of cp=1's, live activations %.4f" % (m / base[0], live / base[1]))
 PYEOF
