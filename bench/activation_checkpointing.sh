@@ -38,15 +38,7 @@ job selective 'mode: SELECTIVE every: 2'
 job full 'mode: FULL'
 
 modes=(none selective full)
-for ((round = 0; round < ROUNDS; round++)); do
-  n=${#modes[@]}
-  for ((i = 0; i < n; i++)); do
-    m=${modes[$(((i + round) % n))]}  # rotate the order every round
-    "$BIN/client/baton" run --controller "$addr" "$dir/$m.textproto" --output=json \
-      > "$dir/$m.$round.out" 2> "$dir/$m.$round.err"
-    printf 'round %d  %-10s done\n' "$((round + 1))" "$m"
-  done
-done
+bench_rounds "$ROUNDS" "${modes[@]}"
 
 $PY - "$dir" "$ROUNDS" "$WARMUP" "${modes[@]}" <<'PYEOF'
 import json, statistics, sys

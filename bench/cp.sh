@@ -37,15 +37,7 @@ job cp2 4 'mesh { name: "dp" size: 2 } mesh { name: "cp" size: 2 }' 'mode: HSDP 
 job cp4 4 'mesh { name: "cp" size: 4 }' 'mode: FSDP context_parallel { axis: "cp" }'
 
 configs=(cp1 cp2 cp4)
-for ((round = 0; round < ROUNDS; round++)); do
-  n=${#configs[@]}
-  for ((i = 0; i < n; i++)); do
-    c=${configs[$(((i + round) % n))]}
-    $BIN/client/baton run --controller "$addr" "$dir/$c.textproto" --output=json \
-      > "$dir/$c.$round.out" 2> "$dir/$c.$round.err"
-    printf 'round %d  %-4s done\n' "$((round + 1))" "$c"
-  done
-done
+bench_rounds "$ROUNDS" "${configs[@]}"
 
 $PY - "$dir" "$ROUNDS" "$WARMUP" "${configs[@]}" <<'PYEOF'
 import json, statistics, sys

@@ -37,15 +37,7 @@ job tp4 'mesh { name: "tp" size: 4 }' \
   'mode: FSDP tensor_parallel { axis: "tp" sequence_parallel: true loss_parallel: true }'
 
 configs=(fsdp_dp4 fsdp_dp2_tp2 tp4)
-for ((round = 0; round < ROUNDS; round++)); do
-  n=${#configs[@]}
-  for ((i = 0; i < n; i++)); do
-    c=${configs[$(((i + round) % n))]}  # rotate the order every round
-    $BIN/client/baton run --controller "$addr" "$dir/$c.textproto" --output=json \
-      > "$dir/$c.$round.out" 2> "$dir/$c.$round.err"
-    printf 'round %d  %-13s done\n' "$((round + 1))" "$c"
-  done
-done
+bench_rounds "$ROUNDS" "${configs[@]}"
 
 $PY - "$dir" "$ROUNDS" "$WARMUP" "${configs[@]}" <<'PYEOF'
 import json, re, statistics, sys
