@@ -31,7 +31,7 @@ std::string RingLines(const DryRun& plan) {
   const baton::v1::Program& p = plan.programs.front();
   if (!p.has_context_parallel()) return "";
   const auto& layout = p.context_parallel();
-  const int ranks = *ToDeviceMesh(p.mesh())->AxisSize(layout.axis());
+  const int ranks = ContextParallelRanks(p, *ToDeviceMesh(p.mesh()));
   const int64_t seq = p.model().decoder().seq_len(), len = seq / layout.chunks();
   std::string out = absl::StrFormat(
       "context parallel along \"%s\": %d ranks in a ring (rank r passes keys and values to r + 1), each row's %d "

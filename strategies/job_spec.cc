@@ -1,5 +1,6 @@
 #include "strategies/job_spec.h"
 
+#include <functional>
 #include <set>
 #include <tuple>
 
@@ -95,53 +96,46 @@ bool IsDataAxis(const JobSpec& job, const std::string& axis) {
          !(plan.has_pipeline_parallel() && axis == plan.pipeline_parallel().axis());
 }
 
-}  // namespace
-
-std::vector<std::string> DataParallelAxes(const JobSpec& job) {
-  std::vector<std::string> axes;
-  for (const auto& a : job.mesh()) {
-    if (IsDataAxis(job, a.name())) axes.push_back(a.name());
-  }
-  return axes;
-}
-
-int DataParallelSize(const JobSpec& job) {
-  int n = 1;
-  for (const auto& a : job.mesh()) {
-    if (IsDataAxis(job, a.name())) n *= a.size();
-  }
-  return n;
-}
-
-namespace {
-
 bool IsContextAxis(const JobSpec& job, const std::string& axis) {
   return job.plan().has_context_parallel() && axis == job.plan().context_parallel().axis();
 }
 
-}  // namespace
-
-std::vector<std::string> BatchAxes(const JobSpec& job) {
+// The mesh axes `keep` picks, in mesh order, and the product of their sizes.
+std::vector<std::string> AxesWhere(const JobSpec& job, const std::function<bool(const std::string&)>& keep) {
   std::vector<std::string> axes;
   for (const auto& a : job.mesh()) {
-    if (IsDataAxis(job, a.name()) && !IsContextAxis(job, a.name())) axes.push_back(a.name());
+    if (keep(a.name())) axes.push_back(a.name());
   }
   return axes;
 }
-
-int BatchParallelSize(const JobSpec& job) {
+int SizeWhere(const JobSpec& job, const std::function<bool(const std::string&)>& keep) {
   int n = 1;
   for (const auto& a : job.mesh()) {
-    if (IsDataAxis(job, a.name()) && !IsContextAxis(job, a.name())) n *= a.size();
+    if (keep(a.name())) n *= a.size();
   }
   return n;
 }
 
+bool IsBatchAxis(const JobSpec& job, const std::string& axis) {
+  return IsDataAxis(job, axis) && !IsContextAxis(job, axis);
+}
+
+}  // namespace
+
+std::vector<std::string> DataParallelAxes(const JobSpec& job) {
+  return AxesWhere(job, [&](const std::string& a) { return IsDataAxis(job, a); });
+}
+int DataParallelSize(const JobSpec& job) {
+  return SizeWhere(job, [&](const std::string& a) { return IsDataAxis(job, a); });
+}
+std::vector<std::string> BatchAxes(const JobSpec& job) {
+  return AxesWhere(job, [&](const std::string& a) { return IsBatchAxis(job, a); });
+}
+int BatchParallelSize(const JobSpec& job) {
+  return SizeWhere(job, [&](const std::string& a) { return IsBatchAxis(job, a); });
+}
 int ContextParallelSize(const JobSpec& job) {
-  for (const auto& a : job.mesh()) {
-    if (IsContextAxis(job, a.name())) return a.size();
-  }
-  return 1;
+  return SizeWhere(job, [&](const std::string& a) { return IsContextAxis(job, a); });
 }
 
 namespace {

@@ -372,7 +372,8 @@ absl::StatusOr<CompiledJob> CompileJob(const JobSpec& job, const std::string& jo
     p.set_microbatches(job.data().microbatches());
     StepWriter writer(job, model, layout, *tp, *pp, *mesh, rank, &p);
     // The loss comes from the loss stage; tokens count once per
-    // data-parallel replica: on the first stage's first tp rank.
+    // data-parallel replica: on the first stage's first tp rank (each
+    // context-parallel rank counts its share of the rows' positions).
     p.set_reports_loss(writer.RunsStage(IsLossStage));
     p.set_counts_tokens(writer.pp_rank() == 0 && (!tp->enabled || *mesh->LocalRank(tp->axis, rank) == 0));
     if (pp->enabled) p.add_stage_axes(pp->axis);

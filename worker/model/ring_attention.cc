@@ -166,6 +166,7 @@ class RingFunction : public torch::autograd::Function<RingFunction> {
       sends.clear();
     };
     const std::vector<int64_t> kv_shape = {2, k.size(0), k.size(1), k.size(2), k.size(3)};
+    at::Tensor dkv;  // this rank's keys' and values' gradients, once back
     for (int s = 0; s < ring.n; ++s) {
       older = std::move(current);
       current.clear();
@@ -206,14 +207,13 @@ class RingFunction : public torch::autograd::Function<RingFunction> {
         kv = next;
       }
       // On to the next rank, which holds this block at its next step; after
-      // the last step that is the block's owner.
-      if (ring.n > 1) {
-        send(total);
+      // the last step that is the block's owner. A ring of one keeps its own.
+      if (ring.n == 1) {
+        dkv = total;
       } else {
-        kv = total;
+        send(total);
       }
     }
-    at::Tensor dkv = kv;
     if (ring.n > 1) {
       dkv = at::empty(kv_shape, qf.options());
       Check(ring.comm->RecvAsync(dkv, ring.prev, ring.timeout)->Wait(), "receiving this rank's key/value gradients");
