@@ -103,6 +103,25 @@ absl::StatusOr<baton::v1::StepResponse> Client::Step(const baton::v1::StepReques
   return resp;
 }
 
+absl::Status Client::StepStream(const baton::v1::StepRequest& request,
+                                const std::function<bool(const baton::v1::StepResponse&)>& on_part,
+                                absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  if (deadline != absl::InfiniteDuration()) SetDeadline(&ctx, deadline);
+  auto reader = stub_->StepStream(&ctx, request);
+  baton::v1::StepResponse part;
+  bool left = false;
+  while (!left && reader->Read(&part)) {
+    if (!on_part(part)) {
+      ctx.TryCancel();
+      left = true;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (left) return absl::CancelledError("the caller stopped reading the steps");
+  return FromGrpcStatus(s);
+}
+
 absl::StatusOr<baton::v1::CreateJobResponse> Client::Submit(const baton::v1::CreateJobRequest& request,
                                                             absl::Duration deadline) {
   grpc::ClientContext ctx;

@@ -49,6 +49,13 @@ class Client {
                                                         absl::Duration deadline = absl::Minutes(2));
   absl::StatusOr<baton::v1::StepResponse> Step(const baton::v1::StepRequest& request,
                                                absl::Duration deadline = absl::Minutes(30));
+  // Step, answered as it goes: `on_part` for each message (the steps that
+  // settled, in order) until it returns false (the call is cancelled: the
+  // steps running complete on their own), the steps asked have run, or the
+  // job ended or failed (its status).
+  absl::Status StepStream(const baton::v1::StepRequest& request,
+                          const std::function<bool(const baton::v1::StepResponse&)>& on_part,
+                          absl::Duration deadline = absl::InfiniteDuration());
   // A detached job: validated and queued; the controller runs it to its
   // last step with no client attached. Returns once it is queued.
   absl::StatusOr<baton::v1::CreateJobResponse> Submit(const baton::v1::CreateJobRequest& request,

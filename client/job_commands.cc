@@ -3,6 +3,7 @@
 // controller runs it; logs follows it).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/flags/flag.h"
@@ -22,9 +23,6 @@
 namespace baton {
 namespace {
 
-// A Step call's own deadline (a step is minutes at most; the collective
-// timeout ends a hung one long before).
-constexpr absl::Duration kStepCallDeadline = absl::Minutes(30);
 // `logs --follow` across a controller restart: how long it waits for the
 // controller to answer again.
 constexpr absl::Duration kReconnectWait = absl::Seconds(60);
@@ -112,41 +110,52 @@ int Run(const std::string& path) {
   const int per_call = std::max(1, absl::GetFlag(FLAGS_steps_per_call));
   const int first_step = created->job().step() + 1;
   const absl::Time stepping = absl::Now();
-  for (int step = first_step; step <= steps;) {
+  // One stream asks for every remaining step: the controller runs them back
+  // to back and answers each as it settles (no round trip of ours between
+  // steps); Ctrl-C is looked for between answers.
+  bool interrupted = false;
+  int at = first_step - 1;  // the job's step as last answered
+  auto on_part = [&](const baton::v1::StepResponse& part) {
+    for (const auto& m : part.metrics()) {
+      progress.Finish();
+      std::printf("%s\n", FormatStep(m, steps, json).c_str());
+      last = m;
+    }
+    for (const auto& c : part.checkpoints()) std::printf("%s\n", FormatCheckpoint(c, json).c_str());
+    for (const auto& e : part.checkpoint_errors()) {
+      std::printf("%s\n", FormatCheckpointError(e, json).c_str());
+      ++failed_saves;
+    }
+    std::fflush(stdout);
+    progress.Update(last.step(), last);
+    at = std::max(at, part.job().step());
     timespec no_wait{0, 0};
-    if (int sig = sigtimedwait(&signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
+    const int sig = sigtimedwait(&signals, nullptr, &no_wait);
+    interrupted = sig == SIGINT || sig == SIGTERM;
+    return !interrupted;
+  };
+  for (int step = first_step; step <= steps;) {
+    baton::v1::StepRequest req;
+    req.set_job_id(job_id);
+    req.set_steps(steps - step + 1);
+    req.set_steps_per_call(per_call);
+    req.set_timeout_ms(absl::GetFlag(FLAGS_step_timeout_ms));
+    const absl::Status streamed = (*client)->StepStream(req, on_part);
+    if (interrupted) {
       progress.Finish();
       auto stopped = (*client)->StopJob(job_id);
       std::fprintf(stderr, "baton run: interrupted; job %s %s\n", job_id.c_str(),
                    stopped.ok() ? "stopped" : stopped.status().ToString().c_str());
       return 1;
     }
-    baton::v1::StepRequest req;
-    req.set_job_id(job_id);
-    req.set_steps(std::min(per_call, steps - step + 1));
-    req.set_steps_per_call(per_call);
-    req.set_timeout_ms(absl::GetFlag(FLAGS_step_timeout_ms));
-    auto resp = (*client)->Step(req, kStepCallDeadline);
-    if (!resp.ok()) {
+    if (!streamed.ok()) {
       progress.Finish();
-      const absl::Status why = Job::ExplainLostCall(client->get(), job_id, resp.status());
+      const absl::Status why = Job::ExplainLostCall(client->get(), job_id, streamed);
       std::fprintf(stderr, "baton run: %s\n", why.ToString().c_str());
-      std::printf("run FAILED at step %d: %s\n", step, why.ToString().c_str());
+      std::printf("run FAILED at step %d: %s\n", std::max(step, at + 1), why.ToString().c_str());
       return 1;
     }
-    for (const auto& m : resp->metrics()) {
-      progress.Finish();
-      std::printf("%s\n", FormatStep(m, steps, json).c_str());
-      last = m;
-    }
-    for (const auto& c : resp->checkpoints()) std::printf("%s\n", FormatCheckpoint(c, json).c_str());
-    for (const auto& e : resp->checkpoint_errors()) {
-      std::printf("%s\n", FormatCheckpointError(e, json).c_str());
-      ++failed_saves;
-    }
-    std::fflush(stdout);
-    progress.Update(last.step(), last);
-    step = std::max(step + 1, resp->job().step() + 1);
+    step = std::max(step + 1, at + 1);
   }
   progress.Finish();
   // The stepping's wall time as this client saw it (Step calls, their

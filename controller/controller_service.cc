@@ -174,35 +174,74 @@ grpc::Status ControllerService::SubmitJob(grpc::ServerContext* ctx, const baton:
   return grpc::Status::OK;
 }
 
+namespace {
+
+// A Step request's figures with their defaults, or INVALID_ARGUMENT.
+struct StepArgs {
+  int steps = 1;
+  int per_call = 1;
+  int64_t timeout_ms = kDefaultStepTimeoutMs;
+};
+
+absl::StatusOr<StepArgs> ParseStep(const baton::v1::StepRequest& req) {
+  if (auto s = CheckJobId(req.job_id()); !s.ok()) return s;
+  StepArgs a;
+  if (req.timeout_ms() != 0) a.timeout_ms = req.timeout_ms();
+  if (a.timeout_ms < 1 || a.timeout_ms > kMaxStepTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("timeout_ms ", a.timeout_ms, " outside [1, ", kMaxStepTimeoutMs, "]"));
+  }
+  if (req.steps() != 0) a.steps = req.steps();
+  if (a.steps < 0 || a.steps > kMaxStepsAsked) {
+    return absl::InvalidArgumentError(absl::StrCat("steps must be in [1, ", kMaxStepsAsked, "]"));
+  }
+  if (req.steps_per_call() != 0) a.per_call = req.steps_per_call();
+  if (a.per_call < 0 || a.per_call > kMaxStepsPerRunStep) {
+    return absl::InvalidArgumentError(absl::StrCat("steps_per_call must be in [1, ", kMaxStepsPerRunStep, "]"));
+  }
+  return a;
+}
+
+void FillStep(JobManager::StepOutcome&& outcome, baton::v1::StepResponse* resp) {
+  for (auto& m : outcome.metrics) *resp->add_metrics() = std::move(m);
+  for (auto& c : outcome.checkpoints) *resp->add_checkpoints() = std::move(c);
+  for (auto& e : outcome.checkpoint_errors) resp->add_checkpoint_errors(std::move(e));
+  *resp->mutable_job() = std::move(outcome.status);
+}
+
+grpc::Status StepStatus(const std::string& job_id, const absl::Status& s) {
+  return ToGrpcStatus(s.code() == absl::StatusCode::kNotFound
+                          ? absl::NotFoundError(absl::StrCat("unknown job \"", job_id, "\""))
+                          : s);
+}
+
+}  // namespace
+
 grpc::Status ControllerService::Step(grpc::ServerContext* ctx, const baton::v1::StepRequest* req,
                                      baton::v1::StepResponse* resp) {
   if (grpc::Status denied = auth_.Check(ctx, Role::kClient); !denied.ok()) return denied;
-  if (auto s = CheckJobId(req->job_id()); !s.ok()) return ToGrpcStatus(s);
-  const int64_t timeout_ms = req->timeout_ms() == 0 ? kDefaultStepTimeoutMs : req->timeout_ms();
-  if (timeout_ms < 1 || timeout_ms > kMaxStepTimeoutMs) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("timeout_ms ", timeout_ms, " outside [1, ", kMaxStepTimeoutMs, "]"));
-  }
-  const int steps = req->steps() == 0 ? 1 : req->steps();
-  if (steps < 0 || steps > kMaxStepsAsked) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("steps must be in [1, ", kMaxStepsAsked, "]"));
-  }
-  const int per_call = req->steps_per_call() == 0 ? 1 : req->steps_per_call();
-  if (per_call < 0 || per_call > kMaxStepsPerRunStep) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("steps_per_call must be in [1, ", kMaxStepsPerRunStep, "]"));
-  }
-  auto outcome = jobs_->Step(req->job_id(), steps, per_call, timeout_ms, AnswerBy(ctx, kMaxStepWait),
-                             [ctx] { return ctx->IsCancelled(); });
-  if (!outcome.ok()) {
-    return ToGrpcStatus(outcome.status().code() == absl::StatusCode::kNotFound
-                            ? absl::NotFoundError(absl::StrCat("unknown job \"", req->job_id(), "\""))
-                            : outcome.status());
-  }
-  for (auto& m : outcome->metrics) *resp->add_metrics() = std::move(m);
-  for (auto& c : outcome->checkpoints) *resp->add_checkpoints() = std::move(c);
-  for (auto& e : outcome->checkpoint_errors) resp->add_checkpoint_errors(std::move(e));
-  *resp->mutable_job() = std::move(outcome->status);
+  auto args = ParseStep(*req);
+  if (!args.ok()) return ToGrpcStatus(args.status());
+  auto outcome = jobs_->Step(req->job_id(), args->steps, args->per_call, args->timeout_ms,
+                             AnswerBy(ctx, kMaxStepWait), [ctx] { return ctx->IsCancelled(); });
+  if (!outcome.ok()) return StepStatus(req->job_id(), outcome.status());
+  FillStep(std::move(*outcome), resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::StepStream(grpc::ServerContext* ctx, const baton::v1::StepRequest* req,
+                                           grpc::ServerWriter<baton::v1::StepResponse>* writer) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kClient); !denied.ok()) return denied;
+  auto args = ParseStep(*req);
+  if (!args.ok()) return ToGrpcStatus(args.status());
+  auto write = [writer](JobManager::StepOutcome&& part) {
+    baton::v1::StepResponse resp;
+    FillStep(std::move(part), &resp);
+    return writer->Write(resp);
+  };
+  auto outcome = jobs_->Step(req->job_id(), args->steps, args->per_call, args->timeout_ms,
+                             AnswerBy(ctx, kMaxStepWait), [ctx] { return ctx->IsCancelled(); }, write);
+  if (!outcome.ok()) return StepStatus(req->job_id(), outcome.status());
+  write(std::move(*outcome));
   return grpc::Status::OK;
 }
 

@@ -66,6 +66,8 @@ class ControllerService final : public ControllerBase {
   grpc::Status SubmitJob(grpc::ServerContext*, const baton::v1::CreateJobRequest* req,
                          baton::v1::CreateJobResponse* resp) override;
   grpc::Status Step(grpc::ServerContext*, const baton::v1::StepRequest* req, baton::v1::StepResponse* resp) override;
+  grpc::Status StepStream(grpc::ServerContext*, const baton::v1::StepRequest* req,
+                          grpc::ServerWriter<baton::v1::StepResponse>* writer) override;
   grpc::Status KeepAlive(grpc::ServerContext*, const baton::v1::KeepAliveRequest* req,
                          baton::v1::KeepAliveResponse* resp) override;
   grpc::Status ListJobs(grpc::ServerContext*, const baton::v1::ListJobsRequest* req,

@@ -83,7 +83,9 @@ void Dispatcher::FinishSlot(Batch* batch, Slot& slot, grpc::Status status) {
   slot.elapsed = absl::Now() - batch->start;
   ++batch->done;
   batch->failed = batch->failed || !slot.status.ok();
-  batch->changed.SignalAll();
+  // The fan-out's thread has something to do only once every call is back
+  // or one failed (a wake-up per call is a thread switch per worker).
+  if (batch->done == batch->slots.size() || !slot.status.ok()) batch->changed.SignalAll();
 }
 
 void Dispatcher::OnDone(Batch* batch, size_t i, grpc::Status status) {

@@ -31,7 +31,8 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 
 absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, int n, int per_call,
                                                          int64_t collective_timeout_ms, absl::Time deadline,
-                                                         const std::function<bool()>& cancelled) {
+                                                         const std::function<bool()>& cancelled,
+                                                         const StepReport& report) {
   auto found = Find(id);
   if (!found.ok()) return found.status();
   Job& job = **found;
@@ -43,27 +44,44 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
   if (job.ended()) return NotRunning(job.status());
   job.set_collective_timeout_ms(collective_timeout_ms);
   job.set_steps_per_call(per_call);
-  const int64_t seen = job.log().last_sequence();
+  int64_t seen = job.log().last_sequence();
   const int target = job.RequestSteps(n);
-  bool reached = false;
-  while (!(reached = job.AwaitStep(target, std::min(deadline, absl::Now() + kCancelPoll)))) {
-    if (job.ended() || absl::Now() >= deadline || (cancelled && cancelled())) break;
+  StepOutcome out;
+  // What the log gained since `seen`, into `out`.
+  auto collect = [&] {
+    for (const auto& e : job.log().After(seen)) {
+      seen = e.sequence();
+      if (e.has_step()) out.metrics.push_back(e.step());
+      if (e.has_checkpoint()) out.checkpoints.push_back(e.checkpoint());
+      if (e.entry_case() == baton::v1::JobLogEntry::kCheckpointError) out.checkpoint_errors.push_back(e.checkpoint_error());
+    }
+  };
+  bool reached = false, left = false;
+  while (true) {
+    // Reporting as it goes, the call wakes for every step that settles.
+    const int awaited = report ? std::min(target, job.step() + 1) : target;
+    const bool settled = job.AwaitStep(awaited, std::min(deadline, absl::Now() + kCancelPoll));
+    reached = job.step() >= target;
+    if (report && settled && !reached) {
+      collect();
+      if (!out.metrics.empty() || !out.checkpoints.empty() || !out.checkpoint_errors.empty()) {
+        out.status = job.status();
+        left = !report(std::move(out));
+        out = StepOutcome();
+      }
+    }
+    if (reached || left || job.ended() || absl::Now() >= deadline || (cancelled && cancelled())) break;
   }
   const int running = job.step() + 1;  // the first of those running
   if (!reached) job.WithdrawSteps();  // what has not started yet
-  StepOutcome out;
-  for (const auto& e : job.log().After(seen)) {
-    if (e.has_step()) out.metrics.push_back(e.step());
-    if (e.has_checkpoint()) out.checkpoints.push_back(e.checkpoint());
-    if (e.entry_case() == baton::v1::JobLogEntry::kCheckpointError) out.checkpoint_errors.push_back(e.checkpoint_error());
-  }
+  collect();
   out.status = job.status();
   if (reached || out.status.state() == baton::v1::JOB_FINISHED) return out;
   if (out.status.state() == baton::v1::JOB_FAILED) {
     return absl::UnavailableError(absl::StrCat("job ", id, " FAILED: ", out.status.error()));
   }
   if (IsEnded(out.status.state())) return NotRunning(out.status);
-  if (cancelled && cancelled()) {
+  if (left || (cancelled && cancelled())) {
     return absl::CancelledError(absl::StrCat("the call was cancelled; step ", running, " of job ", id,
                                              " completes on its own and is counted then"));
   }

@@ -2,7 +2,7 @@
 // lapse or are kept, Step's deadline and the step it leaves running counted
 // once, metrics answered once, an idle job whose worker dies; K steps per
 // call, asked by a client or taken by a detached job, never past a
-// checkpoint's step.
+// checkpoint's step; a streamed Step answering each call as it settles.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -136,6 +136,73 @@ TEST(JobManagerTest, AClientsKStepsRunInOneRoundTripEach) {
   EXPECT_EQ(h.worker(0).step_calls(), 3);  // 4 + 4 + 2
   EXPECT_EQ(h.worker(0).steps_run(), 10);
   EXPECT_EQ((*job)->step(), 10);
+}
+
+TEST(JobManagerTest, AStreamedStepReportsEachCallAsItSettles) {
+  HarnessOptions options;
+  options.jobs.checkpoints.file_root = TempDir("root");
+  ControllerHarness h(options);
+  SlowSteps(h, absl::Milliseconds(30));
+  auto job = h.jobs().Create(MlpJob("streamed", 100, "mesh { name: \"dp\" size: 2 } plan { mode: FSDP } "
+                                                     "checkpoint { dir: \"ckpt\" every_n_steps: 4 }"),
+                             absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<std::vector<int>> parts;
+  std::vector<int> part_status;
+  std::string errors;
+  auto take = [&](JobManager::StepOutcome&& part) {
+    parts.emplace_back();
+    for (const auto& m : part.metrics) parts.back().push_back(m.step());
+    part_status.push_back(part.status.step());
+    // The fakes write nothing: each periodic save is tried and fails.
+    for (const auto& e : part.checkpoint_errors) {
+      for (int step : {4, 8}) {
+        if (absl::StrContains(e, absl::StrCat("saving step ", step, " "))) absl::StrAppend(&errors, "[", step, "]");
+      }
+    }
+    return true;
+  };
+  auto last = h.jobs().Step((*job)->id(), 10, 3, 30000, absl::Now() + absl::Seconds(10), nullptr, take);
+  ASSERT_TRUE(last.ok()) << last.status();
+  take(std::move(*last));
+  std::string shown;
+  std::vector<int> all;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    absl::StrAppend(&shown, " [", absl::StrJoin(parts[i], ","), "]@", part_status[i]);
+    all.insert(all.end(), parts[i].begin(), parts[i].end());
+  }
+  std::printf("Step(10) streamed, steps_per_call 3, checkpoint every 4: parts%s; failed saves %s; %d RunStep calls\n",
+              shown.c_str(), errors.c_str(), h.worker(0).step_calls());
+  EXPECT_EQ(all, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  EXPECT_EQ(errors, "[4][8]");
+  // Reported as it went: a part per call (1-3, 4, 5-7, 8, 9-10) unless the
+  // caller woke late (two calls in one part), each with the job's status
+  // once its steps were in.
+  EXPECT_GE(parts.size(), 3u);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    ASSERT_FALSE(parts[i].empty());
+    EXPECT_GE(part_status[i], parts[i].back());
+  }
+  EXPECT_EQ(h.worker(0).step_calls(), 5);
+}
+
+TEST(JobManagerTest, AStreamedStepWhoseCallerLeavesWithdrawsWhatHasNotStarted) {
+  ControllerHarness h({});
+  SlowSteps(h, absl::Milliseconds(100));
+  auto job = h.jobs().Create(MlpJob("left", 100), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  int parts = 0;
+  auto stepped = h.jobs().Step((*job)->id(), 50, 1, 30000, absl::Now() + absl::Seconds(10), nullptr,
+                               [&](JobManager::StepOutcome&&) { return ++parts < 2; });
+  const int at = (*job)->step();
+  absl::SleepFor(absl::Milliseconds(500));
+  std::printf("the caller left after %d parts: %s; job at step %d, %d half a second later\n", parts,
+              stepped.status().ToString().c_str(), at, (*job)->step());
+  EXPECT_EQ(stepped.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(parts, 2);
+  // At most the step running when it left completes.
+  EXPECT_LE((*job)->step(), at + 1);
+  EXPECT_LT((*job)->step(), 5);
 }
 
 TEST(JobManagerTest, ADetachedJobTakesASecondsWorthOfStepsPerCallButStopsAtEachCheckpoint) {

@@ -100,12 +100,18 @@ class JobManager {
     std::vector<std::string> checkpoint_errors;
     baton::v1::JobStatus status;
   };
+  // Takes what steps settled before the last ones asked (with the job's
+  // status then); false when the caller has left.
+  using StepReport = std::function<bool(StepOutcome&&)>;
   // Asks an attached job for `n` more steps, up to `per_call` of them in one
   // call to the workers, and waits for them until `deadline` (or
   // `cancelled` says the caller left). Steps running then complete on their
-  // own and are counted; steps not started are withdrawn.
+  // own and are counted; steps not started are withdrawn. What the job's log
+  // gains meanwhile is returned - with `report`, given to it as steps
+  // settle (the runner goes on meanwhile), and the rest returned at the end.
   absl::StatusOr<StepOutcome> Step(const std::string& id, int n, int per_call, int64_t collective_timeout_ms,
-                                   absl::Time deadline, const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+                                   absl::Time deadline, const std::function<bool()>& cancelled,
+                                   const StepReport& report = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Renews an attached job's lease.
   absl::StatusOr<baton::v1::JobStatus> KeepAlive(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& id, const std::string& dir, bool async)

@@ -54,13 +54,17 @@ def grpc_part(fleet):
     huge = b"\0" * (15 << 20)
     options = [("grpc.max_send_message_length", 32 << 20), ("grpc.max_receive_message_length", 32 << 20)]
     with grpc.insecure_channel(fleet.address, options=options) as channel:
-        for method, request in (("Step", string_field(1, huge)), ("StopJob", string_field(1, huge)),
-                                ("ListJobs", string_field(1, huge)), ("KeepAlive", string_field(1, huge))):
-            rpc = channel.unary_unary("/baton.v1.Controller/" + method, request_serializer=lambda b: b,
-                                      response_deserializer=lambda b: b)
+        for method, request in (("Step", string_field(1, huge)), ("StepStream", string_field(1, huge)),
+                                ("StopJob", string_field(1, huge)), ("ListJobs", string_field(1, huge)),
+                                ("KeepAlive", string_field(1, huge))):
+            kind = channel.unary_stream if method == "StepStream" else channel.unary_unary
+            rpc = kind("/baton.v1.Controller/" + method, request_serializer=lambda b: b,
+                       response_deserializer=lambda b: b)
             start = time.time()
             try:
-                rpc(request, timeout=10, metadata=[("authorization", "Bearer " + token)])
+                answer = rpc(request, timeout=10, metadata=[("authorization", "Bearer " + token)])
+                if method == "StepStream":
+                    list(answer)
                 code, message = "OK", ""
             except grpc.RpcError as e:
                 code, message = e.code().name, e.details() or ""
