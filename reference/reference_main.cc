@@ -37,8 +37,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "baton reference: %s\n", job.status().ToString().c_str());
     return 2;
   }
-  UseCachingAllocation();     // as the workers do: the heap for what is not a tensor,
-  InstallCachingAllocator();  // tensors from the workers' allocator
+  UseCachingAllocation();                   // as the workers do: the heap for what is not a tensor,
+  InstallTensorAllocatorFromEnvironment();  // tensors from the workers' allocator
+  // The run's hold on the cache, as an Executor's: without one every block
+  // is returned when its tensor goes, and mapped afresh for the next.
+  const CacheUser cache_user;
   at::set_num_threads(job->threads_per_rank());
   auto trainer = ReferenceTrainer::Create(*job);
   if (!trainer.ok()) {

@@ -6,13 +6,17 @@
 // its own; when the tensor goes, the block goes to its class's free list and
 // the next tensor of that class takes it - no page faults, no heap to
 // fragment. Smaller tensors come from the heap. A miss that would map more
-// than the live blocks' high-water mark (since the last job) first returns
-// free blocks of other classes, so what is mapped follows the live tensors'
-// peak, never one class's cache beside another's. The price: where classes
-// peak at different moments of a step, some blocks are unmapped and mapped
-// again every step (the demo's decoder: 52 misses in ~1,490 allocations a
-// step, against 357 when every miss evicted; never evicting has none, but
-// grew FSDP 15-27 % past its prediction).
+// than the live blocks' high-water mark (since the last job) first takes
+// free blocks of other classes: one is resized into the new block (mremap:
+// its pages stay, only what it grows by is new), the rest are returned - so
+// what is mapped follows the live tensors' peak, never one class's cache
+// beside another's. The price: where classes peak at different moments of
+// a step, some blocks change class every step (the demo's decoder: 52
+// misses in ~1,490 allocations a step, against 357 when every miss
+// evicted; never evicting has none, but grew FSDP 15-27 % past its
+// prediction). Mapped afresh they cost a page fault per page on first
+// touch, about 10 us each on this project's virtual machines: resized,
+// most cost none.
 //
 // Blocks are kept only while a CacheUser is alive (an Executor, a kept
 // state): when the last one goes, every free block is unmapped, and a block
@@ -40,11 +44,15 @@ struct AllocatorStats {
   int64_t cached_bytes = 0;          // free blocks kept for reuse
   int64_t peak_allocated_bytes = 0;  // since the last ResetAllocatorPeaks
   int64_t peak_reserved_bytes = 0;
-  int64_t hits = 0, misses = 0;      // allocations served from a free list / mapped
+  int64_t hits = 0, misses = 0;      // allocations served from a free list / not
+  int64_t resized = 0;               // misses served by resizing a free block of another class
 };
 
 // Makes this allocator LibTorch's CPU allocator (idempotent).
 void InstallCachingAllocator();
+// InstallCachingAllocator, unless BATON_TENSOR_ALLOCATOR=system asks for
+// LibTorch's own (a benchmark comparing them); whether it did.
+bool InstallTensorAllocatorFromEnvironment();
 bool CachingAllocatorInstalled();
 AllocatorStats CachingAllocatorStats();
 void ResetAllocatorPeaks();

@@ -76,12 +76,18 @@ TEST(CachingAllocatorTest, ReusesBlocksAccountsAndReturnsThem) {
                 static_cast<long long>(cached.cached_bytes), static_cast<long long>(cached.reserved_bytes),
                 static_cast<long long>(with_c.reserved_bytes), static_cast<long long>(with_c.cached_bytes));
     EXPECT_EQ(with_c.misses, cached.misses + 1);
+    EXPECT_EQ(with_c.resized, cached.resized + 1) << "one evicted block grows into the new one, pages kept";
+    c.fill_(3.0f);  // every page of the grown block is there to write
+    EXPECT_EQ(c.sum().item<double>(), 3.0 * (3 << 20));
     EXPECT_EQ(with_c.cached_bytes, 0) << "fewer than 12 MiB were cached: all of it goes";
     EXPECT_EQ(with_c.reserved_bytes, cached.reserved_bytes - cached.cached_bytes + (12 << 20));
   }
   {
+    const int64_t resized = CachingAllocatorStats().resized;
     at::Tensor small = at::empty({(64 << 10) / 4}, at::kFloat);  // 64 KiB: the 12 MiB block is the only free one
     EXPECT_EQ(CachingAllocatorStats().cached_bytes, 0) << "the smallest block covering the miss goes";
+    EXPECT_EQ(CachingAllocatorStats().resized, resized + 1) << "shrunk into the new block";
+    small.fill_(1.0f);
   }
 
   // The last user goes: every free block back to the system.

@@ -114,7 +114,8 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     }
     const AllocatorStats allocator = CachingAllocatorStats();
     absl::StrAppend(&line, "; tensor peak ", traced_peak, " B at ", peak_at, "; allocator hits ",
-                    allocator.hits - allocator_before.hits, ", misses ", allocator.misses - allocator_before.misses);
+                    allocator.hits - allocator_before.hits, ", misses ", allocator.misses - allocator_before.misses,
+                    " (resized ", allocator.resized - allocator_before.resized, ")");
     Logf("%s", line.c_str());
   }
   baton::v1::StepMetrics m;

@@ -134,9 +134,7 @@ int Main(int argc, char** argv) {
   sigset_t signals = BlockTerminationSignals();
   UseCachingAllocation();  // the heap, for what is not a tensor
   // Tensors (worker/caching_allocator.h), unless a benchmark compares.
-  if (const char* a = std::getenv("BATON_TENSOR_ALLOCATOR"); a == nullptr || std::string(a) != "system") {
-    InstallCachingAllocator();
-  }
+  InstallTensorAllocatorFromEnvironment();
   // Abseil's lock-cycle detection (on in Debian's build of it) walks a graph
   // on every lock: a fifth of the controller's time at a thousand workers.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
