@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <iterator>
 #include <map>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -44,19 +46,21 @@ class CachingAllocator final : public c10::Allocator {
     stats_.peak_reserved_bytes = stats_.reserved_bytes;
   }
   int64_t ReleaseCached() {
-    std::map<size_t, std::vector<void*>> free;
+    std::vector<Range> released;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      free.swap(free_);
+      for (const auto& [bytes, address] : free_) released.push_back(Range{address, bytes});
+      for (const Range& r : released) blocks_.erase(r.address);
+      free_.clear();
       stats_.reserved_bytes -= stats_.cached_bytes;
       stats_.cached_bytes = 0;
     }
-    int64_t released = 0;
-    for (auto& [size, blocks] : free) {
-      for (void* p : blocks) munmap(p, size);
-      released += static_cast<int64_t>(size * blocks.size());
+    int64_t total = 0;
+    for (const Range& r : released) {
+      Unmap(r);
+      total += static_cast<int64_t>(r.bytes);
     }
-    return released;
+    return total;
   }
 
   void AddUser() {
@@ -76,7 +80,11 @@ class CachingAllocator final : public c10::Allocator {
 
  private:
   struct Live {
-    size_t size_class;  // 0: from the heap
+    size_t size;   // of its block; 0: from the heap
+    size_t bytes;  // asked for
+  };
+  struct Range {
+    uintptr_t address;
     size_t bytes;
   };
 
@@ -91,50 +99,110 @@ class CachingAllocator final : public c10::Allocator {
       return p;
     }
     const size_t size = SizeClassOf(n);
-    std::vector<std::pair<void*, size_t>> evicted;
-    std::pair<void*, size_t> resized{nullptr, 0};
+    std::vector<Range> released;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(size);
-      if (it != free_.end()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        if (it->second.empty()) free_.erase(it);
-        stats_.cached_bytes -= static_cast<int64_t>(size);
-        Track(p, Live{size, n}, [&] { free_[size].push_back(p); stats_.cached_bytes += static_cast<int64_t>(size); });
-        ++stats_.hits;
-        Count(n, 0);
-        return p;
-      }
-      evicted = EvictLocked(size);
+      if (void* p = TakeFreeLocked(size, n); p != nullptr) return p;
+      released = ReleaseForLocked(size);
     }
-    // A block of another class resized to this one keeps its pages: only
-    // what it grows by is new memory (a fresh mapping is a page fault per
-    // page on first touch - 10 us each on some virtual machines).
-    void* p = MAP_FAILED;
-    if (!evicted.empty()) {
-      resized = evicted.front();
-      evicted.erase(evicted.begin());
-      p = mremap(resized.first, resized.second, size, MREMAP_MAYMOVE);
-      if (p == MAP_FAILED) {
-        evicted.push_back(resized);
-        resized = {nullptr, 0};
-      }
-    }
-    for (const auto& [block, block_size] : evicted) munmap(block, block_size);
-    if (p == MAP_FAILED) p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    for (const Range& r : released) Unmap(r);
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-      ReleaseCached();  // every other free block, then once more
+      ReleaseCached();  // every free block, then once more
       p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
     }
     std::lock_guard<std::mutex> lock(mu_);
+    const uintptr_t address = reinterpret_cast<uintptr_t>(p);
     Track(p, Live{size, n}, [p, size] { munmap(p, size); });
+    blocks_.emplace(address, Block{size, false});
     ++stats_.misses;
-    if (resized.first != nullptr) ++stats_.resized;
     Count(n, size);
     return p;
   }
+
+  // The best-fitting free block (the smallest at least `size`, the lowest
+  // address among equals) split to `size`: its head is the new block, the
+  // rest stays free. No system call, no fresh page. Null when none fits.
+  void* TakeFreeLocked(size_t size, size_t n) {
+    auto it = free_.lower_bound({size, 0});
+    if (it == free_.end()) return nullptr;
+    const size_t bytes = it->first;
+    const uintptr_t address = it->second;
+    free_.erase(it);
+    void* p = reinterpret_cast<void*>(address);
+    blocks_[address] = Block{size, false};
+    if (bytes > size) AddFreeLocked(Range{address + size, bytes - size});
+    stats_.cached_bytes -= static_cast<int64_t>(bytes);
+    Track(p, Live{size, n}, [&] { FreeBlockLocked(Range{address, size}); });
+    ++stats_.hits;
+    Count(n, 0);
+    return p;
+  }
+
+  // A miss of `size`: when mapping it would take what is mapped past the
+  // most the live tensors ever needed (in blocks) since the cache was last
+  // emptied, free memory goes back to the system first - at least the
+  // excess: the tail of the smallest free block that covers it, else the
+  // largest ones. So what is mapped follows the live tensors' peak, never
+  // a cache beside it.
+  std::vector<Range> ReleaseForLocked(size_t size) {
+    std::vector<Range> released;
+    const int64_t live = stats_.reserved_bytes - stats_.cached_bytes + static_cast<int64_t>(size);
+    high_water_ = std::max(high_water_, live);
+    const int64_t excess = stats_.reserved_bytes + static_cast<int64_t>(size) - high_water_;
+    if (excess <= 0) return released;
+    auto release = [&](std::set<std::pair<size_t, uintptr_t>>::iterator it, size_t bytes) {
+      const auto [block_bytes, address] = *it;
+      free_.erase(it);
+      blocks_.erase(address);
+      if (bytes < block_bytes) AddFreeLocked(Range{address, block_bytes - bytes});
+      released.push_back(Range{address + block_bytes - bytes, bytes});
+      stats_.cached_bytes -= static_cast<int64_t>(block_bytes);
+      stats_.reserved_bytes -= static_cast<int64_t>(bytes);
+      return bytes;
+    };
+    const size_t need = (static_cast<size_t>(excess) + kPage - 1) / kPage * kPage;
+    if (auto it = free_.lower_bound({need, 0}); it != free_.end()) {
+      release(it, need);
+      return released;
+    }
+    size_t freed = 0;
+    while (freed < need && !free_.empty()) {
+      auto largest = std::prev(free_.end());
+      freed += release(largest, std::min(largest->first, need - freed));
+    }
+    return released;
+  }
+
+  // A free range becomes a free block, merged with free neighbours it
+  // touches (blocks split from one mapping, or mappings side by side).
+  void AddFreeLocked(Range r) {
+    stats_.cached_bytes += static_cast<int64_t>(r.bytes);
+    auto next = blocks_.lower_bound(r.address);
+    if (next != blocks_.end() && next->second.free && r.address + r.bytes == next->first) {
+      free_.erase({next->second.bytes, next->first});
+      r.bytes += next->second.bytes;
+      next = blocks_.erase(next);
+    }
+    if (next != blocks_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second.free && prev->first + prev->second.bytes == r.address) {
+        free_.erase({prev->second.bytes, prev->first});
+        r = Range{prev->first, prev->second.bytes + r.bytes};
+      }
+    }
+    blocks_[r.address] = Block{r.bytes, true};
+    free_.emplace(r.bytes, r.address);
+  }
+
+  // A live block given back to the free blocks.
+  void FreeBlockLocked(Range r) {
+    blocks_.erase(r.address);
+    AddFreeLocked(r);
+  }
+
+  static void Unmap(Range r) { munmap(reinterpret_cast<void*>(r.address), r.bytes); }
 
   // Records a block handed out; if even that fails, `undo` gives it back.
   template <typename Undo>
@@ -145,38 +213,6 @@ class CachingAllocator final : public c10::Allocator {
       undo();
       throw;
     }
-  }
-
-  // A miss of `size`: when mapping it would take what is mapped past the
-  // most the live tensors ever needed (in blocks) since the cache was last
-  // emptied, free blocks of other classes give way first - at least the
-  // excess: the smallest block that covers it alone, else the largest ones;
-  // the first is resized into the new block, the rest go back to the
-  // system. So what is mapped follows the live tensors' peak, never a cache
-  // of one class beside another's, and a step that needs the same blocks as
-  // the last one maps nothing.
-  std::vector<std::pair<void*, size_t>> EvictLocked(size_t size) {
-    std::vector<std::pair<void*, size_t>> evicted;
-    const int64_t live = stats_.reserved_bytes - stats_.cached_bytes + static_cast<int64_t>(size);
-    high_water_ = std::max(high_water_, live);
-    const int64_t excess = stats_.reserved_bytes + static_cast<int64_t>(size) - high_water_;
-    if (excess <= 0) return evicted;
-    auto take = [&](std::map<size_t, std::vector<void*>>::iterator it) {
-      evicted.emplace_back(it->second.back(), it->first);
-      it->second.pop_back();
-      stats_.cached_bytes -= static_cast<int64_t>(it->first);
-      stats_.reserved_bytes -= static_cast<int64_t>(it->first);
-      const size_t taken = it->first;
-      if (it->second.empty()) free_.erase(it);
-      return taken;
-    };
-    if (auto it = free_.lower_bound(static_cast<size_t>(excess)); it != free_.end()) {
-      take(it);
-      return evicted;
-    }
-    int64_t freed = 0;
-    while (freed < excess && !free_.empty()) freed += static_cast<int64_t>(take(std::prev(free_.end())));
-    return evicted;
   }
 
   // A new allocation of `bytes` that reserved `reserved` more.
@@ -190,8 +226,7 @@ class CachingAllocator final : public c10::Allocator {
 
   void Free(void* p) {
     if (p == nullptr) return;
-    size_t heap_bytes = 0;
-    bool unmap = false;
+    Range unmap{0, 0};
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = live_.find(p);
@@ -199,20 +234,20 @@ class CachingAllocator final : public c10::Allocator {
       const Live live = it->second;
       live_.erase(it);
       stats_.allocated_bytes -= static_cast<int64_t>(live.bytes);
-      if (live.size_class != 0 && users_ > 0) {
-        free_[live.size_class].push_back(p);
-        stats_.cached_bytes += static_cast<int64_t>(live.size_class);
+      const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+      if (live.size == 0) {
+        stats_.reserved_bytes -= static_cast<int64_t>(malloc_usable_size(p));
+      } else if (users_ > 0) {
+        FreeBlockLocked(Range{address, live.size});
         return;
-      }
-      heap_bytes = live.size_class != 0 ? live.size_class : malloc_usable_size(p);
-      stats_.reserved_bytes -= static_cast<int64_t>(heap_bytes);
-      if (live.size_class != 0) {
-        // No job holds the cache: the block goes back at once.
-        unmap = true;
+      } else {  // no job holds the cache: the block goes back at once
+        blocks_.erase(address);
+        stats_.reserved_bytes -= static_cast<int64_t>(live.size);
+        unmap = Range{address, live.size};
       }
     }
-    if (unmap) {
-      munmap(p, heap_bytes);
+    if (unmap.bytes > 0) {
+      Unmap(unmap);
     } else {
       std::free(p);
     }
@@ -220,9 +255,16 @@ class CachingAllocator final : public c10::Allocator {
 
   static void Delete(void* p) { instance->Free(p); }
 
+  struct Block {
+    size_t bytes;
+    bool free;
+  };
+  static constexpr size_t kPage = 4096;
+
   std::mutex mu_;
   std::unordered_map<void*, Live> live_;
-  std::map<size_t, std::vector<void*>> free_;  // by size class; no empty lists
+  std::map<uintptr_t, Block> blocks_;              // every block mapped, live or free, by address
+  std::set<std::pair<size_t, uintptr_t>> free_;    // the free ones, by size then address
   AllocatorStats stats_;
   int64_t high_water_ = 0;  // most bytes of live blocks since the last user went
   int users_ = 0;           // CacheUsers alive

@@ -1,22 +1,20 @@
 // The worker's allocator for CPU tensors: size-binned and caching, as
 // PyTorch's CUDA caching allocator is for device memory.
 //
-// A tensor of at least kMinCachedBytes gets a block of its size class (its
-// size rounded up to 1/16 of its power of two, at least a page), mapped on
-// its own; when the tensor goes, the block goes to its class's free list and
-// the next tensor of that class takes it - no page faults, no heap to
-// fragment. Smaller tensors come from the heap. A miss that would map more
-// than the live blocks' high-water mark (since the last job) first takes
-// free blocks of other classes: one is resized into the new block (mremap:
-// its pages stay, only what it grows by is new), the rest are returned - so
-// what is mapped follows the live tensors' peak, never one class's cache
-// beside another's. The price: where classes peak at different moments of
-// a step, some blocks change class every step (the demo's decoder: 52
-// misses in ~1,490 allocations a step, against 357 when every miss
-// evicted; never evicting has none, but grew FSDP 15-27 % past its
-// prediction). Mapped afresh they cost a page fault per page on first
-// touch, about 10 us each on this project's virtual machines: resized,
-// most cost none.
+// A tensor of at least kMinCachedBytes gets a block of its size (rounded up
+// to 1/16 of its power of two, at least a page): the best-fitting free block
+// (the smallest that is large enough), split, its head the tensor's and the
+// rest free; when the tensor goes its block is free again, merged with the
+// free blocks it touches. In a job's steady state no step maps, unmaps or
+// moves anything - no system call and no page fault: on this project's
+// virtual machines a fresh page costs a fault of about 10 us on first touch,
+// and every unmap or remap a TLB flush that interrupts the other cores (the
+// demo's decoder at world 1 took ~1,360 faults a step, 15 ms of a 60 ms step,
+// when blocks of one size class were unmapped to make those of another).
+// Smaller tensors come from the heap. A miss (no free block fits) that would
+// map more than the live blocks' high-water mark (since the last job) first
+// returns free memory to the system - at least the excess - so what is mapped
+// follows the live tensors' peak, never a cache beside it.
 //
 // Blocks are kept only while a CacheUser is alive (an Executor, a kept
 // state): when the last one goes, every free block is unmapped, and a block
@@ -24,7 +22,7 @@
 // to its baseline.
 //
 // Thread-safe (tensors die on communication threads too). Installed once per
-// process, before the first tensor; blocks are never moved between classes.
+// process, before the first tensor.
 #ifndef BATON_WORKER_CACHING_ALLOCATOR_H_
 #define BATON_WORKER_CACHING_ALLOCATOR_H_
 
@@ -44,8 +42,7 @@ struct AllocatorStats {
   int64_t cached_bytes = 0;          // free blocks kept for reuse
   int64_t peak_allocated_bytes = 0;  // since the last ResetAllocatorPeaks
   int64_t peak_reserved_bytes = 0;
-  int64_t hits = 0, misses = 0;      // allocations served from a free list / not
-  int64_t resized = 0;               // misses served by resizing a free block of another class
+  int64_t hits = 0, misses = 0;      // allocations served from free blocks / mapped
 };
 
 // Makes this allocator LibTorch's CPU allocator (idempotent).
