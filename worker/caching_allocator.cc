@@ -99,15 +99,18 @@ class CachingAllocator final : public c10::Allocator {
       return p;
     }
     const size_t size = SizeClassOf(n);
-    std::vector<Range> released;
+    std::vector<Range> pieces;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (void* p = TakeFreeLocked(size, n); p != nullptr) return p;
-      released = ReleaseForLocked(size);
+      pieces = TakePiecesLocked(size);
     }
-    for (const Range& r : released) Unmap(r);
+    Range rest{0, 0};
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+    if (p != MAP_FAILED) {
+      rest = MovePieces(pieces, p, size);
+    } else {
+      for (const Range& r : pieces) Unmap(r);
       ReleaseCached();  // every free block, then once more
       p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
@@ -117,7 +120,12 @@ class CachingAllocator final : public c10::Allocator {
     Track(p, Live{size, n}, [p, size] { munmap(p, size); });
     blocks_.emplace(address, Block{size, false});
     ++stats_.misses;
+    if (!pieces.empty()) ++stats_.assembled;
     Count(n, size);
+    if (rest.bytes > 0) {  // what the last piece did not give stays free where it is
+      AddFreeLocked(rest);
+      stats_.reserved_bytes += static_cast<int64_t>(rest.bytes);
+    }
     return p;
   }
 
@@ -140,39 +148,62 @@ class CachingAllocator final : public c10::Allocator {
     return p;
   }
 
-  // A miss of `size`: when mapping it would take what is mapped past the
-  // most the live tensors ever needed (in blocks) since the cache was last
-  // emptied, free memory goes back to the system first - at least the
-  // excess: the tail of the smallest free block that covers it, else the
-  // largest ones. So what is mapped follows the live tensors' peak, never
-  // a cache beside it.
-  std::vector<Range> ReleaseForLocked(size_t size) {
-    std::vector<Range> released;
+  // A miss of `size` (no free block is that large): when mapping it would
+  // take what is mapped past the most the live tensors ever needed (in
+  // blocks) since the cache was last emptied, the free blocks give their
+  // pages to it instead, the largest first, until it is covered or none is
+  // left. So what is mapped follows the live tensors' peak, never a cache
+  // beside it, and free memory in pieces too small for one tensor is moved,
+  // not unmapped here and faulted in afresh there.
+  std::vector<Range> TakePiecesLocked(size_t size) {
+    std::vector<Range> pieces;
     const int64_t live = stats_.reserved_bytes - stats_.cached_bytes + static_cast<int64_t>(size);
     high_water_ = std::max(high_water_, live);
-    const int64_t excess = stats_.reserved_bytes + static_cast<int64_t>(size) - high_water_;
-    if (excess <= 0) return released;
-    auto release = [&](std::set<std::pair<size_t, uintptr_t>>::iterator it, size_t bytes) {
-      const auto [block_bytes, address] = *it;
-      free_.erase(it);
-      blocks_.erase(address);
-      if (bytes < block_bytes) AddFreeLocked(Range{address, block_bytes - bytes});
-      released.push_back(Range{address + block_bytes - bytes, bytes});
-      stats_.cached_bytes -= static_cast<int64_t>(block_bytes);
-      stats_.reserved_bytes -= static_cast<int64_t>(bytes);
-      return bytes;
-    };
-    const size_t need = (static_cast<size_t>(excess) + kPage - 1) / kPage * kPage;
-    if (auto it = free_.lower_bound({need, 0}); it != free_.end()) {
-      release(it, need);
-      return released;
-    }
-    size_t freed = 0;
-    while (freed < need && !free_.empty()) {
+    if (stats_.reserved_bytes + static_cast<int64_t>(size) <= high_water_) return pieces;
+    size_t covered = 0;
+    while (covered < size && !free_.empty()) {
       auto largest = std::prev(free_.end());
-      freed += release(largest, std::min(largest->first, need - freed));
+      const Range piece{largest->second, largest->first};
+      free_.erase(largest);
+      blocks_.erase(piece.address);
+      stats_.cached_bytes -= static_cast<int64_t>(piece.bytes);
+      stats_.reserved_bytes -= static_cast<int64_t>(piece.bytes);
+      pieces.push_back(piece);
+      covered += piece.bytes;
     }
-    return released;
+    return pieces;
+  }
+
+  // Moves `pieces` side by side into the fresh range at `p` (mremap moves
+  // their pages: no fault, one TLB flush a piece). What the last piece has
+  // beyond the range is returned.
+  static Range MovePieces(const std::vector<Range>& pieces, void* p, size_t size) {
+    Range rest{0, 0};
+    size_t offset = 0;
+    for (const Range& piece : pieces) {
+      const size_t moved = std::min(piece.bytes, size - offset);
+      Move(piece.address, reinterpret_cast<uintptr_t>(p) + offset, moved);
+      if (moved < piece.bytes) rest = Range{piece.address + moved, piece.bytes - moved};
+      offset += moved;
+    }
+    return rest;
+  }
+
+  // mremap moves a range within one mapping only, and a free block merged
+  // from blocks side by side may span several: a range it refuses is moved
+  // in halves; a page it refuses is unmapped, its place left fresh.
+  static void Move(uintptr_t from, uintptr_t to, size_t bytes) {
+    if (mremap(reinterpret_cast<void*>(from), bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED,
+               reinterpret_cast<void*>(to)) != MAP_FAILED) {
+      return;
+    }
+    if (bytes <= kPage) {
+      Unmap(Range{from, bytes});
+      return;
+    }
+    const size_t half = bytes / 2 / kPage * kPage;
+    Move(from, to, half);
+    Move(from + half, to + half, bytes - half);
   }
 
   // A free range becomes a free block, merged with free neighbours it

@@ -74,6 +74,8 @@ TEST(CachingAllocatorTest, ReusesBlocksAccountsAndReturnsThem) {
   {
     at::Tensor a = at::empty({1 << 20}, at::kFloat);
     at::Tensor b = at::empty({1 << 19}, at::kFloat);
+    a.fill_(0);  // their pages are there: a block made of them faults on none
+    b.fill_(0);
   }
   const AllocatorStats peaks = CachingAllocatorStats();
   EXPECT_EQ(peaks.peak_allocated_bytes - peaks.allocated_bytes, 6 << 20);
@@ -88,7 +90,16 @@ TEST(CachingAllocatorTest, ReusesBlocksAccountsAndReturnsThem) {
                 static_cast<long long>(cached.cached_bytes), static_cast<long long>(cached.reserved_bytes),
                 static_cast<long long>(with_c.reserved_bytes), static_cast<long long>(with_c.cached_bytes));
     EXPECT_EQ(with_c.misses, cached.misses + 1);
-    EXPECT_EQ(with_c.cached_bytes, 0) << "fewer than 12 MiB were cached: all of it goes";
+    EXPECT_EQ(with_c.assembled, cached.assembled + 1) << "made of the free blocks' pages";
+    const int64_t faults_before_c = ThreadPageFaults();
+    c.fill_(3.0f);
+    const int64_t faults = ThreadPageFaults() - faults_before_c;
+    const int64_t fresh_pages = ((12 << 20) - cached.cached_bytes) / 4096;
+    std::printf("writing it faulted on %lld pages; %lld were not the free blocks'\n", static_cast<long long>(faults),
+                static_cast<long long>(fresh_pages));
+    EXPECT_LE(faults, fresh_pages + 64) << "the free blocks' pages moved into it";
+    EXPECT_EQ(c.sum().item<double>(), 3.0 * (3 << 20));
+    EXPECT_EQ(with_c.cached_bytes, 0) << "fewer than 12 MiB were cached: all of it is moved in";
     EXPECT_EQ(with_c.reserved_bytes, cached.reserved_bytes - cached.cached_bytes + (12 << 20));
   }
   {
