@@ -31,6 +31,9 @@ absl::StatusOr<JobPlan> Plan(const baton::v1::JobSpec& job, const std::string& j
   auto theory = AnalyzePrograms(plan.programs);
   if (!theory.ok()) return theory.status();
   plan.theory = std::move(*theory);
+  for (auto& p : plan.programs) {
+    p.set_expected_tensor_bytes(std::max<int64_t>(0, plan.theory.ranks[p.rank()].memory - kWorkerOverheadBytes));
+  }
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();
   plan.pipeline = std::move(compiled->pipeline);

@@ -63,13 +63,15 @@ class CachingAllocator final : public c10::Allocator {
     return total;
   }
 
-  void AddUser() {
+  void AddUser(int64_t expected_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     ++users_;
+    expected_bytes_ += expected_bytes;
   }
-  void RemoveUser() {
+  void RemoveUser(int64_t expected_bytes) {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      expected_bytes_ -= expected_bytes;
       if (--users_ > 0) return;
       high_water_ = stats_.reserved_bytes - stats_.cached_bytes;  // the next job's peak starts here
     }
@@ -150,16 +152,17 @@ class CachingAllocator final : public c10::Allocator {
 
   // A miss of `size` (no free block is that large): when mapping it would
   // take what is mapped past the most the live tensors ever needed (in
-  // blocks) since the cache was last emptied, the free blocks give their
-  // pages to it instead, the largest first, until it is covered or none is
-  // left. So what is mapped follows the live tensors' peak, never a cache
-  // beside it, and free memory in pieces too small for one tensor is moved,
-  // not unmapped here and faulted in afresh there.
+  // blocks) since the cache was last emptied, and past the users' predicted
+  // peak and a sixteenth, the free blocks give their pages to it instead, the largest first,
+  // until it is covered or none is left. So free memory in pieces too small
+  // for one tensor is moved, not unmapped here and faulted in afresh there.
   std::vector<Range> TakePiecesLocked(size_t size) {
     std::vector<Range> pieces;
     const int64_t live = stats_.reserved_bytes - stats_.cached_bytes + static_cast<int64_t>(size);
     high_water_ = std::max(high_water_, live);
-    if (stats_.reserved_bytes + static_cast<int64_t>(size) <= high_water_) return pieces;
+    // Room for fragmentation: a sixteenth past the prediction.
+    const int64_t ceiling = std::max(high_water_, expected_bytes_ + expected_bytes_ / 16);
+    if (stats_.reserved_bytes + static_cast<int64_t>(size) <= ceiling) return pieces;
     size_t covered = 0;
     while (covered < size && !free_.empty()) {
       auto largest = std::prev(free_.end());
@@ -299,6 +302,7 @@ class CachingAllocator final : public c10::Allocator {
   AllocatorStats stats_;
   int64_t high_water_ = 0;  // most bytes of live blocks since the last user went
   int users_ = 0;           // CacheUsers alive
+  int64_t expected_bytes_ = 0;  // their predicted tensor peaks, summed
 };
 
 CachingAllocator* CachingAllocator::instance = nullptr;
@@ -324,12 +328,12 @@ bool CachingAllocatorInstalled() {
   return CachingAllocator::instance != nullptr && c10::GetCPUAllocator() == CachingAllocator::instance;
 }
 
-CacheUser::CacheUser() {
-  if (CachingAllocator::instance != nullptr) CachingAllocator::instance->AddUser();
+CacheUser::CacheUser(int64_t expected_bytes) : expected_bytes_(expected_bytes) {
+  if (CachingAllocator::instance != nullptr) CachingAllocator::instance->AddUser(expected_bytes_);
 }
 
 CacheUser::~CacheUser() {
-  if (CachingAllocator::instance != nullptr) CachingAllocator::instance->RemoveUser();
+  if (CachingAllocator::instance != nullptr) CachingAllocator::instance->RemoveUser(expected_bytes_);
 }
 
 AllocatorStats CachingAllocatorStats() {

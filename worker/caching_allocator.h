@@ -12,13 +12,16 @@
 // demo's decoder at world 1 took ~1,360 faults a step, 15 ms of a 60 ms step,
 // when blocks of one size class were unmapped to make those of another).
 // Smaller tensors come from the heap. A miss (no free block is large enough)
-// that would map more than the live blocks' high-water mark (since the last
-// job) is made of the free blocks' pages instead, moved side by side (mremap:
-// a TLB flush a piece, no fault) - so what is mapped follows the live
-// tensors' peak, never a cache beside it, and free memory in pieces too
-// small for one tensor is moved, not unmapped here and faulted in afresh
-// there (FSDP at dp=2: 1-7 such misses a step, ~0 page faults; unmapping
-// and mapping took ~500 faults a step).
+// maps a block afresh while what is mapped stays within the live blocks'
+// high-water mark (since the last job) or the jobs' predicted tensor peak
+// (CacheUser) and a sixteenth for fragmentation, whichever is higher; past that it is made of the free blocks'
+// pages instead, moved side by side (mremap) - so what is mapped follows the
+// live tensors' peak or the plan's prediction, never a cache beside them.
+// Moving is the last resort: every remap flushes the TLB with an interrupt
+// to the other cores, and at dp=2 on two cores FSDP's 1-7 such misses a step
+// cost a third of its step time (40 steps: 3.7-3.9 s moving, 2.5 s keeping
+// the pieces within the prediction). Unmapping and mapping afresh instead
+// took ~500 page faults a step.
 //
 // Blocks are kept only while a CacheUser is alive (an Executor, a kept
 // state): when the last one goes, every free block is unmapped, and a block
@@ -64,10 +67,17 @@ int64_t ReleaseCachedBlocks();
 // A job's hold on the cache (see above); a no-op without the allocator.
 class CacheUser {
  public:
-  CacheUser();
+  // `expected_bytes`: what the job is predicted to hold in tensors at its
+  // peak (0: unknown). Free memory in pieces is kept up to the users' sum of
+  // it and a sixteenth - or the live peak when that is higher - rather than
+  // moved.
+  explicit CacheUser(int64_t expected_bytes = 0);
   ~CacheUser();
   CacheUser(const CacheUser&) = delete;
   CacheUser& operator=(const CacheUser&) = delete;
+
+ private:
+  const int64_t expected_bytes_;
 };
 
 }  // namespace baton

@@ -167,5 +167,37 @@ TEST(CachingAllocatorTest, ReusesBlocksAccountsAndReturnsThem) {
   EXPECT_EQ(CachingAllocatorStats().allocated_bytes, before.allocated_bytes);
 }
 
+// Free memory in pieces, none large enough for the next tensor: past the
+// live peak the pieces are moved into it (mremap), unless the job's predicted
+// peak leaves room to map it afresh and keep the pieces for later.
+TEST(CachingAllocatorTest, KeepsFreePiecesWithinThePrediction) {
+  InstallCachingAllocator();
+  ReleaseCachedBlocks();
+  auto miss_after_fragmenting = [](int64_t expected_bytes) {
+    CacheUser user(expected_bytes);
+    at::empty({(9 << 20) / 4}, at::kFloat);  // one free block of 9 MiB, the live peak
+    at::Tensor a = at::empty({(4 << 20) / 4}, at::kFloat);
+    at::Tensor b = at::empty({(64 << 10) / 4}, at::kFloat);
+    at::Tensor c = at::empty({(4 << 20) / 4}, at::kFloat);
+    a = at::Tensor();
+    c = at::Tensor();  // free: 4 MiB, and 4 MiB + the rest, b between them
+    const AllocatorStats before = CachingAllocatorStats();
+    at::Tensor big = at::empty({(8 << 20) / 4}, at::kFloat);
+    const AllocatorStats after = CachingAllocatorStats();
+    std::printf("predicted %lld MiB: an 8 MiB miss with %lld MiB free in pieces: assembled %lld, reserved %lld -> %lld MiB\n",
+                static_cast<long long>(expected_bytes >> 20), static_cast<long long>(before.cached_bytes >> 20),
+                static_cast<long long>(after.assembled - before.assembled),
+                static_cast<long long>(before.reserved_bytes >> 20), static_cast<long long>(after.reserved_bytes >> 20));
+    EXPECT_EQ(after.misses, before.misses + 1);
+    return std::make_pair(after.assembled - before.assembled, after.reserved_bytes - before.reserved_bytes);
+  };
+  const auto [moved, moved_growth] = miss_after_fragmenting(0);
+  EXPECT_EQ(moved, 1) << "no prediction: the pieces are moved, nothing grows";
+  EXPECT_EQ(moved_growth, 0);
+  const auto [kept, kept_growth] = miss_after_fragmenting(32 << 20);
+  EXPECT_EQ(kept, 0) << "within the prediction: mapped afresh, the pieces kept";
+  EXPECT_EQ(kept_growth, 8 << 20);
+}
+
 }  // namespace
 }  // namespace baton

@@ -67,7 +67,8 @@ class Executor {
   int64_t state_bytes() const { return store_->state_bytes(); }
 
  private:
-  Executor(baton::v1::Program program, Groups groups) : program_(std::move(program)), groups_(std::move(groups)) {}
+  Executor(baton::v1::Program program, Groups groups)
+      : cache_user_(program.expected_tensor_bytes()), program_(std::move(program)), groups_(std::move(groups)) {}
   absl::Status Execute(const baton::v1::Instruction& ins);
   absl::StatusOr<ShardStore::Unit*> Unit(int index);
   absl::Status ReduceMetrics(const baton::v1::Instruction& ins);
