@@ -124,8 +124,8 @@ std::string FormatPlanJson(const baton::v1::JobSpec& job, const DryRun& plan) {
     const RankTheory& t = plan.theory.ranks[r];
     ranks.push_back(absl::StrFormat(
         "{\"rank\":%d,\"coordinates\":\"%s\",\"state_bytes\":%d,\"comm_bytes\":%d,\"peak_unsharded_param_bytes\":%d,"
-        "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"idle_fraction\":%.6f}",
-        r, plan.coordinates[r], t.state, t.comm, t.peak, t.peak_live, t.peak_live_bytes, plan.idle_fraction[r]));
+        "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"memory_bytes\":%d,\"idle_fraction\":%.6f}",
+        r, plan.coordinates[r], t.state, t.comm, t.peak, t.peak_live, t.peak_live_bytes, t.memory, plan.idle_fraction[r]));
   }
   std::string pipeline = "null";
   if (plan.pipeline.enabled) {
