@@ -28,6 +28,13 @@ using testing::SlowSteps;
 using testing::TempDir;
 using testing::WaitFor;
 
+// A harness whose jobs checkpoint into a fresh directory.
+HarnessOptions CheckpointingHarnessOptions() {
+  HarnessOptions options;
+  options.jobs.checkpoints.file_root = TempDir("root");
+  return options;
+}
+
 TEST(JobManagerTest, ALapsedLeaseStopsTheJobAndFreesItsWorkers) {
   HarnessOptions options;
   options.jobs.default_lease = absl::Milliseconds(300);
@@ -139,9 +146,7 @@ TEST(JobManagerTest, AClientsKStepsRunInOneRoundTripEach) {
 }
 
 TEST(JobManagerTest, AStreamedStepReportsEachCallAsItSettles) {
-  HarnessOptions options;
-  options.jobs.checkpoints.file_root = TempDir("root");
-  ControllerHarness h(options);
+  ControllerHarness h(CheckpointingHarnessOptions());
   SlowSteps(h, absl::Milliseconds(30));
   auto job = h.jobs().Create(MlpJob("streamed", 100, "mesh { name: \"dp\" size: 2 } plan { mode: FSDP } "
                                                      "checkpoint { dir: \"ckpt\" every_n_steps: 4 }"),
@@ -206,9 +211,7 @@ TEST(JobManagerTest, AStreamedStepWhoseCallerLeavesWithdrawsWhatHasNotStarted) {
 }
 
 TEST(JobManagerTest, ADetachedJobTakesASecondsWorthOfStepsPerCallButStopsAtEachCheckpoint) {
-  HarnessOptions options;
-  options.jobs.checkpoints.file_root = TempDir("root");
-  ControllerHarness h(options);
+  ControllerHarness h(CheckpointingHarnessOptions());
   SlowSteps(h, absl::Milliseconds(2));
   auto job = h.jobs().Submit(MlpJob("k-detached", 40, "mesh { name: \"dp\" size: 2 } plan { mode: FSDP } "
                                                       "checkpoint { dir: \"ckpt\" every_n_steps: 15 }"));
