@@ -218,10 +218,9 @@ absl::Status Activations::Send(const Instruction& ins) {
   if (!comm.ok()) return comm.status();
   auto peer = groups_->PeerInGroup(ins.axes(0), ins.peer());
   if (!peer.ok()) return peer.status();
-  Sending sending;
-  sending.tensor = tensor.detach().to(store_->compute_dtype()).contiguous();
-  sending.handle = (*comm)->SendAsync(sending.tensor, *peer, timeout_);
-  sends_.push_back(std::move(sending));
+  at::Tensor sending = tensor.detach().to(store_->compute_dtype()).contiguous();
+  std::unique_ptr<CommHandle> handle = (*comm)->SendAsync(sending, *peer, timeout_);
+  sends_.Add(std::move(handle), std::move(sending));
   if (ins.op() == Instruction::SEND_GRAD) Drop(it);  // nothing else reads it
   return absl::OkStatus();
 }
@@ -257,14 +256,6 @@ void Activations::Drop(Entries::iterator it) {
   if (--entries_per_microbatch_[microbatch] == 0) entries_per_microbatch_.erase(microbatch);
 }
 
-absl::Status Activations::WaitSends() {
-  absl::Status first;
-  for (auto& s : sends_) {
-    absl::Status status = s.handle->Wait();
-    if (first.ok() && !status.ok()) first = status;
-  }
-  sends_.clear();
-  return first;
-}
+absl::Status Activations::WaitSends() { return sends_.Flush(); }
 
 }  // namespace baton

@@ -10,7 +10,9 @@
 //                    a loss stage, 1 / microbatches; then the unit's
 //                    parameter gradients move into their fp32 accumulators
 //   SEND_ACTIVATION / SEND_GRAD  the stage's output / its input's gradient
-//                    to the peer, asynchronously (complete before the step ends)
+//                    to the peer, asynchronously: each one's tensor goes when
+//                    its send is done (SendReaper); all are done before the
+//                    step ends
 //   RECV_ACTIVATION / RECV_GRAD  into the stage's input / output gradient
 //
 // Not thread-safe: the Executor's thread drives it.
@@ -28,6 +30,7 @@
 #include "proto/program.pb.h"
 #include "worker/groups.h"
 #include "worker/model/data.h"
+#include "worker/send_reaper.h"
 #include "worker/shard_store.h"
 
 namespace baton {
@@ -94,11 +97,7 @@ class Activations {
   std::map<int, Batch> batches_;  // by microbatch
   Entries entries_;
   std::map<int, int> entries_per_microbatch_;
-  struct Sending {
-    std::unique_ptr<CommHandle> handle;
-    at::Tensor tensor;  // kept alive until sent
-  };
-  std::vector<Sending> sends_;
+  SendReaper sends_;
   double loss_sum_ = 0;
   int64_t tokens_ = 0;
   int64_t peak_logits_ = 0;
