@@ -176,7 +176,7 @@ std::string FormatMeasuredVsPredicted(const baton::v1::CreateJobResponse& create
       // live tensors held) against the prediction less the process's fixed
       // overhead: the tensors alone, whether the worker is fresh or not.
       {"tensor_bytes", "peak tensors B", static_cast<double>(last.peak_tensor_bytes()),
-       static_cast<double>(std::max<int64_t>(0, created.expected_memory_bytes() - kWorkerOverheadBytes))},
+       static_cast<double>(PredictedTensorBytes(created.expected_memory_bytes()))},
       {"idle_fraction", "idle fraction", idle, created.expected_idle_fraction()},
   };
   auto ratio = [](const Row& r) { return r.predicted != 0 ? r.measured / r.predicted : (r.measured == 0 ? 1.0 : 0.0); };

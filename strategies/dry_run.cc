@@ -32,7 +32,7 @@ absl::StatusOr<JobPlan> Plan(const baton::v1::JobSpec& job, const std::string& j
   if (!theory.ok()) return theory.status();
   plan.theory = std::move(*theory);
   for (auto& p : plan.programs) {
-    p.set_expected_tensor_bytes(std::max<int64_t>(0, plan.theory.ranks[p.rank()].memory - kWorkerOverheadBytes));
+    p.set_expected_tensor_bytes(PredictedTensorBytes(plan.theory.ranks[p.rank()].memory));
   }
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return mesh.status();

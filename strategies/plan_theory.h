@@ -62,6 +62,11 @@ struct RankTheory {
 // What a worker process grows by for any job besides its tensors (measured:
 // a tiny decoder's job grows a worker by ~15 MiB).
 inline constexpr int64_t kWorkerOverheadBytes = 16 << 20;
+// The tensors alone of a predicted peak growth of `memory_bytes`: what a
+// worker's tensor allocator should hold at most (Program.expected_tensor_bytes).
+inline int64_t PredictedTensorBytes(int64_t memory_bytes) {
+  return memory_bytes > kWorkerOverheadBytes ? memory_bytes - kWorkerOverheadBytes : 0;
+}
 
 struct PlanTheory {
   int64_t parameters = 0;  // P

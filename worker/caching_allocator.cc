@@ -19,8 +19,11 @@
 
 namespace baton {
 
+namespace {
+constexpr size_t kPage = 4096;
+}  // namespace
+
 size_t SizeClassOf(size_t bytes) {
-  constexpr size_t kPage = 4096;
   const int log2 = 63 - __builtin_clzll(static_cast<unsigned long long>(std::max<size_t>(bytes, 1)));
   const size_t granule = std::max(kPage, (size_t{1} << log2) / 16);
   return (bytes + granule - 1) / granule * granule;
@@ -49,9 +52,9 @@ class CachingAllocator final : public c10::Allocator {
     std::vector<Range> released;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& [bytes, address] : free_) released.push_back(Range{address, bytes});
-      for (const Range& r : released) blocks_.erase(r.address);
-      free_.clear();
+      for (const auto& [address, bytes] : free_by_address_) released.push_back(Range{address, bytes});
+      free_by_address_.clear();
+      free_by_size_.clear();
       stats_.reserved_bytes -= stats_.cached_bytes;
       stats_.cached_bytes = 0;
     }
@@ -118,9 +121,7 @@ class CachingAllocator final : public c10::Allocator {
       if (p == MAP_FAILED) throw std::bad_alloc();
     }
     std::lock_guard<std::mutex> lock(mu_);
-    const uintptr_t address = reinterpret_cast<uintptr_t>(p);
     Track(p, Live{size, n}, [p, size] { munmap(p, size); });
-    blocks_.emplace(address, Block{size, false});
     ++stats_.misses;
     if (!pieces.empty()) ++stats_.assembled;
     Count(n, size);
@@ -135,16 +136,12 @@ class CachingAllocator final : public c10::Allocator {
   // address among equals) split to `size`: its head is the new block, the
   // rest stays free. No system call, no fresh page. Null when none fits.
   void* TakeFreeLocked(size_t size, size_t n) {
-    auto it = free_.lower_bound({size, 0});
-    if (it == free_.end()) return nullptr;
-    const size_t bytes = it->first;
-    const uintptr_t address = it->second;
-    free_.erase(it);
-    void* p = reinterpret_cast<void*>(address);
-    blocks_[address] = Block{size, false};
-    if (bytes > size) AddFreeLocked(Range{address + size, bytes - size});
-    stats_.cached_bytes -= static_cast<int64_t>(bytes);
-    Track(p, Live{size, n}, [&] { FreeBlockLocked(Range{address, size}); });
+    auto it = free_by_size_.lower_bound({size, 0});
+    if (it == free_by_size_.end()) return nullptr;
+    const Range block = RemoveFreeLocked(it);
+    if (block.bytes > size) AddFreeLocked(Range{block.address + size, block.bytes - size});
+    void* p = reinterpret_cast<void*>(block.address);
+    Track(p, Live{size, n}, [&] { AddFreeLocked(Range{block.address, size}); });
     ++stats_.hits;
     Count(n, 0);
     return p;
@@ -153,9 +150,10 @@ class CachingAllocator final : public c10::Allocator {
   // A miss of `size` (no free block is that large): when mapping it would
   // take what is mapped past the most the live tensors ever needed (in
   // blocks) since the cache was last emptied, and past the users' predicted
-  // peak and a sixteenth, the free blocks give their pages to it instead, the largest first,
-  // until it is covered or none is left. So free memory in pieces too small
-  // for one tensor is moved, not unmapped here and faulted in afresh there.
+  // peak and a sixteenth, the free blocks give their pages to it instead,
+  // the largest first, until it is covered or none is left. So free memory
+  // in pieces too small for one tensor is moved, not unmapped here and
+  // faulted in afresh there.
   std::vector<Range> TakePiecesLocked(size_t size) {
     std::vector<Range> pieces;
     const int64_t live = stats_.reserved_bytes - stats_.cached_bytes + static_cast<int64_t>(size);
@@ -164,12 +162,8 @@ class CachingAllocator final : public c10::Allocator {
     const int64_t ceiling = std::max(high_water_, expected_bytes_ + expected_bytes_ / 16);
     if (stats_.reserved_bytes + static_cast<int64_t>(size) <= ceiling) return pieces;
     size_t covered = 0;
-    while (covered < size && !free_.empty()) {
-      auto largest = std::prev(free_.end());
-      const Range piece{largest->second, largest->first};
-      free_.erase(largest);
-      blocks_.erase(piece.address);
-      stats_.cached_bytes -= static_cast<int64_t>(piece.bytes);
+    while (covered < size && !free_by_size_.empty()) {
+      const Range piece = RemoveFreeLocked(std::prev(free_by_size_.end()));
       stats_.reserved_bytes -= static_cast<int64_t>(piece.bytes);
       pieces.push_back(piece);
       covered += piece.bytes;
@@ -209,31 +203,34 @@ class CachingAllocator final : public c10::Allocator {
     Move(from + half, to + half, bytes - half);
   }
 
-  // A free range becomes a free block, merged with free neighbours it
-  // touches (blocks split from one mapping, or mappings side by side).
+  // A free range becomes a free block, merged with the free blocks it
+  // touches (split from one mapping, or mappings side by side).
   void AddFreeLocked(Range r) {
     stats_.cached_bytes += static_cast<int64_t>(r.bytes);
-    auto next = blocks_.lower_bound(r.address);
-    if (next != blocks_.end() && next->second.free && r.address + r.bytes == next->first) {
-      free_.erase({next->second.bytes, next->first});
-      r.bytes += next->second.bytes;
-      next = blocks_.erase(next);
+    auto next = free_by_address_.lower_bound(r.address);
+    if (next != free_by_address_.end() && r.address + r.bytes == next->first) {
+      free_by_size_.erase({next->second, next->first});
+      r.bytes += next->second;
+      next = free_by_address_.erase(next);
     }
-    if (next != blocks_.begin()) {
+    if (next != free_by_address_.begin()) {
       auto prev = std::prev(next);
-      if (prev->second.free && prev->first + prev->second.bytes == r.address) {
-        free_.erase({prev->second.bytes, prev->first});
-        r = Range{prev->first, prev->second.bytes + r.bytes};
+      if (prev->first + prev->second == r.address) {
+        free_by_size_.erase({prev->second, prev->first});
+        r = Range{prev->first, prev->second + r.bytes};
       }
     }
-    blocks_[r.address] = Block{r.bytes, true};
-    free_.emplace(r.bytes, r.address);
+    free_by_address_[r.address] = r.bytes;
+    free_by_size_.emplace(r.bytes, r.address);
   }
 
-  // A live block given back to the free blocks.
-  void FreeBlockLocked(Range r) {
-    blocks_.erase(r.address);
-    AddFreeLocked(r);
+  // Takes the free block at `it` out of the free blocks.
+  Range RemoveFreeLocked(std::set<std::pair<size_t, uintptr_t>>::iterator it) {
+    const Range block{it->second, it->first};
+    free_by_size_.erase(it);
+    free_by_address_.erase(block.address);
+    stats_.cached_bytes -= static_cast<int64_t>(block.bytes);
+    return block;
   }
 
   static void Unmap(Range r) { munmap(reinterpret_cast<void*>(r.address), r.bytes); }
@@ -272,10 +269,9 @@ class CachingAllocator final : public c10::Allocator {
       if (live.size == 0) {
         stats_.reserved_bytes -= static_cast<int64_t>(malloc_usable_size(p));
       } else if (users_ > 0) {
-        FreeBlockLocked(Range{address, live.size});
+        AddFreeLocked(Range{address, live.size});
         return;
       } else {  // no job holds the cache: the block goes back at once
-        blocks_.erase(address);
         stats_.reserved_bytes -= static_cast<int64_t>(live.size);
         unmap = Range{address, live.size};
       }
@@ -289,16 +285,12 @@ class CachingAllocator final : public c10::Allocator {
 
   static void Delete(void* p) { instance->Free(p); }
 
-  struct Block {
-    size_t bytes;
-    bool free;
-  };
-  static constexpr size_t kPage = 4096;
-
   std::mutex mu_;
   std::unordered_map<void*, Live> live_;
-  std::map<uintptr_t, Block> blocks_;              // every block mapped, live or free, by address
-  std::set<std::pair<size_t, uintptr_t>> free_;    // the free ones, by size then address
+  // The free blocks, by address (to merge neighbours) and by size then
+  // address (to find the best fit); live blocks are in `live_`.
+  std::map<uintptr_t, size_t> free_by_address_;
+  std::set<std::pair<size_t, uintptr_t>> free_by_size_;
   AllocatorStats stats_;
   int64_t high_water_ = 0;  // most bytes of live blocks since the last user went
   int users_ = 0;           // CacheUsers alive
@@ -318,10 +310,9 @@ void InstallCachingAllocator() {
   });
 }
 
-bool InstallTensorAllocatorFromEnvironment() {
-  if (const char* a = std::getenv("BATON_TENSOR_ALLOCATOR"); a != nullptr && std::string(a) == "system") return false;
+void InstallTensorAllocatorFromEnvironment() {
+  if (const char* a = std::getenv("BATON_TENSOR_ALLOCATOR"); a != nullptr && std::string(a) == "system") return;
   InstallCachingAllocator();
-  return true;
 }
 
 bool CachingAllocatorInstalled() {

@@ -56,8 +56,8 @@ struct AllocatorStats {
 // Makes this allocator LibTorch's CPU allocator (idempotent).
 void InstallCachingAllocator();
 // InstallCachingAllocator, unless BATON_TENSOR_ALLOCATOR=system asks for
-// LibTorch's own (a benchmark comparing them); whether it did.
-bool InstallTensorAllocatorFromEnvironment();
+// LibTorch's own (a benchmark comparing them).
+void InstallTensorAllocatorFromEnvironment();
 bool CachingAllocatorInstalled();
 AllocatorStats CachingAllocatorStats();
 void ResetAllocatorPeaks();

@@ -127,8 +127,8 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     }
     const AllocatorStats allocator = CachingAllocatorStats();
     absl::StrAppend(&line, "; tensor peak ", traced_peak, " B at ", peak_at, "; allocator hits ",
-                    allocator.hits - allocator_before.hits, ", misses ", allocator.misses - allocator_before.misses, " (assembled ", allocator.assembled - allocator_before.assembled, ")",
-                    "; page faults ",
+                    allocator.hits - allocator_before.hits, ", misses ", allocator.misses - allocator_before.misses,
+                    " (assembled ", allocator.assembled - allocator_before.assembled, "); page faults ",
                     PageFaults() - faults_before);
     Logf("%s", line.c_str());
   }
