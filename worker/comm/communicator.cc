@@ -155,6 +155,11 @@ absl::Status AllGatherShards(Communicator& comm, const at::Tensor& local,
   }
   const int64_t row_numel = geometry.extent() > 0 ? full.numel() / geometry.extent() : 0;
   const int64_t chunk_numel = geometry.chunk() * row_numel;
+  if (geometry.padded_extent() == geometry.extent() && local.scalar_type() == full.scalar_type()) {
+    // Even shards: every piece goes straight from `local` into its place in
+    // `full`, with no padded copy to send and none received to copy out.
+    return comm.AllGather(local.contiguous().view({-1}), full.view({-1}), timeout);
+  }
   // Pad this rank's piece to the uniform chunk; padding stays unset.
   at::Tensor send = at::empty({chunk_numel}, full.options());
   if (rows > 0) send.narrow(0, 0, rows * row_numel).copy_(local.reshape({-1}));

@@ -5,6 +5,7 @@
 // Values are small integers stored as fp32, so every sum is exact and any
 // reduction order must give the same bits.
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <thread>
@@ -145,6 +147,27 @@ TEST_P(CommunicatorContractTest, AllGatherShardsHandlesUnevenAndEmptyChunks) {
     at::Tensor full = at::zeros({extent, 3});
     ASSERT_TRUE(AllGatherShards(c, local, g, full).ok());
     EXPECT_TRUE(full.equal(whole)) << "rank " << c.rank() << " extent " << extent;
+  });
+}
+
+TEST_P(CommunicatorContractTest, AllGatherShardsOfEvenChunksLandInPlace) {
+  // Extent n*k rows: every piece goes straight into `full` (no padded copy);
+  // a non-contiguous local piece (a column slice) is gathered by value.
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    const int64_t extent = n * k;
+    ChunkGeometry g(extent, n);
+    at::Tensor whole = at::arange(extent * 3, at::kFloat).view({extent, 3});
+    at::Tensor wide = at::cat({whole, whole}, 1);
+    at::Tensor local = wide.narrow(0, g.offset(c.rank()), k).narrow(1, 3, 3);
+    if (k > 1) ASSERT_FALSE(local.is_contiguous());
+    at::Tensor full = at::zeros({extent, 3});
+    const void* where = full.data_ptr();
+    ASSERT_TRUE(AllGatherShards(c, local, g, full).ok());
+    EXPECT_TRUE(full.equal(whole)) << "rank " << c.rank() << " extent " << extent;
+    EXPECT_EQ(full.data_ptr(), where);
+    std::printf("rank %d: %lld even rows of width 3 gathered in place\n", c.rank(), static_cast<long long>(extent));
   });
 }
 
