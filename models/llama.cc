@@ -62,10 +62,11 @@ StageDef Embedding() {
                  {"the mask of the ids this rank holds", tokens * s.elem}};
       // The partial rows, masked; the reduction's fp32 copies (and under
       // sequence parallelism its send buffer and shard); backward, the
-      // masked gradient (and the gathered one).
+      // masked gradient (and the gathered one beside the all-gather's send
+      // copy, in the compute dtype).
       f.forward = {{"the masked partial rows and the reduction's buffers",
                     rows * (s.elem + (s.elem == 4 ? 0 : 8)) + (s.sequence_parallel ? 2 * rows * 4 : 0) + tokens}};
-      f.backward = {{"the masked gradient (and its gather)", rows * s.elem + (s.sequence_parallel ? 2 * rows * 4 : 0)}};
+      f.backward = {{"the masked gradient (and its gather)", rows * s.elem * (s.sequence_parallel ? 3 : 1)}};
     }
     return f;
   };
@@ -150,7 +151,10 @@ StageDef Block(bool parallel) {
     // Backward frees what it has used as it goes: its worst point is the
     // MLP's (a hidden gradient beside everything saved) or attention's.
     // The weights' gradients are the plan's to count.
-    f.backward = {{"the MLP's hidden gradient", rows * seq * ffn * elem}};
+    // The MLP's backward: with SwiGLU, silu(a) * b gives b's gradient and
+    // silu's output gradient, then a's, beside each other (its input
+    // gradient is let go); GELU's gradient beside its input gradient.
+    f.backward = {{"the MLP's hidden gradients", (SwiGlu(m) ? 3 : 2) * rows * seq * ffn * elem}};
     const int64_t q_bytes = rows * heads * seq * hd * elem, kv_bytes = 2 * rows * kv_heads * seq * hd * elem;
     int64_t attention = 0;  // multiply-adds of q k^T and probs v
     if (s.cp == 1) {
