@@ -246,37 +246,24 @@ absl::Status Executor::Execute(const Instruction& ins) {
 
 // One all-reduce (SUM) of [loss, squared gradient norm] over the whole mesh:
 // the ranks that compute no loss add 0, every gradient piece counts once.
-// Issued here and waited for at the step's end (FinishMetrics): nothing of
-// the step reads it, so it runs behind the optimizer step.
 absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   if (auto s = collectives_->WaitReductions(); !s.ok()) return s;
-  if (auto s = FinishMetrics(); !s.ok()) return s;
   auto group = groups_.Of(ins.axes());
   if (!group.ok()) return group.status();
   at::Tensor t = at::empty({2}, at::kDouble);
-  double* v = t.data_ptr<double>();
-  v[0] = program_.reports_loss() ? activations_->loss_sum() / program_.microbatches() : 0.0;
-  v[1] = SquaredGradNorm(*store_, groups_.AxisIndices(ins.axes()));
-  metrics_ = PendingMetrics{t, ins.value(),
-                            *group == nullptr ? CompletedHandle(absl::OkStatus())
-                                              : (*group)->AllReduceAsync(t, ReduceOp::kSum, timeout_)};
-  return absl::OkStatus();
-}
-
-absl::Status Executor::FinishMetrics() {
-  if (metrics_.handle == nullptr) return absl::OkStatus();
-  const PendingMetrics m = std::move(metrics_);
-  metrics_ = PendingMetrics{};
-  if (auto s = m.handle->Wait(); !s.ok()) return s;
-  const double* v = m.sums.data_ptr<double>();
-  loss_ = v[0] / m.loss_ranks;  // the mean over the ranks that computed it
-  grad_norm_ = std::sqrt(v[1]);
+  t[0] = program_.reports_loss() ? activations_->loss_sum() / program_.microbatches() : 0.0;
+  t[1] = SquaredGradNorm(*store_, groups_.AxisIndices(ins.axes()));
+  if (*group != nullptr) {
+    if (auto s = (*group)->AllReduce(t, ReduceOp::kSum, timeout_); !s.ok()) return s;
+  }
+  t.narrow(0, 0, 1).div_(ins.value());  // the mean over the ranks that computed it
+  loss_ = t[0].item<double>();
+  grad_norm_ = std::sqrt(t[1].item<double>());
   return absl::OkStatus();
 }
 
 absl::Status Executor::Drain() {
-  for (absl::Status s :
-       {collectives_->WaitReductions(), FinishMetrics(), collectives_->DropGathers(), activations_->WaitSends()}) {
+  for (absl::Status s : {collectives_->WaitReductions(), collectives_->DropGathers(), activations_->WaitSends()}) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -72,9 +72,6 @@ class Executor {
   absl::Status Execute(const baton::v1::Instruction& ins);
   absl::StatusOr<ShardStore::Unit*> Unit(int index);
   absl::Status ReduceMetrics(const baton::v1::Instruction& ins);
-  // Waits for REDUCE_METRICS' all-reduce (if one is in flight) and sets the
-  // step's loss and gradient norm from it.
-  absl::Status FinishMetrics();
   // The mesh axes an instruction's group spans, as indices.
   // Completes everything in flight (after a failure too: nothing may still
   // write into tensors the next step reuses).
@@ -95,13 +92,6 @@ class Executor {
   Milliseconds timeout_{kDefaultCollectiveTimeout};
   double loss_ = 0;
   double grad_norm_ = 0;
-  // REDUCE_METRICS' all-reduce, in flight until the step's end.
-  struct PendingMetrics {
-    at::Tensor sums;         // [loss, squared gradient norm]
-    double loss_ranks = 1;   // how many ranks added a loss
-    std::shared_ptr<CommHandle> handle;
-  };
-  PendingMetrics metrics_;
   bool keep_last_grads_ = false;
 };
 
