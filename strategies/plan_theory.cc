@@ -212,8 +212,9 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         auto block = sharded_block(ins.unit(), ins.axes(0), &ideal);
         if (!block.ok()) return block.status();
         if (ins.op() == Instruction::GATHER_PARAMS) {
-          // The gathered buffer and the send copy, until WAIT_PARAMS.
-          gathering[ins.unit()] = 2 * unsharded_bytes(ins.unit());
+          // The gathered buffer and this rank's packed block, until
+          // WAIT_PARAMS (every backend receives in place: worker/comm).
+          gathering[ins.unit()] = unsharded_bytes(ins.unit()) + *block * elem;
         } else {
           // Until WAIT_GRADS: the packed gradients, what arrives from each
           // rank (the communicator's, worker/comm) and this rank's block.

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/exceptions.h"
+#include "worker/comm/gloo/process_group.h"
 
 namespace baton {
 namespace {
@@ -261,7 +262,7 @@ c10d::ReduceOp ToC10d(ReduceOp op) {
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<RendezvousStore> store,
-                   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size)
+                   c10::intrusive_ptr<GlooProcessGroup> pg, int rank, int size)
       : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), size_(size) {}
   // The process group first (its collectives end, its connections close
   // once nothing else holds its context), then the buried sends and receives.
@@ -278,11 +279,18 @@ class GlooCommunicator : public Communicator {
                                              Milliseconds timeout) override {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckAllGatherArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
-    // alltoall_base writes each rank's piece straight into `output`; c10d's
-    // list all-gather would gather into a temporary and copy out again.
     const int64_t k = input.numel();
-    at::Tensor send = size_ == 1 ? input : input.view({1, -1}).expand({size_, k}).contiguous();
-    return EqualBlocks(CommOp::kAllGather, "all-gather", send, output, k, timeout);
+    CountBytes(CommOp::kAllGather, RingAllGatherBytes(k, input.element_size(), size_),
+               RingAllGatherBytes(k, input.element_size(), size_));
+    if (k == 0) return CompletedHandle(absl::OkStatus());
+    if (size_ == 1) {
+      output.view({-1}).copy_(input.reshape({-1}));
+      return CompletedHandle(absl::OkStatus());
+    }
+    // Each rank's piece goes to every peer from where it lies, into its
+    // place in `output`: no copies on either side.
+    const at::Tensor in = input.contiguous();
+    return Issue("all-gather", timeout, [&] { return pg_->AllGatherInto(in.view({-1}), output.view({-1}), timeout); });
   }
 
   std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input, const at::Tensor& output,
@@ -463,7 +471,7 @@ class GlooCommunicator : public Communicator {
   }
 
   c10::intrusive_ptr<RendezvousStore> store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  c10::intrusive_ptr<GlooProcessGroup> pg_;
   const int rank_;
   const int size_;
   BrokenFlag broken_ = std::make_shared<std::atomic<bool>>(false);
@@ -486,7 +494,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     pg_options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_host));
     pg_options->threads = options.threads;
-    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, pg_options);
+    auto pg = c10::make_intrusive<GlooProcessGroup>(store, rank, size, pg_options);
     return std::unique_ptr<Communicator>(
         new GlooCommunicator(std::move(store), std::move(pg), rank, size));
   } catch (const std::exception& e) {
