@@ -423,6 +423,31 @@ TEST(CommunicatorFailureTest, DeadPeerFailsWithinTimeoutAndBreaksGroup) {
   EXPECT_EQ(comms[0]->AllReduce(t, ReduceOp::kSum).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// The all-gather runs its own transfers on gloo's contexts (gloo/process_group.h):
+// a peer that is gone, or alive but never joining, ends it within its timeout.
+TEST(CommunicatorFailureTest, AllGatherWithAGoneOrSilentPeerEndsWithinTimeout) {
+  for (const bool gone : {true, false}) {
+    KeyValueStore kv;
+    const std::string prefix = gone ? "gone/" : "silent/";
+    std::unique_ptr<Communicator> comms[2];
+    std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, prefix, 0, 2, GlooOptions{}); });
+    std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, prefix, 1, 2, GlooOptions{}); });
+    t0.join();
+    t1.join();
+    ASSERT_TRUE(comms[0] && comms[1]);
+    if (gone) comms[1].reset();
+    at::Tensor in = at::full({1024}, 1.0f), out = at::empty({2048});
+    absl::Time start = absl::Now();
+    absl::Status s = comms[0]->AllGather(in, out, Milliseconds(1000));
+    double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::printf("all-gather with a %s peer ended after %.3f s: %s\n", gone ? "gone" : "silent", seconds,
+                s.ToString().c_str());
+    EXPECT_FALSE(s.ok());
+    EXPECT_LT(seconds, 4.0);
+    EXPECT_EQ(comms[0]->AllGather(in, out).code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
 TEST(CommunicatorFailureTest, RendezvousWithAMissingRankTimesOut) {
   KeyValueStore kv;
   GlooOptions options;
