@@ -161,7 +161,9 @@ TEST_P(CommunicatorContractTest, AllGatherShardsOfEvenChunksLandInPlace) {
     at::Tensor whole = at::arange(extent * 3, at::kFloat).view({extent, 3});
     at::Tensor wide = at::cat({whole, whole}, 1);
     at::Tensor local = wide.narrow(0, g.offset(c.rank()), k).narrow(1, 3, 3);
-    if (k > 1) ASSERT_FALSE(local.is_contiguous());
+    if (k > 1) {
+      ASSERT_FALSE(local.is_contiguous());
+    }
     at::Tensor full = at::zeros({extent, 3});
     const void* where = full.data_ptr();
     ASSERT_TRUE(AllGatherShards(c, local, g, full).ok());
