@@ -100,18 +100,12 @@ class GlooCommunicator : public Communicator {
                                              Milliseconds timeout) override {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckAllGatherArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
-    const int64_t k = input.numel();
-    CountBytes(CommOp::kAllGather, RingAllGatherBytes(k, input.element_size(), size_),
-               RingAllGatherBytes(k, input.element_size(), size_));
-    if (k == 0) return CompletedHandle(absl::OkStatus());
-    if (size_ == 1) {
-      output.view({-1}).copy_(input.reshape({-1}));
-      return CompletedHandle(absl::OkStatus());
-    }
     // Each rank's piece goes to every peer from where it lies, into its
     // place in `output`: no copies on either side.
-    const at::Tensor in = input.contiguous();
-    return Issue("all-gather", timeout, [&] { return pg_->AllGatherInto(in.view({-1}), output.view({-1}), timeout); });
+    return EqualBlocks(CommOp::kAllGather, "all-gather", input, output, input.numel(), timeout,
+                       [this, timeout](at::Tensor& in, at::Tensor& out) {
+                         return pg_->AllGatherInto(in, out, timeout);
+                       });
   }
 
   std::unique_ptr<CommHandle> ReduceScatterAsync(const at::Tensor& input, const at::Tensor& output,
@@ -178,7 +172,13 @@ class GlooCommunicator : public Communicator {
                                             Milliseconds timeout) override {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckAllToAllArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
-    return EqualBlocks(CommOp::kAllToAll, "all-to-all", input, output, input.numel() / size_, timeout);
+    c10d::AllToAllOptions opts;
+    opts.timeout = timeout;
+    return EqualBlocks(CommOp::kAllToAll, "all-to-all", input, output, input.numel() / size_, timeout,
+                       [this, &opts](at::Tensor& in, at::Tensor& out) {
+                         std::vector<int64_t> equal_out, equal_in;  // empty = equal splits
+                         return pg_->alltoall_base(out, in, equal_out, equal_in, opts);
+                       });
   }
 
   std::unique_ptr<CommHandle> BroadcastAsync(const at::Tensor& tensor, int root,
@@ -221,8 +221,13 @@ class GlooCommunicator : public Communicator {
   // alltoall_base with equal splits: block j of `send` (k elements) goes to
   // rank j, rank j's block lands at block j of `recv`. Moves data only, so
   // bfloat16 travels as float16 bits.
+  // An exchange of k-element blocks between every pair of ranks (`send`
+  // and `recv` flat, contiguous): counted, done at once on a group of one
+  // or with nothing to move, else started by `start` on gloo's threads.
+  using BlockStart = std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor& in, at::Tensor& out)>;
   std::unique_ptr<CommHandle> EqualBlocks(CommOp kind, const char* op, const at::Tensor& send,
-                                          const at::Tensor& recv, int64_t k, Milliseconds timeout) {
+                                          const at::Tensor& recv, int64_t k, Milliseconds timeout,
+                                          const BlockStart& start) {
     CountBytes(kind, RingAllGatherBytes(k, send.element_size(), size_), RingAllGatherBytes(k, send.element_size(), size_));
     if (k == 0) return CompletedHandle(absl::OkStatus());
     if (size_ == 1) {
@@ -231,12 +236,7 @@ class GlooCommunicator : public Communicator {
     }
     at::Tensor in = Movable(send).reshape({-1});
     at::Tensor out = Movable(recv).view({-1});
-    c10d::AllToAllOptions opts;
-    opts.timeout = timeout;
-    return Issue(op, timeout, [&] {
-      std::vector<int64_t> equal_out, equal_in;  // empty = equal splits
-      return pg_->alltoall_base(out, in, equal_out, equal_in, opts);
-    });
+    return Issue(op, timeout, [&] { return start(in, out); });
   }
 
   void WakeWaits() override {
