@@ -62,8 +62,9 @@ StageDef Embedding() {
                  {"the mask of the ids this rank holds", tokens * s.elem}};
       // The partial rows, masked; the reduction's fp32 copies (and under
       // sequence parallelism its send buffer and shard); backward, the
-      // masked gradient (and the gathered one beside the all-gather's send
-      // copy, in the compute dtype).
+      // masked gradient (and under sequence parallelism the gradient
+      // gathered along the sequence and its copy put back in order, in the
+      // compute dtype).
       f.forward = {{"the masked partial rows and the reduction's buffers",
                     rows * (s.elem + (s.elem == 4 ? 0 : 8)) + (s.sequence_parallel ? 2 * rows * 4 : 0) + tokens}};
       f.backward = {{"the masked gradient (and its gather)", rows * s.elem * (s.sequence_parallel ? 3 : 1)}};
