@@ -101,7 +101,9 @@ Replay ReplayProgram(const baton::v1::Program& p, const std::set<int>& roots) {
   }
   bool resident = false;
   for (const auto& u : p.units()) resident |= u.resident();
-  if (!resident) EXPECT_TRUE(ready.empty() && in_flight.empty()) << "parameters left gathered after the step";
+  if (!resident) {
+    EXPECT_TRUE(ready.empty() && in_flight.empty()) << "parameters left gathered after the step";
+  }
   return r;
 }
 
@@ -218,7 +220,9 @@ TEST(PlannerTest, AccumulationReducesOnlyOnTheLastMicrobatch) {
   EXPECT_EQ(loads, (std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 2}}));
   const auto& other = (*programs)[1];
   for (const auto& i : other.instructions()) {
-    if (i.op() == Instruction::LOAD_BATCH) EXPECT_GE(i.row_offset(), 4);
+    if (i.op() == Instruction::LOAD_BATCH) {
+      EXPECT_GE(i.row_offset(), 4);
+    }
   }
 }
 
@@ -260,7 +264,9 @@ TEST(PlannerTest, HsdpShardsAlongTheLastAxisAndReducesAcrossReplicas) {
     if (i.op() == Instruction::GATHER_PARAMS || i.op() == Instruction::REDUCE_SCATTER_GRADS) {
       EXPECT_EQ(std::vector<std::string>(i.axes().begin(), i.axes().end()), std::vector<std::string>{"shard"});
     }
-    if (i.op() == Instruction::REDUCE_METRICS) EXPECT_EQ(i.axes_size(), 2);
+    if (i.op() == Instruction::REDUCE_METRICS) {
+      EXPECT_EQ(i.axes_size(), 2);
+    }
   }
   EXPECT_EQ(all_reduce, 4);  // embedding, two layers, head
   // Ranks 2 and 3 hold the same pieces as 0 and 1: rows follow the shard axis.
