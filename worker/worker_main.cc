@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Checkpoint files are read and written only under this directory (default: the working directory).");
 ABSL_FLAG(std::string, data_root, "",
           "Token files a job names are opened only under this directory (default: the working directory).");
+ABSL_FLAG(bool, gloo_shared_memory, true,
+          "gloo groups whose ranks all run on this host move all-reduce, all-gather and reduce-scatter "
+          "through shared memory (/dev/shm) instead of loopback TCP.");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
@@ -190,6 +193,7 @@ int Main(int argc, char** argv) {
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
+  options.gloo_shared_memory = absl::GetFlag(FLAGS_gloo_shared_memory);
   options.auth = Authenticator("", credentials->token);
   options.metrics = &metrics;
   // Peers read each other's retained state (recovery, rescale) as the fleet.

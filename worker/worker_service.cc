@@ -106,6 +106,7 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
     }
     GlooOptions options;
     options.bind_host = bind_host_;
+    options.shared_memory = options_.gloo_shared_memory;
     options.rendezvous_timeout = Milliseconds(timeout_ms);
     return CreateGlooCommunicator(rendezvous_, prefix, rank, size, options);
   };

@@ -47,6 +47,9 @@ struct WorkerOptions {
   // What this worker presents to its peers when it reads their retained
   // state: the fleet's worker token and TLS (none: plaintext, no token).
   Credentials fleet_credentials;
+  // gloo groups whose ranks share this host move all-reduce, all-gather
+  // and reduce-scatter through shared memory (GlooOptions::shared_memory).
+  bool gloo_shared_memory = true;
 };
 
 class WorkerService final : public baton::v1::Worker::Service {

@@ -40,9 +40,19 @@ struct Backend {
 
 std::vector<Backend> Backends() {
   return {
+      // All ranks here share a host: the collectives that can go through
+      // shared memory do, the rest over TCP.
       {"gloo",
        [](Rendezvous* r, const std::string& prefix, int rank, int size) {
          return CreateGlooCommunicator(r, prefix, rank, size, GlooOptions{});
+       },
+       [](int) { return std::string(); }},
+      // Everything over TCP, as between hosts.
+      {"gloo_tcp",
+       [](Rendezvous* r, const std::string& prefix, int rank, int size) {
+         GlooOptions options;
+         options.shared_memory = false;
+         return CreateGlooCommunicator(r, prefix, rank, size, options);
        },
        [](int) { return std::string(); }},
       {"nccl",

@@ -5,6 +5,9 @@
 #include <ATen/ops/sum.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <sys/statvfs.h>
+
+#include <algorithm>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +91,7 @@ class GlooCommunicator : public Communicator {
   // The process group first (its collectives end, its connections close
   // once nothing else holds its context), then the buried sends and receives.
   ~GlooCommunicator() override {
+    pg_->AbortShared();  // its operations still waiting end, and its peers are told (~SharedSegments)
     pg_.reset();
     in_flight_->ClearBuried();
   }
@@ -100,11 +104,13 @@ class GlooCommunicator : public Communicator {
                                              Milliseconds timeout) override {
     if (auto s = Precheck({input, output}); !s.ok()) return CompletedHandle(s);
     if (auto s = CheckAllGatherArgs(input, output, size_); !s.ok()) return CompletedHandle(s);
-    // Each rank's piece goes to every peer from where it lies, into its
-    // place in `output`: no copies on either side.
+    // Through shared memory on one host; else each rank's piece goes to
+    // every peer from where it lies, into its place in `output`: no copies
+    // on either side.
     return EqualBlocks(CommOp::kAllGather, "all-gather", input, output, input.numel(), timeout,
                        [this, timeout](at::Tensor& in, at::Tensor& out) {
-                         return pg_->AllGatherInto(in, out, timeout);
+                         return Shared(in) ? pg_->SharedAllGather(in, out, timeout)
+                                           : pg_->AllGatherInto(in, out, timeout);
                        });
   }
 
@@ -116,6 +122,14 @@ class GlooCommunicator : public Communicator {
     CountBytes(CommOp::kReduceScatter, RingAllGatherBytes(k, input.element_size(), size_),
                RingAllGatherBytes(k, input.element_size(), size_));
     if (k == 0) return CompletedHandle(absl::OkStatus());
+    if (size_ > 1 && Shared(input)) {
+      std::function<void()> finish;
+      if (op == ReduceOp::kAvg) finish = [output, n = size_]() mutable { output.div_(n); };
+      return Issue(
+          "reduce-scatter", timeout,
+          [&] { return pg_->SharedReduceScatter(input.view({-1}), output.view({-1}), op == ReduceOp::kMax, timeout); },
+          finish);
+    }
     // received[j] = rank j's piece destined for this rank.
     at::Tensor received = at::empty({size_, k}, input.options());
     const int n = size_;
@@ -164,6 +178,10 @@ class GlooCommunicator : public Communicator {
     if (op == ReduceOp::kAvg) {
       const int n = size_;
       finish = [tensor, n]() mutable { tensor.div_(n); };
+    }
+    if (Shared(tensor)) {
+      return Issue("all-reduce", timeout,
+                   [&] { return pg_->SharedAllReduce(tensor, op == ReduceOp::kMax, timeout); }, finish);
     }
     return Issue("all-reduce", timeout, [&] { return pg_->allreduce(tensors, opts); }, finish);
   }
@@ -239,8 +257,16 @@ class GlooCommunicator : public Communicator {
     return Issue(op, timeout, [&] { return start(in, out); });
   }
 
+  // Whether an operation whose input is `t` goes through shared memory:
+  // the same answer on every rank (inputs are of one size everywhere).
+  bool Shared(const at::Tensor& t) const {
+    const size_t limit = pg_->shared_limit();
+    return limit > 0 && t.nbytes() <= limit;
+  }
+
   void WakeWaits() override {
     broken_->store(true);
+    pg_->AbortShared();
     in_flight_->AbortAll();
   }
 
@@ -299,6 +325,50 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
+// Shared memory for a group whose ranks share a host (process_group.h):
+// every rank creates its segment and names it in the store, maps its peers',
+// and all agree (one all-reduce, so a rank with the option off or a peer on
+// another host turns it off for all) on using it and on the most bytes an
+// operation may put in it: a quarter of the free space in the directory per
+// rank, at most 64 MiB. Files are removed once all have mapped them.
+void JoinSharedMemory(c10d::Store& store, GlooProcessGroup& pg, int rank, int size, const GlooOptions& options) {
+  constexpr size_t kFirstHalfBytes = 64 << 10, kMostHalfBytes = size_t{64} << 20, kPage = 4096;
+  std::unique_ptr<SharedSegments> segments;
+  size_t limit = 0;
+  if (options.shared_memory) {
+    struct statvfs fs {};
+    if (statvfs(options.shared_memory_dir.c_str(), &fs) == 0) {
+      const size_t free_bytes = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
+      limit = std::min(kMostHalfBytes, free_bytes / (4 * static_cast<size_t>(size))) / kPage * kPage;
+    }
+    auto created = SharedSegments::Create(rank, size, kFirstHalfBytes, options.shared_memory_dir);
+    if (created.ok() && limit >= kFirstHalfBytes) segments = std::move(*created);
+  }
+  const std::string name = segments == nullptr ? "" : segments->name();
+  store.set(absl::StrCat("shared_memory/", rank), std::vector<uint8_t>(name.begin(), name.end()));
+  std::vector<std::string> names(size);
+  bool usable = segments != nullptr;
+  for (int r = 0; r < size; ++r) {
+    const std::vector<uint8_t> v = store.get(absl::StrCat("shared_memory/", r));
+    names[r].assign(v.begin(), v.end());
+    usable = usable && !names[r].empty();
+  }
+  usable = usable && segments->OpenPeers(names).ok();
+  // Max over ranks of [unusable here, -limit here]: usable everywhere, and
+  // the smallest limit.
+  at::Tensor agree = at::empty({2}, at::kLong);
+  agree[0] = usable ? 0 : 1;
+  agree[1] = -static_cast<int64_t>(limit);
+  std::vector<at::Tensor> tensors{agree};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  max.timeout = options.rendezvous_timeout;
+  pg.allreduce(tensors, max)->wait();
+  if (segments == nullptr) return;
+  segments->Unlink();  // every peer has it mapped, or none uses it
+  if (agree[0].item<int64_t>() == 0) pg.UseSharedMemory(std::move(segments), -agree[1].item<int64_t>());
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
@@ -316,6 +386,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
         c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_host));
     pg_options->threads = options.threads;
     auto pg = c10::make_intrusive<GlooProcessGroup>(store, rank, size, pg_options);
+    if (size > 1) JoinSharedMemory(*store, *pg, rank, size, options);
     return std::unique_ptr<Communicator>(
         new GlooCommunicator(std::move(store), std::move(pg), rank, size));
   } catch (const std::exception& e) {

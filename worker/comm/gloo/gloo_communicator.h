@@ -6,6 +6,8 @@
 // all-gather, all-reduce, broadcast, send/recv, barrier, and alltoall_base.
 // Reduce-scatter is alltoall_base plus a local reduction, which moves
 // (n-1)/n of the data per rank (an all-reduce plus a chunk would move 2x).
+// A group whose ranks share a host runs all-reduce, all-gather and
+// reduce-scatter through shared memory instead (process_group.h).
 #ifndef BATON_WORKER_COMM_GLOO_GLOO_COMMUNICATOR_H_
 #define BATON_WORKER_COMM_GLOO_GLOO_COMMUNICATOR_H_
 
@@ -25,6 +27,12 @@ struct GlooOptions {
   Milliseconds rendezvous_timeout{30000};
   // Threads the process group runs collectives on.
   int threads = 2;
+  // All-reduce, all-gather and reduce-scatter through shared memory when
+  // every rank of the group can map every other's segment in
+  // `shared_memory_dir` (all on one host); over TCP otherwise, and for
+  // operations too large for it.
+  bool shared_memory = true;
+  std::string shared_memory_dir = "/dev/shm";
 };
 
 // Joins the group `key_prefix` (unique per group and mesh epoch) as `rank` of

@@ -1,12 +1,17 @@
 // How a gloo group fails: a peer that is gone or silent ends an operation
-// within its timeout and breaks the group for later calls; a rendezvous
-// missing a rank times out. Each test makes its own group (no backend
-// matrix: this is gloo's failure handling, worker/comm/gloo).
+// within its timeout and breaks the group for later calls, through shared
+// memory as over TCP; a rendezvous missing a rank times out. And a group on
+// one host does move bytes through shared memory, leaving no file behind.
+// Each test makes its own group (no backend matrix: this is gloo's own
+// machinery, worker/comm/gloo).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,49 +24,117 @@
 namespace baton {
 namespace {
 
+GlooOptions Transport(bool shared_memory) {
+  GlooOptions options;
+  options.shared_memory = shared_memory;
+  return options;
+}
+
+const char* Name(bool shared_memory) { return shared_memory ? "shared memory" : "TCP"; }
+
 // A peer that disappears mid-collective must surface as an error on the
 // others within the timeout, and break the group for later calls.
 TEST(CommunicatorFailureTest, DeadPeerFailsWithinTimeoutAndBreaksGroup) {
-  KeyValueStore kv;
-  std::unique_ptr<Communicator> comms[2];
-  std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "dead/", 0, 2, GlooOptions{}); });
-  std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "dead/", 1, 2, GlooOptions{}); });
-  t0.join();
-  t1.join();
-  ASSERT_TRUE(comms[0] && comms[1]);
-  comms[1].reset();  // rank 1 leaves: its sockets close
-  at::Tensor t = at::full({1024}, 1.0f);
-  absl::Time start = absl::Now();
-  absl::Status s = comms[0]->AllReduce(t, ReduceOp::kSum, Milliseconds(2000));
-  double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  std::printf("dead peer detected after %.3f s: %s\n", seconds, s.ToString().c_str());
-  EXPECT_FALSE(s.ok());
-  EXPECT_LT(seconds, 5.0);
-  EXPECT_EQ(comms[0]->AllReduce(t, ReduceOp::kSum).code(), absl::StatusCode::kFailedPrecondition);
-}
-
-// The all-gather runs its own transfers on gloo's contexts (gloo/process_group.h):
-// a peer that is gone, or alive but never joining, ends it within its timeout.
-TEST(CommunicatorFailureTest, AllGatherWithAGoneOrSilentPeerEndsWithinTimeout) {
-  for (const bool gone : {true, false}) {
+  for (const bool shared_memory : {true, false}) {
     KeyValueStore kv;
-    const std::string prefix = gone ? "gone/" : "silent/";
     std::unique_ptr<Communicator> comms[2];
-    std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, prefix, 0, 2, GlooOptions{}); });
-    std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, prefix, 1, 2, GlooOptions{}); });
+    const GlooOptions options = Transport(shared_memory);
+    std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "dead/", 0, 2, options); });
+    std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "dead/", 1, 2, options); });
     t0.join();
     t1.join();
     ASSERT_TRUE(comms[0] && comms[1]);
-    if (gone) comms[1].reset();
-    at::Tensor in = at::full({1024}, 1.0f), out = at::empty({2048});
+    comms[1].reset();  // rank 1 leaves: its sockets close
+    at::Tensor t = at::full({1024}, 1.0f);
     absl::Time start = absl::Now();
-    absl::Status s = comms[0]->AllGather(in, out, Milliseconds(1000));
+    absl::Status s = comms[0]->AllReduce(t, ReduceOp::kSum, Milliseconds(2000));
     double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    std::printf("all-gather with a %s peer ended after %.3f s: %s\n", gone ? "gone" : "silent", seconds,
-                s.ToString().c_str());
+    std::printf("%s: dead peer detected after %.3f s: %s\n", Name(shared_memory), seconds, s.ToString().c_str());
     EXPECT_FALSE(s.ok());
-    EXPECT_LT(seconds, 4.0);
-    EXPECT_EQ(comms[0]->AllGather(in, out).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_LT(seconds, 5.0);
+    EXPECT_EQ(comms[0]->AllReduce(t, ReduceOp::kSum).code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+// An all-gather (Baton's own transfers on gloo's contexts, or shared
+// memory: gloo/process_group.h) with a peer that is gone, or alive but never
+// joining, ends within its timeout.
+TEST(CommunicatorFailureTest, AllGatherWithAGoneOrSilentPeerEndsWithinTimeout) {
+  for (const bool shared_memory : {true, false}) {
+    for (const bool gone : {true, false}) {
+      KeyValueStore kv;
+      const std::string prefix = gone ? "gone/" : "silent/";
+      std::unique_ptr<Communicator> comms[2];
+      const GlooOptions options = Transport(shared_memory);
+      std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, prefix, 0, 2, options); });
+      std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, prefix, 1, 2, options); });
+      t0.join();
+      t1.join();
+      ASSERT_TRUE(comms[0] && comms[1]);
+      if (gone) comms[1].reset();
+      at::Tensor in = at::full({1024}, 1.0f), out = at::empty({2048});
+      absl::Time start = absl::Now();
+      absl::Status s = comms[0]->AllGather(in, out, Milliseconds(1000));
+      double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      std::printf("%s: all-gather with a %s peer ended after %.3f s: %s\n", Name(shared_memory),
+                  gone ? "gone" : "silent", seconds, s.ToString().c_str());
+      EXPECT_FALSE(s.ok());
+      EXPECT_LT(seconds, 4.0);
+      EXPECT_EQ(comms[0]->AllGather(in, out).code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
+}
+
+// Mappings of this process's shared-memory segments ("baton-PID-..."),
+// which are all removed from the directory once mapped.
+int SegmentMappings() {
+  std::ifstream maps("/proc/self/maps");
+  const std::string mine = "/dev/shm/baton-" + std::to_string(getpid()) + "-";
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find(mine) != std::string::npos;
+  return n;
+}
+int SegmentFiles() {
+  const std::string mine = "baton-" + std::to_string(getpid()) + "-";
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    n += e.path().filename().string().rfind(mine, 0) == 0;
+  }
+  return n;
+}
+
+TEST(CommunicatorSharedMemoryTest, AGroupOnOneHostMapsItsPeersAndLeavesNoFile) {
+  for (const bool shared_memory : {true, false}) {
+    const int before = SegmentMappings();
+    KeyValueStore kv;
+    std::unique_ptr<Communicator> comms[3];
+    const GlooOptions options = Transport(shared_memory);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] { comms[r] = *CreateGlooCommunicator(&kv, "host/", r, 3, options); });
+    }
+    for (auto& t : threads) t.join();
+    threads.clear();
+    // A 4 MiB all-reduce: the segments grow from their first 64 KiB.
+    at::Tensor t[3];
+    absl::Status s[3];
+    for (int r = 0; r < 3; ++r) {
+      t[r] = at::full({1 << 20}, static_cast<float>(r + 1));
+      threads.emplace_back([&, r] { s[r] = comms[r]->AllReduce(t[r], ReduceOp::kSum); });
+    }
+    for (auto& th : threads) th.join();
+    const int mapped = SegmentMappings() - before, files = SegmentFiles();
+    std::printf("%s: 3 ranks in one process map %d segments, %d files left in /dev/shm\n", Name(shared_memory),
+                mapped, files);
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(s[r].ok()) << s[r];
+      EXPECT_EQ(t[r].min().item<float>(), 6.0f);
+      EXPECT_EQ(t[r].max().item<float>(), 6.0f);
+    }
+    EXPECT_EQ(mapped, shared_memory ? 9 : 0);  // each rank: its own and its 2 peers'
+    EXPECT_EQ(files, 0);
+    for (auto& c : comms) c.reset();
+    EXPECT_EQ(SegmentMappings(), before) << "a group gone leaves no mapping";
   }
 }
 

@@ -1,9 +1,19 @@
 #include "worker/comm/gloo/process_group.h"
 
-#include <cstring>
-#include <memory>
-
+#include <ATen/Parallel.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/maximum.h>
 #include <gloo/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
 
 namespace baton {
 namespace {
@@ -49,6 +59,214 @@ class AllGatherIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
 };
 
 }  // namespace
+
+// The group's shared memory and the order its operations run in: each gets
+// a ticket when issued and runs when the one before it has ended.
+struct GlooProcessGroup::SharedChannel {
+  std::unique_ptr<SharedSegments> segments;
+  size_t limit = 0;
+  uint64_t issued = 0;  // by the issuing thread (one at a time, as for every operation)
+  std::mutex mu;
+  std::condition_variable turn_changed;
+  uint64_t turn = 0;  // the ticket whose operation may run
+  std::atomic<bool> aborted{false};  // ends the barriers' waits
+
+  void WaitTurn(uint64_t ticket, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!turn_changed.wait_for(lock, timeout, [&] { return turn == ticket; })) {
+      throw std::runtime_error("shared memory: timed out waiting for the operation issued before");
+    }
+  }
+  void Pass(uint64_t ticket) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      turn = ticket + 1;
+    }
+    turn_changed.notify_all();
+  }
+};
+
+namespace {
+
+using SharedChannel = GlooProcessGroup::SharedChannel;
+
+// out = parts 0, 1, ... of the group combined in rank order.
+void Combine(at::Tensor out, const std::function<at::Tensor(int)>& part, int n, bool max) {
+  if (max) {
+    at::maximum_out(out, part(0), part(1));
+    for (int r = 2; r < n; ++r) at::maximum_out(out, out, part(r));
+  } else {
+    at::add_out(out, part(0), part(1));
+    for (int r = 2; r < n; ++r) out.add_(part(r));
+  }
+}
+
+// One shared-memory operation: in its turn, this rank's input into its
+// segment's half, a barrier, then what it reads from everyone's.
+class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
+ public:
+  SharedWork(std::shared_ptr<gloo::Context> context, std::shared_ptr<SharedChannel> channel, uint32_t tag,
+             std::chrono::milliseconds timeout, at::Tensor in, at::Tensor out, const char* title)
+      : AsyncWork({{out}}, title, std::vector<at::Tensor>{in}),
+        context_(std::move(context)),
+        channel_(std::move(channel)),
+        ticket_(channel_->issued++),
+        tag_(tag),
+        timeout_(timeout),
+        in_(std::move(in)),
+        out_(std::move(out)) {}
+
+  void run() final {
+    // The reductions below run on this thread alone: the ranks' compute
+    // threads have the cores (an OpenMP team here would fight them).
+    thread_local const bool one_thread = (at::set_num_threads(1), true);
+    (void)one_thread;
+    channel_->WaitTurn(ticket_, timeout_);
+    struct Turn {
+      SharedChannel* channel;
+      uint64_t ticket;
+      ~Turn() { channel->Pass(ticket); }
+    } turn{channel_.get(), ticket_};
+    SharedSegments& segments = *channel_->segments;
+    const size_t bytes = in_.nbytes();
+    if (bytes > segments.half_bytes()) Grow(segments, bytes);
+    const int half = static_cast<int>(ticket_ % 2);
+    std::memcpy(segments.Mine(half), in_.data_ptr(), bytes);
+    Barrier();
+    Read(segments, half);
+  }
+
+ protected:
+  virtual void Read(const SharedSegments& segments, int half) = 0;
+  // `elements` of the work's dtype at byte `offset` of rank r's half.
+  at::Tensor Part(const SharedSegments& segments, int rank, int half, size_t offset, int64_t elements) const {
+    return at::from_blob(const_cast<char*>(segments.Of(rank, half)) + offset, {elements}, in_.options());
+  }
+
+  const std::shared_ptr<gloo::Context> context_;
+  const std::shared_ptr<SharedChannel> channel_;
+  const uint64_t ticket_;
+  const uint32_t tag_;
+  const std::chrono::milliseconds timeout_;
+  const at::Tensor in_, out_;
+
+ private:
+  // Throws on a timeout, a peer gone, or an abort (FromException reads
+  // "Timed out" as DEADLINE_EXCEEDED).
+  void Barrier() {
+    const absl::Status s = channel_->segments->Barrier(timeout_, channel_->aborted);
+    TORCH_CHECK(s.ok(), s.message());
+  }
+
+  // Every rank grows at the same operation (they all run the same ones).
+  void Grow(SharedSegments& segments, size_t bytes) {
+    constexpr size_t kPage = 4096;
+    size_t half_bytes = std::max(bytes, 2 * segments.half_bytes());
+    half_bytes = std::min(channel_->limit, (half_bytes + kPage - 1) / kPage * kPage);
+    absl::Status s = segments.BeginGrowth(half_bytes);
+    Barrier();  // every rank's next file exists
+    if (s.ok()) s = segments.MapPeersGrowth();
+    Barrier();  // and is mapped by every peer
+    segments.EndGrowth(s.ok());
+    TORCH_CHECK(s.ok(), s.ToString());
+  }
+};
+
+class SharedAllReduceWork : public SharedWork {
+ public:
+  SharedAllReduceWork(std::shared_ptr<gloo::Context> context, std::shared_ptr<SharedChannel> channel,
+                      uint32_t tag, std::chrono::milliseconds timeout, at::Tensor tensor, bool max)
+      : SharedWork(std::move(context), std::move(channel), tag, timeout, tensor, tensor, "baton:shared_all_reduce"),
+        max_(max) {}
+
+ private:
+  void Read(const SharedSegments& segments, int half) override {
+    const int64_t n = in_.numel();
+    Combine(out_.view({-1}), [&](int r) { return Part(segments, r, half, 0, n); }, context_->size, max_);
+  }
+  const bool max_;
+};
+
+class SharedAllGatherWork : public SharedWork {
+ public:
+  using SharedWork::SharedWork;
+
+ private:
+  void Read(const SharedSegments& segments, int half) override {
+    const size_t bytes = in_.nbytes();
+    auto* out = static_cast<char*>(out_.data_ptr());
+    for (int r = 0; r < context_->size; ++r) {
+      const void* from = r == context_->rank ? in_.data_ptr() : segments.Of(r, half);
+      std::memcpy(out + r * bytes, from, bytes);
+    }
+  }
+};
+
+class SharedReduceScatterWork : public SharedWork {
+ public:
+  SharedReduceScatterWork(std::shared_ptr<gloo::Context> context, std::shared_ptr<SharedChannel> channel,
+                          uint32_t tag, std::chrono::milliseconds timeout, at::Tensor in, at::Tensor out, bool max)
+      : SharedWork(std::move(context), std::move(channel), tag, timeout, in, out, "baton:shared_reduce_scatter"),
+        max_(max) {}
+
+ private:
+  void Read(const SharedSegments& segments, int half) override {
+    const int64_t k = out_.numel();
+    const size_t offset = context_->rank * k * out_.element_size();
+    Combine(out_.view({-1}), [&](int r) { return Part(segments, r, half, offset, k); }, context_->size, max_);
+  }
+  const bool max_;
+};
+
+}  // namespace
+
+void GlooProcessGroup::UseSharedMemory(std::unique_ptr<SharedSegments> segments, size_t limit) {
+  auto channel = std::make_shared<SharedChannel>();
+  channel->segments = std::move(segments);
+  channel->limit = limit;
+  shared_ = std::move(channel);
+}
+
+void GlooProcessGroup::AbortShared() {
+  if (shared_ != nullptr) shared_->aborted.store(true);
+}
+
+size_t GlooProcessGroup::shared_limit() const { return shared_ == nullptr ? 0 : shared_->limit; }
+
+c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedAllReduce(const at::Tensor& tensor, bool max,
+                                                                std::chrono::milliseconds timeout) {
+  TORCH_CHECK(tensor.is_contiguous() && tensor.nbytes() <= shared_limit(),
+              "shared-memory all-reduce: a contiguous tensor of at most ", shared_limit(), " bytes");
+  const uint32_t tag = nextTag();
+  auto work = c10::make_intrusive<SharedAllReduceWork>(getContext(tag), shared_, tag, timeout, tensor, max);
+  enqueue(work);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedAllGather(const at::Tensor& in, const at::Tensor& out,
+                                                                std::chrono::milliseconds timeout) {
+  TORCH_CHECK(in.is_contiguous() && out.is_contiguous() && in.element_size() == out.element_size() &&
+                  out.numel() == in.numel() * getSize() && in.nbytes() <= shared_limit(),
+              "shared-memory all-gather: contiguous tensors, the output n inputs, at most ", shared_limit(),
+              " bytes in");
+  const uint32_t tag = nextTag();
+  auto work = c10::make_intrusive<SharedAllGatherWork>(getContext(tag), shared_, tag, timeout, in, out,
+                                                       "baton:shared_all_gather");
+  enqueue(work);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedReduceScatter(const at::Tensor& in, const at::Tensor& out,
+                                                                    bool max, std::chrono::milliseconds timeout) {
+  TORCH_CHECK(in.is_contiguous() && out.is_contiguous() && in.scalar_type() == out.scalar_type() &&
+                  in.numel() == out.numel() * getSize() && in.nbytes() <= shared_limit(),
+              "shared-memory reduce-scatter: contiguous tensors of one dtype, the input n outputs, at most ",
+              shared_limit(), " bytes in");
+  const uint32_t tag = nextTag();
+  auto work = c10::make_intrusive<SharedReduceScatterWork>(getContext(tag), shared_, tag, timeout, in, out, max);
+  enqueue(work);
+  return work;
+}
 
 c10::intrusive_ptr<c10d::Work> GlooProcessGroup::AllGatherInto(const at::Tensor& in, const at::Tensor& out,
                                                               std::chrono::milliseconds timeout) {

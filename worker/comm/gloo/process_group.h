@@ -1,15 +1,30 @@
-// c10d's gloo process group with the one collective it lacks: an all-gather
-// from a tensor of k elements straight into a tensor of n * k (c10d 1.13 has
-// no all-gather into one flat output on gloo: its list form gathers into a
-// temporary and copies out, and an all-to-all needs the piece repeated n times
-// to send). Runs on the group's own threads like every c10d gloo collective,
-// with its tag order and its contexts.
+// c10d's gloo process group with what Baton adds to it, run on the group's
+// own threads like every c10d gloo collective, with its tag order and its
+// contexts:
+// - the one collective it lacks: an all-gather from a tensor of k elements
+//   straight into a tensor of n * k (c10d 1.13 has no all-gather into one
+//   flat output on gloo: its list form gathers into a temporary and copies
+//   out, and an all-to-all needs the piece repeated n times to send);
+// - for a group whose ranks share a host, all-reduce, all-gather and
+//   reduce-scatter through shared memory (shared_segments.h): each rank
+//   copies its input into its segment, a barrier in shared memory (futex
+//   words, no socket), and each reads what it needs from its peers' segments
+//   where it lies. They run one at a time in issue order (a later one waits
+//   for the earlier's end), so the two halves of a segment alternate safely;
+//   a barrier ends when every peer has arrived, fails at once when a peer's
+//   group or process is gone, after the timeout when one is silent, and
+//   within 10 ms of an abort. Sums are taken in rank order, so every rank
+//   holds the same bits.
 #ifndef BATON_WORKER_COMM_GLOO_PROCESS_GROUP_H_
 #define BATON_WORKER_COMM_GLOO_PROCESS_GROUP_H_
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "worker/comm/gloo/shared_segments.h"
 
 namespace baton {
 
@@ -23,6 +38,32 @@ class GlooProcessGroup : public c10d::ProcessGroupGloo {
   // `timeout` bounds every transfer.
   c10::intrusive_ptr<c10d::Work> AllGatherInto(const at::Tensor& in, const at::Tensor& out,
                                                std::chrono::milliseconds timeout);
+
+  // From now on the Shared* operations move bytes through `segments`
+  // (mapped on every rank), putting at most `limit` bytes in a segment's
+  // half. Called once, on every rank, before any operation.
+  void UseSharedMemory(std::unique_ptr<SharedSegments> segments, size_t limit);
+  // Ends the Shared* operations' waits (within 10 ms); for an abort.
+  void AbortShared();
+  // The most input bytes a Shared* operation takes; 0 without shared memory.
+  size_t shared_limit() const;
+
+  // `tensor` (contiguous) summed, or its maximum taken, over the group in
+  // place.
+  c10::intrusive_ptr<c10d::Work> SharedAllReduce(const at::Tensor& tensor, bool max,
+                                                 std::chrono::milliseconds timeout);
+  // As AllGatherInto.
+  c10::intrusive_ptr<c10d::Work> SharedAllGather(const at::Tensor& in, const at::Tensor& out,
+                                                 std::chrono::milliseconds timeout);
+  // out (k elements) = block r (of n) of `in`, summed (or its maximum taken)
+  // over the group, on rank r. Both contiguous, of one dtype.
+  c10::intrusive_ptr<c10d::Work> SharedReduceScatter(const at::Tensor& in, const at::Tensor& out, bool max,
+                                                     std::chrono::milliseconds timeout);
+
+  struct SharedChannel;
+
+ private:
+  std::shared_ptr<SharedChannel> shared_;
 };
 
 }  // namespace baton
