@@ -5,8 +5,6 @@
 #include <ATen/ops/sum.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <functional>
 
@@ -325,50 +323,6 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
-// Shared memory for a group whose ranks share a host (process_group.h):
-// every rank creates its segment and names it in the store, maps its peers',
-// and all agree (one all-reduce, so a rank with the option off or a peer on
-// another host turns it off for all) on using it and on the most bytes an
-// operation may put in it: a quarter of the free space in the directory per
-// rank, at most 64 MiB. Files are removed once all have mapped them.
-void JoinSharedMemory(c10d::Store& store, GlooProcessGroup& pg, int rank, int size, const GlooOptions& options) {
-  constexpr size_t kFirstHalfBytes = 64 << 10, kMostHalfBytes = size_t{64} << 20, kPage = 4096;
-  std::unique_ptr<SharedSegments> segments;
-  size_t limit = 0;
-  if (options.shared_memory) {
-    struct statvfs fs {};
-    if (statvfs(options.shared_memory_dir.c_str(), &fs) == 0) {
-      const size_t free_bytes = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
-      limit = std::min(kMostHalfBytes, free_bytes / (4 * static_cast<size_t>(size))) / kPage * kPage;
-    }
-    auto created = SharedSegments::Create(rank, size, kFirstHalfBytes, options.shared_memory_dir);
-    if (created.ok() && limit >= kFirstHalfBytes) segments = std::move(*created);
-  }
-  const std::string name = segments == nullptr ? "" : segments->name();
-  store.set(absl::StrCat("shared_memory/", rank), std::vector<uint8_t>(name.begin(), name.end()));
-  std::vector<std::string> names(size);
-  bool usable = segments != nullptr;
-  for (int r = 0; r < size; ++r) {
-    const std::vector<uint8_t> v = store.get(absl::StrCat("shared_memory/", r));
-    names[r].assign(v.begin(), v.end());
-    usable = usable && !names[r].empty();
-  }
-  usable = usable && segments->OpenPeers(names).ok();
-  // Max over ranks of [unusable here, -limit here]: usable everywhere, and
-  // the smallest limit.
-  at::Tensor agree = at::empty({2}, at::kLong);
-  agree[0] = usable ? 0 : 1;
-  agree[1] = -static_cast<int64_t>(limit);
-  std::vector<at::Tensor> tensors{agree};
-  c10d::AllreduceOptions max;
-  max.reduceOp = c10d::ReduceOp::MAX;
-  max.timeout = options.rendezvous_timeout;
-  pg.allreduce(tensors, max)->wait();
-  if (segments == nullptr) return;
-  segments->Unlink();  // every peer has it mapped, or none uses it
-  if (agree[0].item<int64_t>() == 0) pg.UseSharedMemory(std::move(segments), -agree[1].item<int64_t>());
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
@@ -386,7 +340,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
         c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_host));
     pg_options->threads = options.threads;
     auto pg = c10::make_intrusive<GlooProcessGroup>(store, rank, size, pg_options);
-    if (size > 1) JoinSharedMemory(*store, *pg, rank, size, options);
+    if (size > 1) pg->JoinSharedMemory(*store, options.shared_memory, options.shared_memory_dir, options.rendezvous_timeout);
     return std::unique_ptr<Communicator>(
         new GlooCommunicator(std::move(store), std::move(pg), rank, size));
   } catch (const std::exception& e) {

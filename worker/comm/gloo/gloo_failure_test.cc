@@ -7,10 +7,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -85,27 +83,27 @@ TEST(CommunicatorFailureTest, AllGatherWithAGoneOrSilentPeerEndsWithinTimeout) {
   }
 }
 
-// Mappings of this process's shared-memory segments ("baton-PID-..."),
-// which are all removed from the directory once mapped.
-int SegmentMappings() {
+// This process's mappings of shared-memory segments, and how many of them
+// still have a file (the kernel marks a mapping of a removed file
+// "(deleted)"). Files are named after the pid, which need not be unique
+// across sandboxes, so the directory itself is not looked at.
+struct Segments {
+  int mapped = 0, with_file = 0;
+};
+Segments SegmentMappings() {
   std::ifstream maps("/proc/self/maps");
-  const std::string mine = "/dev/shm/baton-" + std::to_string(getpid()) + "-";
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) n += line.find(mine) != std::string::npos;
-  return n;
-}
-int SegmentFiles() {
-  const std::string mine = "baton-" + std::to_string(getpid()) + "-";
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    n += e.path().filename().string().rfind(mine, 0) == 0;
+  Segments s;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/dev/shm/baton-") == std::string::npos) continue;
+    ++s.mapped;
+    s.with_file += line.find("(deleted)") == std::string::npos;
   }
-  return n;
+  return s;
 }
 
 TEST(CommunicatorSharedMemoryTest, AGroupOnOneHostMapsItsPeersAndLeavesNoFile) {
   for (const bool shared_memory : {true, false}) {
-    const int before = SegmentMappings();
+    const int before = SegmentMappings().mapped;
     KeyValueStore kv;
     std::unique_ptr<Communicator> comms[3];
     const GlooOptions options = Transport(shared_memory);
@@ -123,8 +121,9 @@ TEST(CommunicatorSharedMemoryTest, AGroupOnOneHostMapsItsPeersAndLeavesNoFile) {
       threads.emplace_back([&, r] { s[r] = comms[r]->AllReduce(t[r], ReduceOp::kSum); });
     }
     for (auto& th : threads) th.join();
-    const int mapped = SegmentMappings() - before, files = SegmentFiles();
-    std::printf("%s: 3 ranks in one process map %d segments, %d files left in /dev/shm\n", Name(shared_memory),
+    const Segments now = SegmentMappings();
+    const int mapped = now.mapped - before, files = now.with_file;
+    std::printf("%s: 3 ranks in one process map %d segments, %d of them still with a file\n", Name(shared_memory),
                 mapped, files);
     for (int r = 0; r < 3; ++r) {
       ASSERT_TRUE(s[r].ok()) << s[r];
@@ -134,7 +133,7 @@ TEST(CommunicatorSharedMemoryTest, AGroupOnOneHostMapsItsPeersAndLeavesNoFile) {
     EXPECT_EQ(mapped, shared_memory ? 9 : 0);  // each rank: its own and its 2 peers'
     EXPECT_EQ(files, 0);
     for (auto& c : comms) c.reset();
-    EXPECT_EQ(SegmentMappings(), before) << "a group gone leaves no mapping";
+    EXPECT_EQ(SegmentMappings().mapped, before) << "a group gone leaves no mapping";
   }
 }
 

@@ -167,7 +167,9 @@ class GlooHandle : public CommHandle {
             work_->wait(kSlice);  // completed: returns, or throws the operation's own error
             return absl::OkStatus();
           } catch (const std::exception& failed) {
-            return FromException(op_, failed);
+            // An operation that an abort ended (shared memory's) fails as
+            // the abort.
+            return abort_->raised() ? abort_->status("gloo " + op_) : FromException(op_, failed);
           }
         }
         if (std::chrono::steady_clock::now() > deadline) {

@@ -6,6 +6,8 @@
 #include <ATen/ops/maximum.h>
 #include <gloo/types.h>
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -14,6 +16,10 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 namespace baton {
 namespace {
@@ -219,6 +225,51 @@ class SharedReduceScatterWork : public SharedWork {
 };
 
 }  // namespace
+
+// Every rank creates its segment and names it in the store, maps its
+// peers', and all agree (one all-reduce, so a rank with it off or a peer on
+// another host turns it off for all) on using it and on the most bytes an
+// operation may put in it: a quarter of the free space in the directory per
+// rank, at most 64 MiB. Files are removed once all have mapped them.
+void GlooProcessGroup::JoinSharedMemory(c10d::Store& store, bool enabled, const std::string& dir,
+                                        std::chrono::milliseconds timeout) {
+  const int rank = getRank(), size = getSize();
+  constexpr size_t kFirstHalfBytes = 64 << 10, kMostHalfBytes = size_t{64} << 20, kPage = 4096;
+  std::unique_ptr<SharedSegments> segments;
+  size_t limit = 0;
+  if (enabled) {
+    struct statvfs fs {};
+    if (statvfs(dir.c_str(), &fs) == 0) {
+      const size_t free_bytes = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;
+      limit = std::min(kMostHalfBytes, free_bytes / (4 * static_cast<size_t>(size))) / kPage * kPage;
+    }
+    auto created = SharedSegments::Create(rank, size, kFirstHalfBytes, dir);
+    if (created.ok() && limit >= kFirstHalfBytes) segments = std::move(*created);
+  }
+  const std::string name = segments == nullptr ? "" : segments->name();
+  store.set(absl::StrCat("shared_memory/", rank), std::vector<uint8_t>(name.begin(), name.end()));
+  std::vector<std::string> names(size);
+  bool usable = segments != nullptr;
+  for (int r = 0; r < size; ++r) {
+    const std::vector<uint8_t> v = store.get(absl::StrCat("shared_memory/", r));
+    names[r].assign(v.begin(), v.end());
+    usable = usable && !names[r].empty();
+  }
+  usable = usable && segments->OpenPeers(names).ok();
+  // Max over ranks of [unusable here, -limit here]: usable everywhere, and
+  // the smallest limit.
+  at::Tensor agree = at::empty({2}, at::kLong);
+  agree[0] = usable ? 0 : 1;
+  agree[1] = -static_cast<int64_t>(limit);
+  std::vector<at::Tensor> tensors{agree};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  max.timeout = timeout;
+  allreduce(tensors, max)->wait();
+  if (segments == nullptr) return;
+  segments->Unlink();  // every peer has it mapped, or none uses it
+  if (agree[0].item<int64_t>() == 0) UseSharedMemory(std::move(segments), -agree[1].item<int64_t>());
+}
 
 void GlooProcessGroup::UseSharedMemory(std::unique_ptr<SharedSegments> segments, size_t limit) {
   auto channel = std::make_shared<SharedChannel>();

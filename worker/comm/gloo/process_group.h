@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "worker/comm/gloo/shared_segments.h"
 
@@ -39,10 +40,12 @@ class GlooProcessGroup : public c10d::ProcessGroupGloo {
   c10::intrusive_ptr<c10d::Work> AllGatherInto(const at::Tensor& in, const at::Tensor& out,
                                                std::chrono::milliseconds timeout);
 
-  // From now on the Shared* operations move bytes through `segments`
-  // (mapped on every rank), putting at most `limit` bytes in a segment's
-  // half. Called once, on every rank, before any operation.
-  void UseSharedMemory(std::unique_ptr<SharedSegments> segments, size_t limit);
+  // Collective, once, before any operation: the group moves bytes through
+  // shared memory (segments in `dir`) if `enabled` on every rank and every
+  // rank can map every other's (all share a host); else over TCP. Throws
+  // (as c10d does) when the store or a peer fails.
+  void JoinSharedMemory(c10d::Store& store, bool enabled, const std::string& dir,
+                        std::chrono::milliseconds timeout);
   // Ends the Shared* operations' waits (within 10 ms); for an abort.
   void AbortShared();
   // The most input bytes a Shared* operation takes; 0 without shared memory.
@@ -63,6 +66,10 @@ class GlooProcessGroup : public c10d::ProcessGroupGloo {
   struct SharedChannel;
 
  private:
+  // From now on the Shared* operations move bytes through `segments`
+  // (mapped on every rank), putting at most `limit` bytes in a segment's
+  // half.
+  void UseSharedMemory(std::unique_ptr<SharedSegments> segments, size_t limit);
   std::shared_ptr<SharedChannel> shared_;
 };
 
