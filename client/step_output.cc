@@ -21,11 +21,11 @@ std::string FormatStep(const baton::v1::StepMetrics& m, int total_steps, bool js
         "\"state_bytes\":%d,\"peak_unsharded_param_bytes\":%d,\"grad_norm\":%.17g,\"tokens\":%d,"
         "\"peak_logits_elements\":%d,\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,"
         "\"idle_ms\":%.3f,\"memory_growth_bytes\":%d,\"comm_wait_ms\":%.3f,\"comm_ms\":%.3f,"
-        "\"compute_ms\":%.3f}",
+        "\"compute_ms\":%.3f,\"shared_memory_bytes\":%d}",
         m.step(), m.loss(), m.tokens_per_s(), m.step_ms(), m.comm_bytes(), m.state_bytes(),
         m.peak_unsharded_param_bytes(), m.grad_norm(), m.tokens(), m.peak_logits_elements(),
         m.peak_live_microbatches(), m.peak_live_activation_bytes(), m.idle_ms(), m.memory_growth_bytes(),
-        m.comm_wait_ms(), m.comm_ms(), m.compute_ms());
+        m.comm_wait_ms(), m.comm_ms(), m.compute_ms(), m.shared_memory_bytes());
   }
   return absl::StrFormat(
       "step %4d/%-4d loss %.6f  tokens/s %9.0f  step %8.2f ms  comm/rank %10d B  state/rank %10d B  "

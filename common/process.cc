@@ -54,6 +54,7 @@ ProcessMemory ReadProcessMemory() {
     long long kb = 0;
     if (std::sscanf(line, "VmRSS: %lld kB", &kb) == 1) m.resident = kb * 1024;
     if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) m.peak = kb * 1024;
+    if (std::sscanf(line, "RssShmem: %lld kB", &kb) == 1) m.shared = kb * 1024;
   }
   std::fclose(f);
   return m;

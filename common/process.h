@@ -38,10 +38,11 @@ int64_t RaiseDescriptorLimit();
 // MemAvailable from /proc/meminfo, in bytes (0 when unknown).
 int64_t AvailableMemoryBytes();
 
-// This process's resident memory now and its high-water mark (VmRSS, VmHWM),
-// in bytes; zeros when /proc cannot be read.
+// This process's resident memory now, its high-water mark, and the shared
+// memory (tmpfs, /dev/shm) in what is resident now (VmRSS, VmHWM,
+// RssShmem), in bytes; zeros when /proc cannot be read.
 struct ProcessMemory {
-  int64_t resident = 0, peak = 0;
+  int64_t resident = 0, peak = 0, shared = 0;
 };
 ProcessMemory ReadProcessMemory();
 // Resets the high-water mark to the current resident size (Linux

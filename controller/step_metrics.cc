@@ -27,6 +27,7 @@ baton::v1::StepMetrics AggregateStep(const std::vector<CallResult<baton::v1::Run
     m.set_memory_growth_bytes(std::max(m.memory_growth_bytes(), rm.memory_growth_bytes()));
     m.set_peak_tensor_bytes(std::max(m.peak_tensor_bytes(), rm.peak_tensor_bytes()));
     m.set_peak_reserved_bytes(std::max(m.peak_reserved_bytes(), rm.peak_reserved_bytes()));
+    m.set_shared_memory_bytes(std::max(m.shared_memory_bytes(), rm.shared_memory_bytes()));
     m.set_comm_wait_ms(std::max(m.comm_wait_ms(), rm.comm_wait_ms()));
     m.set_comm_ms(std::max(m.comm_ms(), rm.comm_ms()));
     m.set_compute_ms(std::max(m.compute_ms(), rm.compute_ms()));

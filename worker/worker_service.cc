@@ -303,7 +303,8 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v
     (*state)->job_id.clear();
     malloc_trim(0);
     ResetPeakMemory();
-    (*state)->memory_baseline = ReadProcessMemory().resident;
+    const ProcessMemory memory = ReadProcessMemory();
+    (*state)->memory_baseline = memory.resident - memory.shared;
     auto executor = Executor::Create(*confined, (*state)->comms);
     if (!executor.ok()) return ToGrpcStatus(executor.status());
     resp->set_state_bytes((*executor)->state_bytes());
@@ -344,7 +345,12 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
           failed_step = req->step() + i;
           break;
         }
-        metrics->set_memory_growth_bytes(std::max<int64_t>(0, ReadProcessMemory().peak - mesh->memory_baseline));
+        // The collectives' shared-memory segments grow only while a job
+        // starts (to its largest operation) and are shared with the peers:
+        // counted apart from the growth the plan predicts.
+        const ProcessMemory memory = ReadProcessMemory();
+        metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh->memory_baseline));
+        metrics->set_shared_memory_bytes(memory.shared);
         *resp->add_metrics() = std::move(*metrics);
       }
     }
