@@ -164,11 +164,12 @@ class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
     TORCH_CHECK(s.ok(), s.message());
   }
 
-  // Every rank grows at the same operation (they all run the same ones).
+  // Every rank grows at the same operation (they all run the same ones), to
+  // what it needs: a job's operations are few sizes, its largest reached in
+  // its first step, and the file's space is reserved whole (tmpfs memory).
   void Grow(SharedSegments& segments, size_t bytes) {
     constexpr size_t kPage = 4096;
-    size_t half_bytes = std::max(bytes, 2 * segments.half_bytes());
-    half_bytes = std::min(channel_->limit, (half_bytes + kPage - 1) / kPage * kPage);
+    const size_t half_bytes = std::min(channel_->limit, (bytes + kPage - 1) / kPage * kPage);
     absl::Status s = segments.BeginGrowth(half_bytes);
     Barrier();  // every rank's next file exists
     if (s.ok()) s = segments.MapPeersGrowth();
