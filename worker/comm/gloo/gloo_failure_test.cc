@@ -7,6 +7,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -147,6 +149,49 @@ TEST(CommunicatorFailureTest, RendezvousWithAMissingRankTimesOut) {
   std::printf("rendezvous without rank 1 failed after %.3f s: %s\n",
               absl::ToDoubleSeconds(absl::Now() - start), c.status().ToString().c_str());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// Ranks that cannot map each other's segments (other hosts: here, other
+// directories) or a rank with shared memory off: the whole group agrees on
+// TCP at its rendezvous, and its collectives are right.
+TEST(CommunicatorSharedMemoryTest, AGroupThatCannotShareFallsBackToTcpTogether) {
+  char dir0[] = "/tmp/baton-shm-a-XXXXXX", dir1[] = "/tmp/baton-shm-b-XXXXXX";
+  ASSERT_NE(mkdtemp(dir0), nullptr);
+  ASSERT_NE(mkdtemp(dir1), nullptr);
+  for (const bool other_host : {true, false}) {
+    const int before = SegmentMappings().mapped;
+    KeyValueStore kv;
+    std::unique_ptr<Communicator> comms[2];
+    GlooOptions options[2];
+    if (other_host) {
+      options[0].shared_memory_dir = dir0;
+      options[1].shared_memory_dir = dir1;
+    } else {
+      options[1].shared_memory = false;
+    }
+    std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "apart/", 0, 2, options[0]); });
+    std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "apart/", 1, 2, options[1]); });
+    t0.join();
+    t1.join();
+    ASSERT_TRUE(comms[0] && comms[1]);
+    at::Tensor t[2] = {at::full({1 << 16}, 1.0f), at::full({1 << 16}, 2.0f)};
+    absl::Status s[2];
+    std::thread r0([&] { s[0] = comms[0]->AllReduce(t[0], ReduceOp::kSum); });
+    std::thread r1([&] { s[1] = comms[1]->AllReduce(t[1], ReduceOp::kSum); });
+    r0.join();
+    r1.join();
+    const int mapped = SegmentMappings().mapped - before;
+    std::printf("%s: %d segments mapped after the group formed\n",
+                other_host ? "ranks in different directories" : "one rank with shared memory off", mapped);
+    EXPECT_EQ(mapped, 0);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(s[r].ok()) << s[r];
+      EXPECT_EQ(t[r].min().item<float>(), 3.0f);
+      EXPECT_EQ(t[r].max().item<float>(), 3.0f);
+    }
+  }
+  EXPECT_EQ(rmdir(dir0), 0) << "a segment left in " << dir0;
+  EXPECT_EQ(rmdir(dir1), 0) << "a segment left in " << dir1;
 }
 
 }  // namespace
