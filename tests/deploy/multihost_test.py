@@ -12,6 +12,8 @@ and one per StatefulSet replica) is emulated as the kubelet would run it:
   - the pod's volumes as directories: the Secret baton-tokens written as the
     kubelet writes it, emptyDirs empty; mount paths in the containers'
     command lines rewritten to those directories;
+  - a /dev/shm of its own (a 64 MiB tmpfs, as the kubelet mounts), so its
+    collectives with other pods go over the network;
   - init containers run to completion first (they copy the tokens);
   - each daemon started with exactly the container's command and args, the
     /usr/local/bin binary replaced by the Bazel-built one, its env built as
@@ -75,6 +77,14 @@ IMAGE_BIN = "/usr/local/bin/"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
+
+
+# A pod's own /dev/shm, as the kubelet mounts one (a 64 MiB tmpfs): pods on
+# one machine share no shared memory, so the gloo groups between them move
+# bytes over the network, not through /dev/shm. A mount namespace of the
+# daemon's own (unshare and sh exec in place: the pid is the daemon's).
+POD_SHM = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+           'mount -t tmpfs -o size=64m,mode=1777 pod-shm /dev/shm && exec "$@"', "pod-shm"]
 
 
 def die_with_parent():
@@ -371,8 +381,8 @@ class Pod:
         if not restart:
             log("  %s (netns %s, %s): %s" % (self.name, self.ns, self.address, self.short(" ".join(argv))))
         with open(self.log_path, "a" if restart else "w") as out:
-            self.process = subprocess.Popen([ip, "netns", "exec", self.ns] + argv, env=env, cwd=cwd, stdout=out,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.process = subprocess.Popen(POD_SHM + [ip, "netns", "exec", self.ns] + argv, env=env, cwd=cwd,
+                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=die_with_parent)
 
     def check_running(self):
