@@ -6,11 +6,14 @@
 // machinery, worker/comm/gloo).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -192,6 +195,41 @@ TEST(CommunicatorSharedMemoryTest, AGroupThatCannotShareFallsBackToTcpTogether) 
   }
   EXPECT_EQ(rmdir(dir0), 0) << "a segment left in " << dir0;
   EXPECT_EQ(rmdir(dir1), 0) << "a segment left in " << dir1;
+}
+
+// A file left by a process killed between creating a segment and its
+// peers mapping it goes at a later group's rendezvous once it is old; a
+// fresh one (a segment being set up) stays.
+TEST(CommunicatorSharedMemoryTest, StaleSegmentFilesAreRemoved) {
+  char dir[] = "/tmp/baton-stale-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string old_file = std::string(dir) + "/baton-1-0000000000000000.0";
+  const std::string fresh_file = std::string(dir) + "/baton-2-0000000000000000.0";
+  const std::string other_file = std::string(dir) + "/unrelated";
+  for (const std::string& f : {old_file, fresh_file, other_file}) std::ofstream(f) << "x";
+  const timespec an_hour_ago[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, old_file.c_str(), an_hour_ago, 0), 0);
+  ASSERT_EQ(utimensat(AT_FDCWD, other_file.c_str(), an_hour_ago, 0), 0);
+  KeyValueStore kv;
+  std::unique_ptr<Communicator> comms[2];
+  GlooOptions options;
+  options.shared_memory_dir = dir;
+  std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "stale/", 0, 2, options); });
+  std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "stale/", 1, 2, options); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(comms[0] && comms[1]);
+  const bool old_gone = access(old_file.c_str(), F_OK) != 0, fresh_kept = access(fresh_file.c_str(), F_OK) == 0,
+             other_kept = access(other_file.c_str(), F_OK) == 0;
+  std::printf("an hour-old segment file %s, a fresh one %s, another file %s\n", old_gone ? "removed" : "KEPT",
+              fresh_kept ? "kept" : "REMOVED", other_kept ? "kept" : "REMOVED");
+  EXPECT_TRUE(old_gone);
+  EXPECT_TRUE(fresh_kept);
+  EXPECT_TRUE(other_kept);
+  for (auto& c : comms) c.reset();
+  unlink(fresh_file.c_str());
+  unlink(other_file.c_str());
+  EXPECT_EQ(rmdir(dir), 0);
 }
 
 }  // namespace

@@ -239,6 +239,8 @@ void GlooProcessGroup::JoinSharedMemory(c10d::Store& store, bool enabled, const 
   std::unique_ptr<SharedSegments> segments;
   size_t limit = 0;
   if (enabled) {
+    // Longer than any rendezvous or operation may wait (10 minutes).
+    SharedSegments::RemoveStale(dir, std::chrono::minutes(30));
     struct statvfs fs {};
     if (statvfs(dir.c_str(), &fs) == 0) {
       const size_t free_bytes = static_cast<size_t>(fs.f_bavail) * fs.f_frsize;

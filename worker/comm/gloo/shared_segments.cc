@@ -1,5 +1,6 @@
 #include "worker/comm/gloo/shared_segments.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <ctime>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -138,6 +140,25 @@ void SharedSegments::Unmap(std::vector<Mapping>* mappings) {
     if (m.addr != nullptr) ::munmap(m.addr, m.bytes);
     m = Mapping{};
   }
+}
+
+int SharedSegments::RemoveStale(const std::string& dir, std::chrono::seconds age) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  const time_t before = ::time(nullptr) - age.count();
+  int removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, "baton-", 6) != 0) continue;
+    const std::string path = dir + "/" + e->d_name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_mtime < before &&
+        ::unlink(path.c_str()) == 0) {
+      ++removed;
+    }
+  }
+  ::closedir(d);
+  errno = 0;
+  return removed;
 }
 
 absl::Status SharedSegments::OpenPeers(const std::vector<std::string>& names) {

@@ -46,6 +46,11 @@ class SharedSegments {
   // What peers open this rank's segments by (every generation's file is
   // named after it).
   const std::string& name() const { return name_; }
+  // Removes segment files in `dir` older than `age`: a segment's file lives
+  // for milliseconds (created, mapped by the peers, removed), so an old one
+  // was left by a process killed in between. Returns how many.
+  static int RemoveStale(const std::string& dir, std::chrono::seconds age);
+
   // Maps every peer's segment; `names[r]` is rank r's name().
   absl::Status OpenPeers(const std::vector<std::string>& names);
   // Removes this rank's file once every peer has mapped it.
