@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,7 +68,10 @@ class AllGatherIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
 }  // namespace
 
 // The group's shared memory and the order its operations run in: each gets
-// a ticket when issued and runs when the one before it has ended.
+// a ticket when issued and runs when the one before it has ended. Once one
+// has failed, or the group was aborted, no later one touches the segments:
+// it fails at once (a rank that went on writing halves and arriving at
+// barriers alone would hand its peers a later operation's bytes).
 struct GlooProcessGroup::SharedChannel {
   std::unique_ptr<SharedSegments> segments;
   size_t limit = 0;
@@ -76,12 +80,18 @@ struct GlooProcessGroup::SharedChannel {
   std::condition_variable turn_changed;
   uint64_t turn = 0;  // the ticket whose operation may run
   std::atomic<bool> aborted{false};  // ends the barriers' waits
+  std::atomic<bool> failed{false};
 
   void WaitTurn(uint64_t ticket, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu);
-    if (!turn_changed.wait_for(lock, timeout, [&] { return turn == ticket; })) {
-      throw std::runtime_error("shared memory: timed out waiting for the operation issued before");
+    const bool turned = turn_changed.wait_for(lock, timeout, [&] { return turn == ticket || Ended(); });
+    if (!turned) {
+      failed.store(true);
+      lock.unlock();
+      turn_changed.notify_all();
+      throw std::runtime_error("shared memory: Timed out waiting for the operation issued before");
     }
+    if (Ended()) throw std::runtime_error(EndedWhy());
   }
   void Pass(uint64_t ticket) {
     {
@@ -89,6 +99,20 @@ struct GlooProcessGroup::SharedChannel {
       turn = ticket + 1;
     }
     turn_changed.notify_all();
+  }
+  // Marks the channel failed (or aborted) and wakes every operation waiting
+  // for its turn.
+  void End(std::atomic<bool>* flag) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      flag->store(true);
+    }
+    turn_changed.notify_all();
+  }
+  bool Ended() const { return failed.load() || aborted.load(); }
+  std::string EndedWhy() const {
+    return aborted.load() ? "shared memory: the group was aborted"
+                          : "shared memory: an earlier operation of the group failed";
   }
 };
 
@@ -131,11 +155,15 @@ class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
     struct Turn {
       SharedChannel* channel;
       uint64_t ticket;
-      ~Turn() { channel->Pass(ticket); }
+      ~Turn() {
+        if (std::uncaught_exceptions() > 0) channel->End(&channel->failed);
+        channel->Pass(ticket);
+      }
     } turn{channel_.get(), ticket_};
     SharedSegments& segments = *channel_->segments;
     const size_t bytes = in_.nbytes();
     if (bytes > segments.half_bytes()) Grow(segments, bytes);
+    if (channel_->Ended()) throw std::runtime_error(channel_->EndedWhy());  // nothing written, no arrival
     const int half = static_cast<int>(ticket_ % 2);
     std::memcpy(segments.Mine(half), in_.data_ptr(), bytes);
     Barrier();
@@ -167,13 +195,26 @@ class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
   // Every rank grows at the same operation (they all run the same ones), to
   // what it needs: a job's operations are few sizes, its largest reached in
   // its first step, and the file's space is reserved whole (tmpfs memory).
+  // Each rank says in its control page whether it mapped every peer's next
+  // file; after the second barrier all read the same answers, so they all
+  // move to the new files or all keep the old ones (and fail).
   void Grow(SharedSegments& segments, size_t bytes) {
     constexpr size_t kPage = 4096;
     const size_t half_bytes = std::min(channel_->limit, (bytes + kPage - 1) / kPage * kPage);
+    struct Abandon {  // a barrier that throws leaves the growth undone
+      SharedSegments* segments;
+      bool armed = true;
+      ~Abandon() {
+        if (armed) segments->EndGrowth(false);
+      }
+    } abandon{&segments};
     absl::Status s = segments.BeginGrowth(half_bytes);
     Barrier();  // every rank's next file exists
     if (s.ok()) s = segments.MapPeersGrowth();
-    Barrier();  // and is mapped by every peer
+    segments.SayGrown(s.ok());
+    Barrier();  // every rank has mapped its peers' next files, or said it could not
+    if (s.ok() && !segments.AllGrown()) s = absl::UnavailableError("shared memory: a peer could not grow its segment");
+    abandon.armed = false;
     segments.EndGrowth(s.ok());
     TORCH_CHECK(s.ok(), s.ToString());
   }
@@ -282,7 +323,7 @@ void GlooProcessGroup::UseSharedMemory(std::unique_ptr<SharedSegments> segments,
 }
 
 void GlooProcessGroup::AbortShared() {
-  if (shared_ != nullptr) shared_->aborted.store(true);
+  if (shared_ != nullptr) shared_->End(&shared_->aborted);
 }
 
 size_t GlooProcessGroup::shared_limit() const { return shared_ == nullptr ? 0 : shared_->limit; }

@@ -47,6 +47,7 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 struct SharedSegments::Control {
   std::atomic<uint32_t> arrived;  // the barriers its rank has reached (a futex word)
   std::atomic<uint32_t> closed;   // 1 once its rank's group is gone
+  std::atomic<uint32_t> grown;    // the generation its rank last mapped every peer's file of
   int32_t pid;
   char pid_namespace[48];
 };
@@ -226,6 +227,7 @@ void SharedSegments::Unlink() {
 }
 
 absl::Status SharedSegments::BeginGrowth(size_t half_bytes) {
+  if (!growing_.empty()) EndGrowth(false);
   growing_.assign(size_, Mapping{});
   growing_half_bytes_ = half_bytes;
   return CreateMine(half_bytes, generation_ + 1, &growing_[rank_]);
@@ -233,7 +235,21 @@ absl::Status SharedSegments::BeginGrowth(size_t half_bytes) {
 
 absl::Status SharedSegments::MapPeersGrowth() { return MapPeers(generation_ + 1, growing_half_bytes_, &growing_); }
 
+void SharedSegments::SayGrown(bool ok) {
+  if (ok) ControlOf(mapped_[rank_])->grown.store(static_cast<uint32_t>(generation_ + 1), std::memory_order_release);
+}
+
+bool SharedSegments::AllGrown() const {
+  for (int r = 0; r < size_; ++r) {
+    if (ControlOf(mapped_[r])->grown.load(std::memory_order_acquire) != static_cast<uint32_t>(generation_ + 1)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void SharedSegments::EndGrowth(bool ok) {
+  if (growing_.empty()) return;
   if (growing_[rank_].addr != nullptr && ::unlink(PathOf(name_, generation_ + 1).c_str()) != 0) errno = 0;
   if (!ok) {
     Unmap(&growing_);

@@ -70,10 +70,15 @@ class SharedSegments {
   // Growth to `half_bytes` a half, in three steps every rank takes at the
   // same operation, with a barrier after the first two: create this rank's
   // next file; map the peers' next files; then remove this rank's file and,
-  // if `ok` (every step succeeded here), move to the new mappings - else
-  // keep the old ones.
+  // if `ok` (every rank mapped every next file), move to the new mappings -
+  // else keep the old ones. BeginGrowth drops what an unfinished growth left.
   absl::Status BeginGrowth(size_t half_bytes);
   absl::Status MapPeersGrowth();
+  // Between the two barriers: whether this rank mapped every peer's next
+  // file (in its current control page); after the second, whether every
+  // rank did.
+  void SayGrown(bool ok);
+  bool AllGrown() const;
   void EndGrowth(bool ok);
 
  private:
