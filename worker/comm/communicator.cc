@@ -108,6 +108,11 @@ absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& outpu
   return CheckChunkedArgs("all-gather", "output", output, "input", input, size);
 }
 
+std::function<void()> AvgFinish(const at::Tensor& t, ReduceOp op, int size) {
+  if (op != ReduceOp::kAvg) return nullptr;
+  return [t, size]() mutable { t.div_(size); };
+}
+
 absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& output, int size) {
   return CheckChunkedArgs("reduce-scatter", "input", input, "output", output, size);
 }

@@ -121,12 +121,10 @@ class GlooCommunicator : public Communicator {
                RingAllGatherBytes(k, input.element_size(), size_));
     if (k == 0) return CompletedHandle(absl::OkStatus());
     if (size_ > 1 && Shared(input)) {
-      std::function<void()> finish;
-      if (op == ReduceOp::kAvg) finish = [output, n = size_]() mutable { output.div_(n); };
       return Issue(
           "reduce-scatter", timeout,
           [&] { return pg_->SharedReduceScatter(input.view({-1}), output.view({-1}), op == ReduceOp::kMax, timeout); },
-          finish);
+          AvgFinish(output, op, size_));
     }
     // received[j] = rank j's piece destined for this rank.
     at::Tensor received = at::empty({size_, k}, input.options());
@@ -172,11 +170,7 @@ class GlooCommunicator : public Communicator {
     c10d::AllreduceOptions opts;
     opts.reduceOp = ToC10d(op);
     opts.timeout = timeout;
-    std::function<void()> finish;
-    if (op == ReduceOp::kAvg) {
-      const int n = size_;
-      finish = [tensor, n]() mutable { tensor.div_(n); };
-    }
+    std::function<void()> finish = AvgFinish(tensor, op, size_);
     if (Shared(tensor)) {
       return Issue("all-reduce", timeout,
                    [&] { return pg_->SharedAllReduce(tensor, op == ReduceOp::kMax, timeout); }, finish);

@@ -135,13 +135,14 @@ void Combine(at::Tensor out, const std::function<at::Tensor(int)>& part, int n, 
 // segment's half, a barrier, then what it reads from everyone's.
 class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
  public:
-  SharedWork(std::shared_ptr<gloo::Context> context, std::shared_ptr<SharedChannel> channel, uint32_t tag,
-             std::chrono::milliseconds timeout, at::Tensor in, at::Tensor out, const char* title)
+  // `rank` of `size`: this rank's place in the group.
+  SharedWork(std::shared_ptr<SharedChannel> channel, int rank, int size, std::chrono::milliseconds timeout,
+             at::Tensor in, at::Tensor out, const char* title)
       : AsyncWork({{out}}, title, std::vector<at::Tensor>{in}),
-        context_(std::move(context)),
         channel_(std::move(channel)),
         ticket_(channel_->issued++),
-        tag_(tag),
+        rank_(rank),
+        size_(size),
         timeout_(timeout),
         in_(std::move(in)),
         out_(std::move(out)) {}
@@ -177,10 +178,9 @@ class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
     return at::from_blob(const_cast<char*>(segments.Of(rank, half)) + offset, {elements}, in_.options());
   }
 
-  const std::shared_ptr<gloo::Context> context_;
   const std::shared_ptr<SharedChannel> channel_;
   const uint64_t ticket_;
-  const uint32_t tag_;
+  const int rank_, size_;
   const std::chrono::milliseconds timeout_;
   const at::Tensor in_, out_;
 
@@ -222,29 +222,30 @@ class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
 
 class SharedAllReduceWork : public SharedWork {
  public:
-  SharedAllReduceWork(std::shared_ptr<gloo::Context> context, std::shared_ptr<SharedChannel> channel,
-                      uint32_t tag, std::chrono::milliseconds timeout, at::Tensor tensor, bool max)
-      : SharedWork(std::move(context), std::move(channel), tag, timeout, tensor, tensor, "baton:shared_all_reduce"),
-        max_(max) {}
+  SharedAllReduceWork(std::shared_ptr<SharedChannel> channel, int rank, int size, std::chrono::milliseconds timeout,
+                      at::Tensor tensor, bool max)
+      : SharedWork(std::move(channel), rank, size, timeout, tensor, tensor, "baton:shared_all_reduce"), max_(max) {}
 
  private:
   void Read(const SharedSegments& segments, int half) override {
     const int64_t n = in_.numel();
-    Combine(out_.view({-1}), [&](int r) { return Part(segments, r, half, 0, n); }, context_->size, max_);
+    Combine(out_.view({-1}), [&](int r) { return Part(segments, r, half, 0, n); }, size_, max_);
   }
   const bool max_;
 };
 
 class SharedAllGatherWork : public SharedWork {
  public:
-  using SharedWork::SharedWork;
+  SharedAllGatherWork(std::shared_ptr<SharedChannel> channel, int rank, int size, std::chrono::milliseconds timeout,
+                      at::Tensor in, at::Tensor out)
+      : SharedWork(std::move(channel), rank, size, timeout, in, out, "baton:shared_all_gather") {}
 
  private:
   void Read(const SharedSegments& segments, int half) override {
     const size_t bytes = in_.nbytes();
     auto* out = static_cast<char*>(out_.data_ptr());
-    for (int r = 0; r < context_->size; ++r) {
-      const void* from = r == context_->rank ? in_.data_ptr() : segments.Of(r, half);
+    for (int r = 0; r < size_; ++r) {
+      const void* from = r == rank_ ? in_.data_ptr() : segments.Of(r, half);
       std::memcpy(out + r * bytes, from, bytes);
     }
   }
@@ -252,16 +253,15 @@ class SharedAllGatherWork : public SharedWork {
 
 class SharedReduceScatterWork : public SharedWork {
  public:
-  SharedReduceScatterWork(std::shared_ptr<gloo::Context> context, std::shared_ptr<SharedChannel> channel,
-                          uint32_t tag, std::chrono::milliseconds timeout, at::Tensor in, at::Tensor out, bool max)
-      : SharedWork(std::move(context), std::move(channel), tag, timeout, in, out, "baton:shared_reduce_scatter"),
-        max_(max) {}
+  SharedReduceScatterWork(std::shared_ptr<SharedChannel> channel, int rank, int size,
+                          std::chrono::milliseconds timeout, at::Tensor in, at::Tensor out, bool max)
+      : SharedWork(std::move(channel), rank, size, timeout, in, out, "baton:shared_reduce_scatter"), max_(max) {}
 
  private:
   void Read(const SharedSegments& segments, int half) override {
     const int64_t k = out_.numel();
-    const size_t offset = context_->rank * k * out_.element_size();
-    Combine(out_.view({-1}), [&](int r) { return Part(segments, r, half, offset, k); }, context_->size, max_);
+    const size_t offset = rank_ * k * out_.element_size();
+    Combine(out_.view({-1}), [&](int r) { return Part(segments, r, half, offset, k); }, size_, max_);
   }
   const bool max_;
 };
@@ -332,10 +332,7 @@ c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedAllReduce(const at::Tenso
                                                                 std::chrono::milliseconds timeout) {
   TORCH_CHECK(tensor.is_contiguous() && tensor.nbytes() <= shared_limit(),
               "shared-memory all-reduce: a contiguous tensor of at most ", shared_limit(), " bytes");
-  const uint32_t tag = nextTag();
-  auto work = c10::make_intrusive<SharedAllReduceWork>(getContext(tag), shared_, tag, timeout, tensor, max);
-  enqueue(work);
-  return work;
+  return Start(c10::make_intrusive<SharedAllReduceWork>(shared_, getRank(), getSize(), timeout, tensor, max));
 }
 
 c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedAllGather(const at::Tensor& in, const at::Tensor& out,
@@ -344,11 +341,7 @@ c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedAllGather(const at::Tenso
                   out.numel() == in.numel() * getSize() && in.nbytes() <= shared_limit(),
               "shared-memory all-gather: contiguous tensors, the output n inputs, at most ", shared_limit(),
               " bytes in");
-  const uint32_t tag = nextTag();
-  auto work = c10::make_intrusive<SharedAllGatherWork>(getContext(tag), shared_, tag, timeout, in, out,
-                                                       "baton:shared_all_gather");
-  enqueue(work);
-  return work;
+  return Start(c10::make_intrusive<SharedAllGatherWork>(shared_, getRank(), getSize(), timeout, in, out));
 }
 
 c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedReduceScatter(const at::Tensor& in, const at::Tensor& out,
@@ -357,10 +350,7 @@ c10::intrusive_ptr<c10d::Work> GlooProcessGroup::SharedReduceScatter(const at::T
                   in.numel() == out.numel() * getSize() && in.nbytes() <= shared_limit(),
               "shared-memory reduce-scatter: contiguous tensors of one dtype, the input n outputs, at most ",
               shared_limit(), " bytes in");
-  const uint32_t tag = nextTag();
-  auto work = c10::make_intrusive<SharedReduceScatterWork>(getContext(tag), shared_, tag, timeout, in, out, max);
-  enqueue(work);
-  return work;
+  return Start(c10::make_intrusive<SharedReduceScatterWork>(shared_, getRank(), getSize(), timeout, in, out, max));
 }
 
 c10::intrusive_ptr<c10d::Work> GlooProcessGroup::AllGatherInto(const at::Tensor& in, const at::Tensor& out,
@@ -369,7 +359,10 @@ c10::intrusive_ptr<c10d::Work> GlooProcessGroup::AllGatherInto(const at::Tensor&
   TORCH_CHECK(in.element_size() == out.element_size() && out.numel() == in.numel() * getSize(),
               "all-gather into: the output must hold ", getSize(), " pieces of ", in.numel(), " elements");
   const uint32_t tag = nextTag();
-  auto work = c10::make_intrusive<AllGatherIntoWork>(getContext(tag), in, out, tag, timeout);
+  return Start(c10::make_intrusive<AllGatherIntoWork>(getContext(tag), in, out, tag, timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> GlooProcessGroup::Start(c10::intrusive_ptr<AsyncWork> work) {
   enqueue(work);
   return work;
 }

@@ -66,6 +66,8 @@ class GlooProcessGroup : public c10d::ProcessGroupGloo {
   struct SharedChannel;
 
  private:
+  // Queues `work` on the group's threads, in issue order.
+  c10::intrusive_ptr<c10d::Work> Start(c10::intrusive_ptr<AsyncWork> work);
   // From now on the Shared* operations move bytes through `segments`
   // (mapped on every rank), putting at most `limit` bytes in a segment's
   // half.

@@ -69,7 +69,6 @@ absl::StatusOr<std::unique_ptr<SharedSegments>> SharedSegments::Create(int rank,
       absl::StrFormat("baton-%d-%08x%08x", static_cast<int>(getpid()), random(), random());
   std::unique_ptr<SharedSegments> s(new SharedSegments(rank, size, dir, name));
   if (auto status = s->CreateMine(half_bytes, 0, &s->mapped_[rank]); !status.ok()) return status;
-  s->half_bytes_ = half_bytes;
   s->linked_ = true;
   return s;
 }
@@ -77,10 +76,7 @@ absl::StatusOr<std::unique_ptr<SharedSegments>> SharedSegments::Create(int rank,
 SharedSegments::~SharedSegments() {
   Close();
   Unlink();
-  if (!growing_.empty()) {
-    if (::unlink(PathOf(name_, generation_ + 1).c_str()) != 0) errno = 0;
-    Unmap(&growing_);
-  }
+  EndGrowth(false);  // a growth left unfinished: its file and mappings
   Unmap(&mapped_);
 }
 
@@ -167,7 +163,7 @@ absl::Status SharedSegments::OpenPeers(const std::vector<std::string>& names) {
     return absl::InvalidArgumentError(absl::StrCat("shared memory: ", names.size(), " names for ", size_, " ranks"));
   }
   peer_names_ = names;
-  if (auto s = MapPeers(generation_, half_bytes_, &mapped_); !s.ok()) return s;
+  if (auto s = MapPeers(generation_, half_bytes(), &mapped_); !s.ok()) return s;
   for (int r = 0; r < size_; ++r) {
     const Control* peer = ControlOf(mapped_[r]);
     const std::string pid_namespace(peer->pid_namespace, strnlen(peer->pid_namespace, sizeof(peer->pid_namespace)));
@@ -227,13 +223,14 @@ void SharedSegments::Unlink() {
 }
 
 absl::Status SharedSegments::BeginGrowth(size_t half_bytes) {
-  if (!growing_.empty()) EndGrowth(false);
+  EndGrowth(false);  // what an unfinished growth left
   growing_.assign(size_, Mapping{});
-  growing_half_bytes_ = half_bytes;
   return CreateMine(half_bytes, generation_ + 1, &growing_[rank_]);
 }
 
-absl::Status SharedSegments::MapPeersGrowth() { return MapPeers(generation_ + 1, growing_half_bytes_, &growing_); }
+absl::Status SharedSegments::MapPeersGrowth() {
+  return MapPeers(generation_ + 1, HalfBytesOf(growing_[rank_]), &growing_);
+}
 
 void SharedSegments::SayGrown(bool ok) {
   if (ok) ControlOf(mapped_[rank_])->grown.store(static_cast<uint32_t>(generation_ + 1), std::memory_order_release);
@@ -259,7 +256,6 @@ void SharedSegments::EndGrowth(bool ok) {
   Unmap(&mapped_);
   mapped_ = std::move(growing_);
   growing_.clear();
-  half_bytes_ = growing_half_bytes_;
   ++generation_;
   // Peers wait on this block from now on: the barriers reached so far.
   ControlOf(mapped_[rank_])->arrived.store(barriers_, std::memory_order_release);

@@ -63,7 +63,7 @@ class SharedSegments {
   // Tells the peers this rank's group is gone (their barriers fail at once).
   void Close();
 
-  size_t half_bytes() const { return half_bytes_; }
+  size_t half_bytes() const { return HalfBytesOf(mapped_[rank_]); }
   char* Mine(int half) { return Half(mapped_[rank_], half); }
   const char* Of(int rank, int half) const { return Half(mapped_[rank], half); }
 
@@ -94,6 +94,7 @@ class SharedSegments {
     return m.addr + kControlBytes + half * ((m.bytes - kControlBytes) / 2);
   }
   static Control* ControlOf(const Mapping& m) { return reinterpret_cast<Control*>(m.addr); }
+  static size_t HalfBytesOf(const Mapping& m) { return m.bytes > kControlBytes ? (m.bytes - kControlBytes) / 2 : 0; }
   bool PeerGone(int rank) const;
   absl::Status CreateMine(size_t half_bytes, int generation, Mapping* out);
   absl::Status MapPeers(int generation, size_t half_bytes, std::vector<Mapping>* out);
@@ -104,10 +105,8 @@ class SharedSegments {
   std::vector<std::string> peer_names_;
   int generation_ = 0;
   bool linked_ = false;  // this generation's file of this rank still exists
-  size_t half_bytes_ = 0;
   std::vector<Mapping> mapped_;   // by rank: this rank's writable, the peers' read-only
   std::vector<Mapping> growing_;  // the next generation's, while growing
-  size_t growing_half_bytes_ = 0;
   uint32_t barriers_ = 0;  // barriers this rank has reached
   std::string pid_namespace_;
   std::vector<int> peer_pids_;  // 0: not in this pid namespace (not looked at)

@@ -70,7 +70,7 @@ class NcclCommunicator : public Communicator {
     const int64_t k = output.numel();
     CountBytes(CommOp::kReduceScatter, RingAllGatherBytes(k, input.element_size(), size_),
                RingAllGatherBytes(k, input.element_size(), size_));
-    return Run("reduce-scatter", {input, output}, {1}, timeout, AvgFinish(output, op),
+    return Run("reduce-scatter", {input, output}, {1}, timeout, AvgFinish(output, op, size_),
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
                  return ncclReduceScatter(b[0].device, b[1].device, k, t, NcclOp(op), comm_,
                                           stream_);
@@ -81,7 +81,7 @@ class NcclCommunicator : public Communicator {
                                              Milliseconds timeout) override {
     const int64_t bytes = RingAllReduceBytes(tensor.numel(), tensor.element_size(), size_);
     CountBytes(CommOp::kAllReduce, bytes, bytes);
-    return Run("all-reduce", {tensor}, {0}, timeout, AvgFinish(tensor, op),
+    return Run("all-reduce", {tensor}, {0}, timeout, AvgFinish(tensor, op, size_),
                [&](const std::vector<DeviceBuffer>& b, ncclDataType_t t) {
                  return ncclAllReduce(b[0].device, b[0].device, tensor.numel(), t, NcclOp(op),
                                       comm_, stream_);
@@ -152,12 +152,6 @@ class NcclCommunicator : public Communicator {
 
  private:
   static ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : ncclSum; }
-
-  std::function<void()> AvgFinish(const at::Tensor& t, ReduceOp op) const {
-    if (op != ReduceOp::kAvg) return nullptr;
-    const int n = size_;
-    return [t, n]() mutable { t.div_(n); };
-  }
 
   // Stages tensors onto the device, enqueues `call`, copies results back and
   // records the completion event. Buffer i is tensors[i].
