@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <thread>
 
 #include "common/kv_store.h"
 #include "worker/caching_allocator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/testing/gloo_group.h"
 #include "worker/comm/testing/sum_instead_of_avg.h"
 
 namespace baton {
@@ -24,13 +26,8 @@ class WorkerAllocator : public ::testing::Environment {
 ::testing::Environment* const kWorkerAllocator = ::testing::AddGlobalTestEnvironment(new WorkerAllocator);
 
 std::vector<std::shared_ptr<Communicator>> MakeGroup(KeyValueStore* kv, int n) {
-  std::vector<std::shared_ptr<Communicator>> comms(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] { comms[r] = *CreateGlooCommunicator(kv, "g/", r, n, GlooOptions{}); });
-  }
-  for (auto& t : threads) t.join();
-  return comms;
+  auto group = testing::GlooGroup(kv, "g/", n);
+  return {std::make_move_iterator(group.begin()), std::make_move_iterator(group.end())};
 }
 
 TEST(CollectiveCheckTest, AllOperationsPassWithRingByteCounts) {

@@ -23,6 +23,7 @@
 #include "common/kv_store.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/testing/gloo_group.h"
 
 namespace baton {
 namespace {
@@ -40,12 +41,7 @@ const char* Name(bool shared_memory) { return shared_memory ? "shared memory" : 
 TEST(CommunicatorFailureTest, DeadPeerFailsWithinTimeoutAndBreaksGroup) {
   for (const bool shared_memory : {true, false}) {
     KeyValueStore kv;
-    std::unique_ptr<Communicator> comms[2];
-    const GlooOptions options = Transport(shared_memory);
-    std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "dead/", 0, 2, options); });
-    std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "dead/", 1, 2, options); });
-    t0.join();
-    t1.join();
+    auto comms = testing::GlooGroup(&kv, "dead/", 2, Transport(shared_memory));
     ASSERT_TRUE(comms[0] && comms[1]);
     comms[1].reset();  // rank 1 leaves: its sockets close
     at::Tensor t = at::full({1024}, 1.0f);
@@ -67,12 +63,7 @@ TEST(CommunicatorFailureTest, AllGatherWithAGoneOrSilentPeerEndsWithinTimeout) {
     for (const bool gone : {true, false}) {
       KeyValueStore kv;
       const std::string prefix = gone ? "gone/" : "silent/";
-      std::unique_ptr<Communicator> comms[2];
-      const GlooOptions options = Transport(shared_memory);
-      std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, prefix, 0, 2, options); });
-      std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, prefix, 1, 2, options); });
-      t0.join();
-      t1.join();
+      auto comms = testing::GlooGroup(&kv, prefix, 2, Transport(shared_memory));
       ASSERT_TRUE(comms[0] && comms[1]);
       if (gone) comms[1].reset();
       at::Tensor in = at::full({1024}, 1.0f), out = at::empty({2048});
@@ -110,14 +101,9 @@ TEST(CommunicatorSharedMemoryTest, AGroupOnOneHostMapsItsPeersAndLeavesNoFile) {
   for (const bool shared_memory : {true, false}) {
     const int before = SegmentMappings().mapped;
     KeyValueStore kv;
-    std::unique_ptr<Communicator> comms[3];
-    const GlooOptions options = Transport(shared_memory);
+    auto comms = testing::GlooGroup(&kv, "host/", 3, Transport(shared_memory));
+    ASSERT_TRUE(comms[0] && comms[1] && comms[2]);
     std::vector<std::thread> threads;
-    for (int r = 0; r < 3; ++r) {
-      threads.emplace_back([&, r] { comms[r] = *CreateGlooCommunicator(&kv, "host/", r, 3, options); });
-    }
-    for (auto& t : threads) t.join();
-    threads.clear();
     // A 4 MiB all-reduce: the segments grow from their first 64 KiB.
     at::Tensor t[3];
     absl::Status s[3];
@@ -164,18 +150,14 @@ TEST(CommunicatorSharedMemoryTest, AGroupThatCannotShareFallsBackToTcpTogether) 
   for (const bool other_host : {true, false}) {
     const int before = SegmentMappings().mapped;
     KeyValueStore kv;
-    std::unique_ptr<Communicator> comms[2];
-    GlooOptions options[2];
+    std::vector<GlooOptions> options(2);
     if (other_host) {
       options[0].shared_memory_dir = dir0;
       options[1].shared_memory_dir = dir1;
     } else {
       options[1].shared_memory = false;
     }
-    std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "apart/", 0, 2, options[0]); });
-    std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "apart/", 1, 2, options[1]); });
-    t0.join();
-    t1.join();
+    auto comms = testing::GlooGroup(&kv, "apart/", options);
     ASSERT_TRUE(comms[0] && comms[1]);
     at::Tensor t[2] = {at::full({1 << 16}, 1.0f), at::full({1 << 16}, 2.0f)};
     absl::Status s[2];
@@ -202,11 +184,7 @@ TEST(CommunicatorSharedMemoryTest, AGroupThatCannotShareFallsBackToTcpTogether) 
 // fails), never a later one's.
 TEST(CommunicatorSharedMemoryTest, AnAbortedRankWritesNoLaterOperation) {
   KeyValueStore kv;
-  std::unique_ptr<Communicator> comms[2];
-  std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "queued/", 0, 2, GlooOptions{}); });
-  std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "queued/", 1, 2, GlooOptions{}); });
-  t0.join();
-  t1.join();
+  auto comms = testing::GlooGroup(&kv, "queued/", 2);
   ASSERT_TRUE(comms[0] && comms[1]);
   at::Tensor mine[3] = {at::full({1024}, 1.0f), at::full({1024}, 2.0f), at::full({1024}, 3.0f)};
   std::vector<std::unique_ptr<CommHandle>> queued;
@@ -240,13 +218,9 @@ TEST(CommunicatorSharedMemoryTest, StaleSegmentFilesAreRemoved) {
   ASSERT_EQ(utimensat(AT_FDCWD, old_file.c_str(), an_hour_ago, 0), 0);
   ASSERT_EQ(utimensat(AT_FDCWD, other_file.c_str(), an_hour_ago, 0), 0);
   KeyValueStore kv;
-  std::unique_ptr<Communicator> comms[2];
   GlooOptions options;
   options.shared_memory_dir = dir;
-  std::thread t0([&] { comms[0] = *CreateGlooCommunicator(&kv, "stale/", 0, 2, options); });
-  std::thread t1([&] { comms[1] = *CreateGlooCommunicator(&kv, "stale/", 1, 2, options); });
-  t0.join();
-  t1.join();
+  auto comms = testing::GlooGroup(&kv, "stale/", 2, options);
   ASSERT_TRUE(comms[0] && comms[1]);
   const bool old_gone = access(old_file.c_str(), F_OK) != 0, fresh_kept = access(fresh_file.c_str(), F_OK) == 0,
              other_kept = access(other_file.c_str(), F_OK) == 0;
