@@ -20,7 +20,6 @@ namespace {
 using baton::v1::Instruction;
 using testing::Decoder;
 using testing::SeedLab;
-using testing::UnitIndex;
 
 TEST(PlannerTest, SeedLabShardsFollowTorchChunkAndRankOneHoldsTheEmptyHead) {
   auto programs = CompilePrograms(SeedLab(), "job-1");
