@@ -145,6 +145,30 @@ TEST(JobManagerTest, AClientsKStepsRunInOneRoundTripEach) {
   EXPECT_EQ((*job)->step(), 10);
 }
 
+TEST(JobManagerTest, ARankFailingAtACallsFirstStepCountsNoneOfItsSteps) {
+  // Rank 0 fails at step 5, the first of the second call of 4, while rank 1
+  // (a fake needs no peer) completes all 4: the steps completed everywhere
+  // are 1-4. Rank 0's answer said so only through its failed_step: with
+  // rank 0 and no metrics its details were empty, read as "says nothing",
+  // and rank 1's steps 5-8 were counted.
+  ControllerHarness h{HarnessOptions()};
+  testing::FakeScript fail;
+  fail.fail_at_step = 5;
+  h.worker(0).set_script(fail);
+  auto job = h.jobs().Create(MlpJob("first-of-call", 100, "workers: [\"fake-0\", \"fake-1\"] mesh { name: \"dp\" size: 2 }"),
+                             absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stepped = h.jobs().Step((*job)->id(), 10, 4, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  int logged = 0;
+  for (const auto& e : (*job)->log().After(0)) logged += e.has_step();
+  std::printf("rank 0 fails at step 5 of calls of 4: job at step %d, %d step entries; %s\n", (*job)->step(), logged,
+              stepped.status().ToString().substr(0, 160).c_str());
+  EXPECT_FALSE(stepped.ok());
+  EXPECT_EQ((*job)->step(), 4);
+  EXPECT_EQ(logged, 4);
+  EXPECT_TRUE(absl::StrContains(stepped.status().message(), "step 5 failed")) << stepped.status();
+}
+
 TEST(JobManagerTest, AStreamedStepReportsEachCallAsItSettles) {
   ControllerHarness h(CheckpointingHarnessOptions());
   SlowSteps(h, absl::Milliseconds(30));

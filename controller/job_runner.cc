@@ -277,8 +277,8 @@ int JobRunner::RecordCompleted(const std::vector<CallResult<baton::v1::RunStepRe
     CallResult<baton::v1::RunStepResponse> a;
     if (r.status.ok()) {
       a.response = r.response;
-    } else if (r.status.error_details().empty() || !a.response.ParseFromString(r.status.error_details())) {
-      continue;  // dead, cancelled or an old worker: says nothing
+    } else if (!a.response.ParseFromString(r.status.error_details()) || a.response.failed_step() == 0) {
+      continue;  // dead, cancelled, an old worker: says nothing
     }
     completed = std::min(completed, a.response.metrics_size());
     answered.push_back(std::move(a));

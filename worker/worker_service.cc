@@ -362,6 +362,7 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
       // if the mesh was dropped meanwhile, this is its last reference, and
       // tearing it down waits for them: not before the answer goes out.
       resp->set_rank(mesh->rank);
+      resp->set_failed_step(failed_step);
       DropInBackground(std::move(mesh));
       // The steps before the failed one did complete here: their metrics
       // travel in the error's details (a RunStepResponse).

@@ -135,6 +135,7 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
     if (script.fail_at_step == step && script_.fail_times != 0) {
       if (script_.fail_times > 0) --script_.fail_times;
       // As a worker does: the steps before it completed, said in the details.
+      resp->set_failed_step(step);
       return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", step),
                           resp->SerializeAsString());
     }
