@@ -132,11 +132,12 @@ def run_size(bin_dir, n, steps, tmp, shared, per_call=1):
 # Real workers: a ~2 ms and a ~20 ms step, each run with one step per call
 # and with every step in one call.
 REAL_JOBS = [
-    ("tiny MLP, DDP x 2", 'model { mlp { d_model: 32 blocks: 2 } }\nmesh { name: "dp" size: 2 }\nplan { mode: DDP }\n'
+    # Sized for the issue's ~2 ms and ~20 ms steps on this 2-core machine
+    # (d_model 32 had become a ~1 ms step, dim 128 x 2 layers ~13 ms, once
+    # the collectives went through shared memory).
+    ("MLP d256, DDP x 2", 'model { mlp { d_model: 256 blocks: 2 } }\nmesh { name: "dp" size: 2 }\nplan { mode: DDP }\n'
      'optimizer { lr: 0.01 }\ndata { synthetic {} batch_size: 16 }\n'),
-    # dim 128: a ~20 ms step (dim 64 took ~20 ms before the tensor allocator
-    # stopped faulting pages in every step; it takes ~12 ms since).
-    ("small decoder, FSDP x 2", 'model { decoder { vocab: 256 dim: 128 layers: 2 heads: 4 ffn_dim: 256 seq_len: 64 } }\n'
+    ("decoder 128x3, FSDP x 2", 'model { decoder { vocab: 256 dim: 128 layers: 3 heads: 4 ffn_dim: 256 seq_len: 64 } }\n'
      'mesh { name: "dp" size: 2 }\nplan { mode: FSDP }\noptimizer { lr: 0.001 }\ndata { synthetic {} batch_size: 8 }\n'),
 ]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # First, K steps per call on real workers: a controller and 2 workers run a
-# ~2 ms step (a tiny MLP, DDP x 2) and a ~20 ms one (a small decoder, FSDP
+# ~2 ms step (an MLP, d_model 256, DDP x 2) and a ~20 ms one (a decoder, FSDP
 # x 2) 100 steps each way, with one step per call and with all of them in one
 # (baton run --steps_per_call); printed: the step time through the
 # controller as the client sees it, and their ratio (medians of 3 rounds).
