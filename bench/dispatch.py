@@ -187,12 +187,20 @@ def real_section(bin_dir, tmp, steps, rounds=3):
             with open(job_file, "w") as f:
                 f.write('name: "k-steps"\n' + text + "steps: %d\nseed: 1\n" % steps)
             one, all_ = [], []
+            cpu = {1: [], steps: []}  # CPU ms per step: controller, workers together
             for _ in range(rounds):
-                one.append(stepping_ms(bin_dir, addr, job_file, 1))
-                all_.append(stepping_ms(bin_dir, addr, job_file, steps))
+                for k, times in ((1, one), (steps, all_)):
+                    before = [cpu_seconds(p.pid) for p in procs]
+                    times.append(stepping_ms(bin_dir, addr, job_file, k))
+                    used = [(cpu_seconds(p.pid) - b) * 1e3 / steps for p, b in zip(procs, before)]
+                    cpu[k].append((used[0], sum(used[1:])))
             a, b = pct(one, 50), pct(all_, 50)
             print("  %-24s step through the controller: %7.3f ms with K = 1, %7.3f ms with K = %d: "
                   "K = 1 / K = %d = %.3f" % (name, a, b, steps, steps, a / b), flush=True)
+            # On a small machine the round trip's cost is CPU the ranks need.
+            for k in (1, steps):
+                print("  %-24s   CPU per step with K = %-4d controller %.3f ms, workers together %.3f ms (their loading included)"
+                      % ("", k, pct([c for c, _ in cpu[k]], 50), pct([w for _, w in cpu[k]], 50)), flush=True)
     finally:
         stop_all(procs)
 

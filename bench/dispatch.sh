@@ -3,7 +3,8 @@
 # ~2 ms step (an MLP, d_model 256, DDP x 2) and a ~20 ms one (a decoder, FSDP
 # x 2) 100 steps each way, with one step per call and with all of them in one
 # (baton run --steps_per_call); printed: the step time through the
-# controller as the client sees it, and their ratio (medians of 3 rounds).
+# controller as the client sees it, and their ratio (medians of 3 rounds),
+# and the CPU the controller and the workers spend per step each way.
 #
 # Then the controller's dispatch at scale: a controller driving 8, 64, 256 and
 # 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering
