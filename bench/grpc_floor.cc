@@ -3,14 +3,19 @@
 // bench/dispatch.sh beside it. A child process serves an echo (callback API);
 // this process sends one small message to each of N targets at once and
 // waits for every answer, round after round:
-//   unary   N unary calls (what the dispatcher sends)
+//   unary   N unary calls (what the dispatcher sends), answered through
+//           gRPC's callback API
+//   cq      the same calls on a completion queue the calling thread drains
 //   stream  one message on each of N streams opened beforehand
 // over one connection per target, or one shared connection (--shared).
 //
 //   grpc_floor --targets 1024 [--shared] [--rounds 50]
-// prints "unary MS_PER_ROUND CPU_MS_PER_ROUND" and "stream ..." lines.
+// prints "unary MS_PER_ROUND CPU_MS_PER_ROUND", "cq ..." and "stream ..." lines.
+// With --pause_us, each round starts after a pause (not counted in
+// MS_PER_ROUND; CPU counts what the wakeups cost).
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -31,6 +36,9 @@
 ABSL_FLAG(int, targets, 64, "Round trips per round (one per target).");
 ABSL_FLAG(bool, shared, false, "One connection for all targets.");
 ABSL_FLAG(int, rounds, 50, "Rounds measured (after 5 not measured).");
+ABSL_FLAG(int, pause_us, 0,
+          "A pause between rounds, as between a job's steps (not counted in the time per round): "
+          "its threads go to sleep and are woken for the next round.");
 
 namespace baton {
 namespace {
@@ -145,14 +153,24 @@ int Main(int argc, char** argv) {
   auto stub_of = [&](int i) { return stubs[shared ? 0 : i].get(); };
   grpc::Slice slice(std::string(32, 'x'));
   const grpc::ByteBuffer message(&slice, 1);
+  const int pause_us = absl::GetFlag(FLAGS_pause_us);
+  double paused = 0;  // seconds of pauses since the measured rounds began
+  auto pause = [&](int r) {
+    if (pause_us <= 0) return;
+    const double p0 = Seconds();
+    usleep(pause_us);
+    if (r >= kWarmup) paused += Seconds() - p0;
+  };
   auto report = [&](const char* what, double t0, double c0) {
-    std::printf("%s %.3f %.3f\n", what, (Seconds() - t0) / rounds * 1e3, (CpuSeconds() - c0) / rounds * 1e3);
+    std::printf("%s %.3f %.3f\n", what, (Seconds() - t0 - paused) / rounds * 1e3, (CpuSeconds() - c0) / rounds * 1e3);
+    paused = 0;
   };
   {
     Round round;
     double t0 = 0, c0 = 0;
     for (int r = 0; r < kWarmup + rounds; ++r) {
       if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      pause(r);
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
       std::vector<grpc::ByteBuffer> requests(n, message), responses(n);
       round.Start(n);
@@ -166,12 +184,37 @@ int Main(int argc, char** argv) {
     report("unary", t0, c0);
   }
   {
+    grpc::CompletionQueue cq;
+    double t0 = 0, c0 = 0;
+    for (int r = 0; r < kWarmup + rounds; ++r) {
+      if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      pause(r);
+      std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+      std::vector<grpc::ByteBuffer> responses(n);
+      std::vector<grpc::Status> statuses(n);
+      std::vector<std::unique_ptr<grpc::GenericClientAsyncResponseReader>> calls(n);
+      for (int i = 0; i < n; ++i) {
+        contexts[i] = std::make_unique<grpc::ClientContext>();
+        calls[i] = stub_of(i)->PrepareUnaryCall(contexts[i].get(), kMethod, message, &cq);
+        calls[i]->StartCall();
+        calls[i]->Finish(&responses[i], &statuses[i], reinterpret_cast<void*>(static_cast<intptr_t>(i)));
+      }
+      void* tag = nullptr;
+      bool ok = false;
+      for (int left = n; left > 0 && cq.Next(&tag, &ok); --left) {
+      }
+    }
+    report("cq", t0, c0);
+    cq.Shutdown();
+  }
+  {
     Round round;
     std::vector<std::unique_ptr<EchoStream>> streams;
     for (int i = 0; i < n; ++i) streams.push_back(std::make_unique<EchoStream>(stub_of(i), &round));
     double t0 = 0, c0 = 0;
     for (int r = 0; r < kWarmup + rounds; ++r) {
       if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      pause(r);
       round.Start(2 * n);
       for (auto& s : streams) s->Send(message);
       round.Wait();
