@@ -215,6 +215,36 @@ TEST(JobManagerTest, AStreamedStepReportsEachCallAsItSettles) {
   EXPECT_EQ(h.worker(0).step_calls(), 5);
 }
 
+TEST(JobManagerTest, AStreamedStepSendsFastStepsTogetherAtMostEvery25Ms) {
+  ControllerHarness h({});
+  SlowSteps(h, absl::Milliseconds(1));  // a fake's step takes 5 ms at least
+  auto job = h.jobs().Create(MlpJob("fast", 200), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<int> all;
+  int parts = 0;
+  auto take = [&](JobManager::StepOutcome&& part) {
+    ++parts;
+    EXPECT_FALSE(part.metrics.empty());
+    for (const auto& m : part.metrics) all.push_back(m.step());
+    return true;
+  };
+  const absl::Time start = absl::Now();
+  auto last = h.jobs().Step((*job)->id(), 100, 1, 30000, absl::Now() + absl::Seconds(30), nullptr, take);
+  const double elapsed_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  ASSERT_TRUE(last.ok()) << last.status();
+  for (const auto& m : last->metrics) all.push_back(m.step());
+  std::vector<int> expected(100);
+  for (int i = 0; i < 100; ++i) expected[i] = i + 1;
+  // One part per 25 ms at most (and the last answer); without the interval
+  // it was a part per step.
+  const int most = static_cast<int>(elapsed_ms / 25) + 2;
+  std::printf("Step(100) streamed, steps of >= 5 ms: %d parts before the answer in %.0f ms (at most %d); %zu steps\n",
+              parts, elapsed_ms, most, all.size());
+  EXPECT_EQ(all, expected);
+  EXPECT_LE(parts, most);
+  EXPECT_GE(parts, 2);
+}
+
 TEST(JobManagerTest, AStreamedStepWhoseCallerLeavesWithdrawsWhatHasNotStarted) {
   ControllerHarness h({});
   SlowSteps(h, absl::Milliseconds(100));
