@@ -2,7 +2,12 @@
 """PyTorch reference peer for Baton's side-by-side throughput benchmark.
 
 Trains a small decoder-only transformer on random tokens in one of three modes
-and prints a single machine-readable line on stdout:
+and prints a single machine-readable line on stdout. The model is Baton's
+decoder (docs/model_contract.md): RMSNorm, rotary positions on q and k (Meta's
+Llama tables, interleaved pairs), causal softmax attention, a GELU or SwiGLU
+MLP, an untied output; the rotary positions came with the Llama model (issue
+18) after this peer was written, and until then Baton's side did that work
+and this one did not.
 
   RESULT mode=<mode> world=<world> params=<n> tokens_per_s=<f> step_ms=<f> loss=<f>
 
@@ -53,6 +58,28 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+def rotary_tables(head_dim, seq_len, theta=10000.0):
+    """Rotary positions as Meta's Llama computes them (precompute_freqs_cis:
+    angle pos * theta^(-2i/hd), float32), once per model, as cos and sin
+    tables interleaved for feature pairs (x[2i], x[2i+1]). Applied with real
+    multiplications: on this PyTorch (1.13, CPU) Meta's complex form made a
+    step ~20 % slower."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+    cos, sin = angles.cos(), angles.sin()
+    return (torch.stack((cos, cos), -1).flatten(-2).view(seq_len, 1, head_dim),
+            torch.stack((-sin, sin), -1).flatten(-2).view(seq_len, 1, head_dim))
+
+
+def apply_rotary_emb(x, tables):
+    """x: (B, T, heads, head_dim); each pair (x[2i], x[2i+1]) turned by its
+    angle. Baton's decoder rotates q and k so (docs/model_contract.md)."""
+    cos, sin = tables
+    t = x.shape[1]
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * cos[:t] + swapped * sin[:t]
+
+
 class Attention(nn.Module):
     def __init__(self, dim, n_heads):
         super().__init__()
@@ -62,11 +89,12 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, dim, bias=False)
         self.wo = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x, mask):
+    def forward(self, x, mask, freqs_cis):
         b, t, d = x.shape
-        # (B, T, D) -> (B, heads, T, head_dim)
-        q, k, v = (w(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))
+        q, k, v = (w(x).view(b, t, self.n_heads, self.head_dim) for w in (self.wq, self.wk, self.wv))
+        # Rotary positions on q and k, then (B, T, heads, hd) -> (B, heads, T, hd).
+        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim) + mask
         probs = F.softmax(scores.float(), dim=-1).type_as(q)
         out = (probs @ v).transpose(1, 2).reshape(b, t, d)
@@ -96,8 +124,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(a.dim)
         self.feed_forward = FeedForward(a.dim, a.ffn_dim, a.mlp)
 
-    def forward(self, x, mask):
-        h = x + self.attention(self.attention_norm(x), mask)
+    def forward(self, x, mask, freqs_cis):
+        h = x + self.attention(self.attention_norm(x), mask, freqs_cis)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -109,6 +137,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(a) for _ in range(a.layers))
         self.norm = RMSNorm(a.dim)
         self.output = nn.Linear(a.dim, a.vocab, bias=False)
+        # A plain attribute, not a buffer: DDP would broadcast a buffer every step.
+        self.freqs_cis = rotary_tables(a.dim // a.heads, a.seq_len)
 
     def forward(self, tokens, targets):
         x = self.tok_embeddings(tokens)
@@ -117,7 +147,7 @@ class Transformer(nn.Module):
         t = tokens.shape[1]
         mask = torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, self.freqs_cis)
         logits = self.output(self.norm(x))
         return F.cross_entropy(logits.view(-1, self.vocab), targets.view(-1))
 
