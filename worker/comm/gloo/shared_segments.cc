@@ -200,13 +200,26 @@ absl::Status SharedSegments::Barrier(std::chrono::milliseconds timeout, const st
         return absl::DeadlineExceededError(
             absl::StrCat("shared memory: Timed out waiting ", timeout.count(), "ms for rank ", r));
       }
-      if (PeerGone(r)) return absl::UnavailableError(absl::StrCat("shared memory: rank ", r, "'s process is gone"));
+      if (PeerGone(r)) {
+        RemoveNextOf(r);
+        return absl::UnavailableError(absl::StrCat("shared memory: rank ", r, "'s process is gone"));
+      }
       const auto wait = std::min<std::chrono::nanoseconds>(kSlice, deadline - now);
       const timespec slice{static_cast<time_t>(wait.count() / 1000000000), static_cast<long>(wait.count() % 1000000000)};
       Futex(&peer->arrived, FUTEX_WAIT, seen, &slice);  // woken, timed out, or the word moved
     }
   }
   return absl::OkStatus();
+}
+
+void SharedSegments::RemoveNextOf(int rank) {
+  // A peer that died inside a growth (its next file created, not yet
+  // removed once mapped) leaves that file: its survivors remove it now,
+  // rather than a later group after RemoveStale's age. None there: ENOENT.
+  if (peer_names_.size() == static_cast<size_t>(size_) && !peer_names_[rank].empty() &&
+      ::unlink(PathOf(peer_names_[rank], generation_ + 1).c_str()) != 0) {
+    errno = 0;
+  }
 }
 
 void SharedSegments::Close() {

@@ -10,7 +10,9 @@
 // futex word) and whether its group is gone, then two halves that
 // operations alternate between, so an operation can write its half while a
 // slower peer still reads the previous operation's. Files are removed as soon as every peer has mapped them:
-// nothing is left behind when a process dies. A segment grows (a new file
+// nothing is left behind when a process dies, but for one that dies inside
+// a growth (its next file created, not yet mapped by every peer): the
+// survivor that finds its process gone removes that file. A segment grows (a new file
 // per generation, mapped the same way) when an operation needs more; every
 // rank grows at the same operation, since all ranks run the same ones.
 //
@@ -58,7 +60,8 @@ class SharedSegments {
 
   // Every rank's barrier: returns once every peer has reached it, or fails
   // - DEADLINE_EXCEEDED after `timeout`, UNAVAILABLE once a peer's group or
-  // process is gone, ABORTED once `*aborted` is set (looked at every 10 ms).
+  // process is gone (and then removes the file a growth of that peer's may
+  // have left), ABORTED once `*aborted` is set (looked at every 10 ms).
   absl::Status Barrier(std::chrono::milliseconds timeout, const std::atomic<bool>& aborted);
   // Tells the peers this rank's group is gone (their barriers fail at once).
   void Close();
@@ -96,6 +99,8 @@ class SharedSegments {
   static Control* ControlOf(const Mapping& m) { return reinterpret_cast<Control*>(m.addr); }
   static size_t HalfBytesOf(const Mapping& m) { return m.bytes > kControlBytes ? (m.bytes - kControlBytes) / 2 : 0; }
   bool PeerGone(int rank) const;
+  // Removes the next generation's file of `rank`, whose process is gone.
+  void RemoveNextOf(int rank);
   absl::Status CreateMine(size_t half_bytes, int generation, Mapping* out);
   absl::Status MapPeers(int generation, size_t half_bytes, std::vector<Mapping>* out);
   static void Unmap(std::vector<Mapping>* mappings);
