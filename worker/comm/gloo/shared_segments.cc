@@ -76,6 +76,9 @@ absl::StatusOr<std::unique_ptr<SharedSegments>> SharedSegments::Create(int rank,
 SharedSegments::~SharedSegments() {
   Close();
   Unlink();
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && PeerGone(r)) RemoveFilesOf(r);  // e.g. a peer killed while the group formed
+  }
   EndGrowth(false);  // a growth left unfinished: its file and mappings
   Unmap(&mapped_);
 }
@@ -201,7 +204,7 @@ absl::Status SharedSegments::Barrier(std::chrono::milliseconds timeout, const st
             absl::StrCat("shared memory: Timed out waiting ", timeout.count(), "ms for rank ", r));
       }
       if (PeerGone(r)) {
-        RemoveNextOf(r);
+        RemoveFilesOf(r);
         return absl::UnavailableError(absl::StrCat("shared memory: rank ", r, "'s process is gone"));
       }
       const auto wait = std::min<std::chrono::nanoseconds>(kSlice, deadline - now);
@@ -212,13 +215,14 @@ absl::Status SharedSegments::Barrier(std::chrono::milliseconds timeout, const st
   return absl::OkStatus();
 }
 
-void SharedSegments::RemoveNextOf(int rank) {
-  // A peer that died inside a growth (its next file created, not yet
-  // removed once mapped) leaves that file: its survivors remove it now,
-  // rather than a later group after RemoveStale's age. None there: ENOENT.
-  if (peer_names_.size() == static_cast<size_t>(size_) && !peer_names_[rank].empty() &&
-      ::unlink(PathOf(peer_names_[rank], generation_ + 1).c_str()) != 0) {
-    errno = 0;
+void SharedSegments::RemoveFilesOf(int rank) {
+  // A peer that died before every peer had mapped its file (while its
+  // group formed, or inside a growth: its next file) leaves that file; its
+  // survivors remove it now, rather than a later group after RemoveStale's
+  // age. Removed already (by itself, or another survivor): ENOENT.
+  if (peer_names_.size() != static_cast<size_t>(size_) || peer_names_[rank].empty()) return;
+  for (const int generation : {generation_, generation_ + 1}) {
+    if (::unlink(PathOf(peer_names_[rank], generation).c_str()) != 0) errno = 0;
   }
 }
 

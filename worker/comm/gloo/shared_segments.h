@@ -10,9 +10,10 @@
 // futex word) and whether its group is gone, then two halves that
 // operations alternate between, so an operation can write its half while a
 // slower peer still reads the previous operation's. Files are removed as soon as every peer has mapped them:
-// nothing is left behind when a process dies, but for one that dies inside
-// a growth (its next file created, not yet mapped by every peer): the
-// survivor that finds its process gone removes that file. A segment grows (a new file
+// nothing is left behind when a process dies, but for one that dies before
+// every peer mapped its file (while the group forms, or inside a growth):
+// a survivor that finds its process gone (in a barrier, or as its own
+// segments go) removes that file. A segment grows (a new file
 // per generation, mapped the same way) when an operation needs more; every
 // rank grows at the same operation, since all ranks run the same ones.
 //
@@ -99,8 +100,9 @@ class SharedSegments {
   static Control* ControlOf(const Mapping& m) { return reinterpret_cast<Control*>(m.addr); }
   static size_t HalfBytesOf(const Mapping& m) { return m.bytes > kControlBytes ? (m.bytes - kControlBytes) / 2 : 0; }
   bool PeerGone(int rank) const;
-  // Removes the next generation's file of `rank`, whose process is gone.
-  void RemoveNextOf(int rank);
+  // Removes the files `rank`, whose process is gone, may have left: this
+  // generation's and the next's.
+  void RemoveFilesOf(int rank);
   absl::Status CreateMine(size_t half_bytes, int generation, Mapping* out);
   absl::Status MapPeers(int generation, size_t half_bytes, std::vector<Mapping>* out);
   static void Unmap(std::vector<Mapping>* mappings);
