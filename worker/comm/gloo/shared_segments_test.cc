@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -34,17 +36,18 @@ std::string ReadLine(int fd) {
   return s;
 }
 
-TEST(SharedSegmentsTest, APeerKilledInsideAGrowthLeavesNoFile) {
-  char dir[] = "/tmp/baton-segments-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+// Rank 0 here and rank 1 in a forked child, their segments in `dir`, each
+// mapping the other's; then the child runs `then` and exits (as a killed
+// process does: nothing of its own removed). Returns rank 0's segments
+// once the child is gone (reaped: not a zombie, whose pid still answers).
+std::unique_ptr<SharedSegments> PairWithDeadPeer(const char* dir, const std::function<void(SharedSegments&)>& then) {
   int to_child[2], to_parent[2];
-  ASSERT_EQ(pipe(to_child), 0);
-  ASSERT_EQ(pipe(to_parent), 0);
+  if (pipe(to_child) != 0 || pipe(to_parent) != 0) return nullptr;
   auto mine = SharedSegments::Create(0, 2, 4096, dir);
-  ASSERT_TRUE(mine.ok()) << mine.status();
+  if (!mine.ok()) return nullptr;
   const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // rank 1: joins, starts the growth, dies inside it
+  if (child < 0) return nullptr;
+  if (child == 0) {
     auto peer = SharedSegments::Create(1, 2, 4096, dir);
     if (!peer.ok()) _exit(2);
     const std::string line = (*peer)->name() + "\n";
@@ -52,68 +55,54 @@ TEST(SharedSegmentsTest, APeerKilledInsideAGrowthLeavesNoFile) {
     const std::string rank0 = ReadLine(to_child[0]);
     if (!(*peer)->OpenPeers({rank0, (*peer)->name()}).ok()) _exit(3);
     if (write(to_parent[1], "mapped\n", 7) < 0) _exit(2);
-    ReadLine(to_child[0]);  // both mapped: files removed
-    (*peer)->Unlink();
-    if (!(*peer)->BeginGrowth(8192).ok()) _exit(4);
-    if (write(to_parent[1], "growing\n", 8) < 0) _exit(2);
-    _exit(0);  // killed: nothing of its own is removed
+    ReadLine(to_child[0]);  // rank 0 mapped too
+    then(**peer);
+    _exit(0);
   }
   const std::string rank1 = ReadLine(to_parent[0]);
   const std::string line = (*mine)->name() + "\n";
-  ASSERT_GT(write(to_child[1], line.data(), line.size()), 0);
-  ASSERT_TRUE((*mine)->OpenPeers({(*mine)->name(), rank1}).ok());
-  ASSERT_EQ(ReadLine(to_parent[0]), "mapped");
-  ASSERT_GT(write(to_child[1], "go\n", 3), 0);
-  (*mine)->Unlink();
-  ASSERT_EQ(ReadLine(to_parent[0]), "growing");
+  if (write(to_child[1], line.data(), line.size()) < 0 || !(*mine)->OpenPeers({(*mine)->name(), rank1}).ok() ||
+      ReadLine(to_parent[0]) != "mapped" || write(to_child[1], "go\n", 3) < 0) {
+    return nullptr;
+  }
   int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);  // gone, not a zombie
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return nullptr;
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
+  return std::move(*mine);
+}
+
+TEST(SharedSegmentsTest, APeerKilledInsideAGrowthLeavesNoFile) {
+  char dir[] = "/tmp/baton-segments-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::unique_ptr<SharedSegments> mine = PairWithDeadPeer(dir, [](SharedSegments& peer) {
+    peer.Unlink();  // its group formed
+    if (!peer.BeginGrowth(8192).ok()) _exit(4);  // its next file created: killed here
+  });
+  ASSERT_NE(mine, nullptr);
+  mine->Unlink();
   const std::vector<std::string> left_by_peer = FilesIn(dir);
-  ASSERT_TRUE((*mine)->BeginGrowth(8192).ok());
+  ASSERT_TRUE(mine->BeginGrowth(8192).ok());
   std::atomic<bool> aborted{false};
-  const absl::Status barrier = (*mine)->Barrier(std::chrono::milliseconds(5000), aborted);
-  (*mine)->EndGrowth(false);
+  const absl::Status barrier = mine->Barrier(std::chrono::milliseconds(5000), aborted);
+  mine->EndGrowth(false);
   const std::vector<std::string> after = FilesIn(dir);
   std::printf("files after the peer died inside its growth: %zu; the survivor's barrier: %s; files after: %zu\n",
               left_by_peer.size(), barrier.ToString().c_str(), after.size());
   EXPECT_EQ(left_by_peer.size(), 1u);  // its next file
   EXPECT_EQ(barrier.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(after.empty()) << after.front();
-  mine->reset();
+  mine.reset();
   EXPECT_EQ(rmdir(dir), 0);
 }
 
 TEST(SharedSegmentsTest, APeerKilledWhileTheGroupFormsLeavesNoFile) {
   char dir[] = "/tmp/baton-segments-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  int to_child[2], to_parent[2];
-  ASSERT_EQ(pipe(to_child), 0);
-  ASSERT_EQ(pipe(to_parent), 0);
-  auto mine = SharedSegments::Create(0, 2, 4096, dir);
-  ASSERT_TRUE(mine.ok()) << mine.status();
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {  // rank 1: maps its peer, dies before removing its own file
-    auto peer = SharedSegments::Create(1, 2, 4096, dir);
-    if (!peer.ok()) _exit(2);
-    const std::string line = (*peer)->name() + "\n";
-    if (write(to_parent[1], line.data(), line.size()) < 0) _exit(2);
-    const std::string rank0 = ReadLine(to_child[0]);
-    if (!(*peer)->OpenPeers({rank0, (*peer)->name()}).ok()) _exit(3);
-    if (write(to_parent[1], "mapped\n", 7) < 0) _exit(2);
-    _exit(0);
-  }
-  const std::string rank1 = ReadLine(to_parent[0]);
-  const std::string line = (*mine)->name() + "\n";
-  ASSERT_GT(write(to_child[1], line.data(), line.size()), 0);
-  ASSERT_TRUE((*mine)->OpenPeers({(*mine)->name(), rank1}).ok());
-  ASSERT_EQ(ReadLine(to_parent[0]), "mapped");
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_EQ(WEXITSTATUS(status), 0);
+  // Killed before it removed its own file.
+  std::unique_ptr<SharedSegments> mine = PairWithDeadPeer(dir, [](SharedSegments&) {});
+  ASSERT_NE(mine, nullptr);
   const size_t before = FilesIn(dir).size();
-  mine->reset();  // the group failed (its peer is gone): its segments go
+  mine.reset();  // the group failed (its peer is gone): its segments go
   const std::vector<std::string> after = FilesIn(dir);
   std::printf("files while the group formed, its peer dead: %zu; after the survivor's segments went: %zu\n", before,
               after.size());
