@@ -27,9 +27,8 @@ absl::Status NotRunning(const baton::v1::JobStatus& s) {
 
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 // A streamed Step answers at most this often: steps that settle sooner
-// travel together in the next part. A part per 2 ms step cost the
-// controller and the client more CPU than the step's own round trip, on
-// the cores the workers need.
+// travel together in the next part. A part per ~1 ms step cost the client
+// and the controller ~0.15 ms of CPU a step, on the cores the workers need.
 constexpr absl::Duration kPartInterval = absl::Milliseconds(25);
 
 }  // namespace

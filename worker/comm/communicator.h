@@ -210,13 +210,13 @@ class Communicator {
   std::shared_ptr<CommClock> clock_ = std::make_shared<CommClock>();
 };
 
-// Shape checks shared by every backend; an error names the operation and what
-// was expected.
 // What an AVG reduction does once the SUM has landed in `t`: divide by the
 // group's `size` (nullptr for SUM and MAX). For backends that reduce AVG as
 // SUM.
 std::function<void()> AvgFinish(const at::Tensor& t, ReduceOp op, int size);
 
+// Shape checks shared by every backend; an error names the operation and what
+// was expected.
 absl::Status CheckAllGatherArgs(const at::Tensor& input, const at::Tensor& output, int size);
 absl::Status CheckReduceScatterArgs(const at::Tensor& input, const at::Tensor& output, int size);
 absl::Status CheckAllToAllArgs(const at::Tensor& input, const at::Tensor& output, int size);
