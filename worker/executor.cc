@@ -74,8 +74,9 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   }
   step_ = step;
   timeout_ = timeout;
-  // OpenMP's thread count is per calling thread, and gRPC may run each step
-  // on a different one: set it here, where the compute happens.
+  // OpenMP's thread count is per calling thread (the worker's steps run on
+  // their mesh's StepThread, but tests and other callers need not): set it
+  // here, where the compute happens.
   at::set_num_threads(std::max(1, program_.threads()));
   const auto start = std::chrono::steady_clock::now();
   const std::array<int64_t, kCommOpCount> sent_by_op_before = groups_.bytes_sent_by_op();

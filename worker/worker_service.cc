@@ -333,26 +333,30 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
     {
       absl::MutexLock lock(&mesh->run_mu);
       if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
-      for (int i = 0; i < steps && failed.ok(); ++i) {
-        if (i > 0 && ctx->IsCancelled()) {
-          failed = absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps"));
-          failed_step = req->step() + i;
-          break;
+      // On the mesh's own thread: one thread computes every step of a job,
+      // one step per call or many (worker/step_thread.h).
+      mesh->steps.Run([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        for (int i = 0; i < steps && failed.ok(); ++i) {
+          if (i > 0 && ctx->IsCancelled()) {
+            failed = absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps"));
+            failed_step = req->step() + i;
+            break;
+          }
+          auto metrics = mesh->executor->RunStep(req->step() + i, Milliseconds(req->timeout_ms()));
+          if (!metrics.ok()) {
+            failed = metrics.status();
+            failed_step = req->step() + i;
+            break;
+          }
+          // The collectives' shared-memory segments grow only while a job
+          // starts (to its largest operation) and are shared with the peers:
+          // counted apart from the growth the plan predicts.
+          const ProcessMemory memory = ReadProcessMemory();
+          metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh->memory_baseline));
+          metrics->set_shared_memory_bytes(memory.shared);
+          *resp->add_metrics() = std::move(*metrics);
         }
-        auto metrics = mesh->executor->RunStep(req->step() + i, Milliseconds(req->timeout_ms()));
-        if (!metrics.ok()) {
-          failed = metrics.status();
-          failed_step = req->step() + i;
-          break;
-        }
-        // The collectives' shared-memory segments grow only while a job
-        // starts (to its largest operation) and are shared with the peers:
-        // counted apart from the growth the plan predicts.
-        const ProcessMemory memory = ReadProcessMemory();
-        metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh->memory_baseline));
-        metrics->set_shared_memory_bytes(memory.shared);
-        *resp->add_metrics() = std::move(*metrics);
-      }
+      });
     }
     if (!failed.ok()) {
       Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req->job_id().c_str(),

@@ -27,6 +27,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/executor.h"
 #include "worker/retained_state.h"
+#include "worker/step_thread.h"
 
 namespace baton {
 
@@ -119,6 +120,9 @@ class WorkerService final : public baton::v1::Worker::Service {
     int64_t memory_baseline ABSL_GUARDED_BY(run_mu) = 0;
     // At most one async save in flight; a new save waits for it.
     std::shared_ptr<PendingSave> pending_save ABSL_GUARDED_BY(run_mu);
+    // Where its steps run, whichever RPC thread asked (joined when the
+    // mesh goes: never the last reference from a step).
+    StepThread steps;
   };
 
   // NOT_FOUND unless job `job_id` is the one loaded on `mesh`.
