@@ -1,5 +1,7 @@
 #include "mesh/collective_cost.h"
 
+#include <algorithm>
+
 #include "mesh/shard_geometry.h"
 
 namespace baton {
@@ -11,6 +13,15 @@ int64_t RingAllGatherBytes(int64_t chunk_numel, int64_t elem_bytes, int size) {
 int64_t RingAllReduceBytes(int64_t numel, int64_t elem_bytes, int size) {
   ChunkGeometry g(numel, size);
   return 2 * RingAllGatherBytes(g.chunk(), elem_bytes, size);
+}
+
+int64_t ReduceScatterChunkNumel(int64_t block_numel, int64_t elem_bytes) {
+  const int64_t most = std::max<int64_t>(1, kReduceScatterChunkBytes / std::max<int64_t>(1, elem_bytes));
+  return std::min(block_numel, most);
+}
+
+int64_t ReduceScatterStagingBytes(int64_t block_numel, int64_t elem_bytes, int size) {
+  return size <= 1 ? 0 : 2 * ReduceScatterChunkNumel(block_numel, elem_bytes) * elem_bytes;
 }
 
 }  // namespace baton

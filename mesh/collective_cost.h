@@ -17,6 +17,14 @@ namespace baton {
 int64_t RingAllGatherBytes(int64_t chunk_numel, int64_t elem_bytes, int size);
 int64_t RingAllReduceBytes(int64_t numel, int64_t elem_bytes, int size);
 
+// A reduce-scatter over TCP (worker/comm/gloo) takes each peer's block of
+// `block_numel` in chunks of at most kReduceScatterChunkBytes, into two
+// staging buffers, and folds each into its output as it lands: the bytes it
+// holds beside its input and output are two chunks (none for one rank).
+inline constexpr int64_t kReduceScatterChunkBytes = int64_t{1} << 20;
+int64_t ReduceScatterChunkNumel(int64_t block_numel, int64_t elem_bytes);
+int64_t ReduceScatterStagingBytes(int64_t block_numel, int64_t elem_bytes, int size);
+
 }  // namespace baton
 
 #endif  // BATON_MESH_COLLECTIVE_COST_H_

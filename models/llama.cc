@@ -172,16 +172,18 @@ StageDef Block(bool parallel) {
       // output and log-sum-exp are kept (no probabilities); the output
       // reshaped for wo. At work: the keys and values in hand and arriving,
       // their fp32 copies, q and the accumulator in fp32, one chunk pair's
-      // scores (a chunk is seq / (2 cp) positions); backward also dq and two
-      // blocks of key/value gradients in fp32.
+      // scores (a chunk is seq / (2 cp) positions); backward also dq, the
+      // output gradient in fp32 and two blocks of key/value gradients in
+      // fp32. An fp32 copy of an fp32 tensor is the tensor itself.
       const int64_t chunk = m.seq_len() / (2 * s.cp), pair = rows * heads * chunk * chunk * 4;
       const int64_t q32 = rows * heads * seq * hd * 4, kv32 = 2 * rows * kv_heads * seq * hd * 4;
+      const int64_t cast = elem == 4 ? 0 : 1;
       f.saved.push_back({"q, k, v, the output (and its fp32 copy) and the log-sum-exp",
                          2 * q_bytes + kv_bytes + q32 + rows * heads * seq * 4});
       f.forward.push_back({"ring attention: keys and values in hand and arriving, fp32 copies, a chunk pair's scores",
-                           2 * kv_bytes + kv32 + 2 * q32 + 3 * pair});
+                           2 * kv_bytes + cast * kv32 + (1 + cast) * q32 + 3 * pair});
       f.backward.push_back({"ring attention's backward: as forward, with dq and the key/value gradients",
-                            2 * kv_bytes + kv32 + 4 * q32 + 2 * kv32 + 4 * pair});
+                            2 * kv_bytes + cast * kv32 + (2 + 2 * cast) * q32 + 2 * kv32 + 4 * pair});
       // Head-tail chunks: a rank's two query chunks see 2 cp + 1 key chunks.
       attention = 2 * rows * heads * (2 * s.cp + 1) * chunk * chunk * hd;
     }

@@ -216,9 +216,10 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
           // WAIT_PARAMS (every backend receives in place: worker/comm).
           gathering[ins.unit()] = unsharded_bytes(ins.unit()) + *block * elem;
         } else {
-          // Until WAIT_GRADS: the packed gradients, what arrives from each
-          // rank (the communicator's, worker/comm) and this rank's block.
-          reducing[ins.unit()] = 4 * *block * (2 * n + 1);
+          // Until WAIT_GRADS: the packed gradients, this rank's block and,
+          // over TCP, two chunks of what arrives (worker/comm/gloo; through
+          // shared memory none).
+          reducing[ins.unit()] = 4 * *block * (n + 1) + ReduceScatterStagingBytes(*block, 4, n);
         }
         held(0);
         t.comm += RingAllGatherBytes(*block, bytes, n);

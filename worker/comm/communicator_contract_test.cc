@@ -9,6 +9,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/sin.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/kv_store.h"
+#include "mesh/collective_cost.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/nccl/nccl_communicator.h"
@@ -350,6 +353,33 @@ TEST_P(CommunicatorContractTest, WrongShapesAreRejectedWithoutBreakingTheGroup) 
     at::Tensor t = at::full({3}, 1.0f);
     ASSERT_TRUE(c.AllReduce(t, ReduceOp::kSum).ok());
     EXPECT_EQ(t[0].item<float>(), static_cast<float>(n));
+  });
+}
+
+// Blocks over several chunks of the TCP path's staging (one short) and
+// values whose sums round: gloo adds in rank order on either path (shared
+// memory or TCP), so each rank's block is ((p0 + p1) + p2) to the bit.
+TEST_P(CommunicatorContractTest, ReduceScatterAddsInRankOrderOverChunks) {
+  if (GetParam().world != 3 || GetParam().numel != 5) GTEST_SKIP() << "once per backend, on three ranks";
+  if (backend_.name == "nccl") GTEST_SKIP() << "NCCL chooses its own order";
+  const int64_t k = 5 * ReduceScatterChunkNumel(int64_t{1} << 40, 4) / 2;  // 2.5 chunks
+  auto input = [k](int rank) { return at::sin(at::arange(3 * k, at::kFloat).mul(0.37 + rank)).mul(1000.0 * (rank + 1)); };
+  RunOnAllRanks([&](Communicator& c) {
+    at::Tensor sum = at::empty({k}), max = at::empty({k});
+    ASSERT_TRUE(c.ReduceScatter(input(c.rank()), sum, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c.ReduceScatter(input(c.rank()), max, ReduceOp::kMax).ok());
+    auto block = [&](int r) { return input(r).narrow(0, c.rank() * k, k); };
+    const at::Tensor expect = block(0).add(block(1)).add(block(2));
+    const at::Tensor other_order = block(2).add(block(1)).add(block(0));
+    const at::Tensor most = at::maximum(at::maximum(block(0), block(1)), block(2));
+    const int64_t differ = expect.ne(other_order).sum().item<int64_t>();
+    std::printf("%s rank %d: %lld elements in 2.5 chunks, %lld of them would round differently in reverse order; "
+                "sum equal to rank order: %d, max equal: %d\n",
+                c.backend().c_str(), c.rank(), static_cast<long long>(k), static_cast<long long>(differ),
+                static_cast<int>(sum.equal(expect)), static_cast<int>(max.equal(most)));
+    EXPECT_GT(differ, 0) << "the inputs must make the order show";
+    EXPECT_TRUE(sum.equal(expect));
+    EXPECT_TRUE(max.equal(most));
   });
 }
 

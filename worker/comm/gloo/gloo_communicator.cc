@@ -120,41 +120,22 @@ class GlooCommunicator : public Communicator {
     CountBytes(CommOp::kReduceScatter, RingAllGatherBytes(k, input.element_size(), size_),
                RingAllGatherBytes(k, input.element_size(), size_));
     if (k == 0) return CompletedHandle(absl::OkStatus());
-    if (size_ > 1 && Shared(input)) {
-      return Issue(
-          "reduce-scatter", timeout,
-          [&] { return pg_->SharedReduceScatter(input.view({-1}), output.view({-1}), op == ReduceOp::kMax, timeout); },
-          AvgFinish(output, op, size_));
-    }
-    // received[j] = rank j's piece destined for this rank.
-    at::Tensor received = at::empty({size_, k}, input.options());
-    const int n = size_;
-    auto reduce = [received, output, op, n]() {
-      at::Tensor out = output.view({-1});
-      if (op == ReduceOp::kMax) {
-        out.copy_(at::amax(received, {0}));
-      } else {
-        out.copy_(at::sum(received, {0}));
-        if (op == ReduceOp::kAvg) out.div_(n);
-      }
-    };
     if (size_ == 1) {
-      received.view({-1}).copy_(input.view({-1}));
-      reduce();
+      output.view({-1}).copy_(input.view({-1}));  // the sum, mean and maximum of one
       return CompletedHandle(absl::OkStatus());
     }
-    at::Tensor in = input.view({-1});
-    at::Tensor recv_flat = received.view({-1});
-    c10d::AllToAllOptions opts;
-    opts.timeout = timeout;
+    // Through shared memory on one host; else each rank's blocks go to their
+    // peers from where they lie and each arrives in chunks, folded into
+    // `output` as it lands (GlooProcessGroup::ReduceScatterInto). Both add
+    // in rank order: the same bits either way.
+    const bool max = op == ReduceOp::kMax;
     return Issue(
         "reduce-scatter", timeout,
         [&] {
-          std::vector<int64_t> equal_splits;  // empty = equal splits
-          std::vector<int64_t> equal_splits_in;
-          return pg_->alltoall_base(recv_flat, in, equal_splits, equal_splits_in, opts);
+          return Shared(input) ? pg_->SharedReduceScatter(input.view({-1}), output.view({-1}), max, timeout)
+                               : pg_->ReduceScatterInto(input.view({-1}), output.view({-1}), max, timeout);
         },
-        reduce);
+        AvgFinish(output, op, size_));
   }
 
   std::unique_ptr<CommHandle> AllReduceAsync(const at::Tensor& tensor, ReduceOp op,

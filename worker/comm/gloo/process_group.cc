@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "mesh/collective_cost.h"
 
 namespace baton {
 namespace {
@@ -61,6 +62,97 @@ class AllGatherIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
  private:
   std::shared_ptr<gloo::Context> context_;
   at::Tensor in_, out_;
+  const uint32_t tag_;
+  const std::chrono::milliseconds timeout_;
+};
+
+// out (k elements) = block `me` of every rank's `in`, summed or its maximum
+// taken in rank order - as the shared-memory path combines (Combine, below),
+// so both give the same bits. Each rank's blocks go to their peers from
+// where they lie; each peer's block arrives in chunks of at most
+// kReduceScatterChunkBytes into one of two staging buffers (two receives in
+// flight) and is folded into `out` as it lands: beside its input and output
+// a rank holds two chunks, not every peer's block (mesh/collective_cost.h).
+class ReduceScatterIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
+ public:
+  ReduceScatterIntoWork(std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out, bool max,
+                        uint32_t tag, std::chrono::milliseconds timeout)
+      : AsyncWork({{out}}, "baton:reduce_scatter_into", std::vector<at::Tensor>{in}),
+        context_(std::move(context)),
+        in_(std::move(in)),
+        out_(std::move(out)),
+        max_(max),
+        tag_(tag),
+        timeout_(timeout) {}
+
+  void run() override {
+    const int n = context_->size, me = context_->rank;
+    const int64_t k = out_.numel(), elem = out_.element_size();
+    const at::Tensor blocks = in_.view({n, k});
+    at::Tensor out = out_.view({-1});
+    auto fold = [&](int from, int64_t offset, const at::Tensor& part) {
+      at::Tensor into = out.narrow(0, offset, part.numel());
+      if (from == 0) {
+        into.copy_(part);
+      } else if (max_) {
+        at::maximum_out(into, into, part);
+      } else {
+        into.add_(part);
+      }
+    };
+    if (n == 1 || k == 0) {
+      if (k > 0) fold(0, 0, blocks[0]);
+      return;
+    }
+    const int64_t chunk = ReduceScatterChunkNumel(k, elem);
+    const uint64_t slot = gloo::Slot::build(gloo::kReduceSlotPrefix, tag_);
+    // Every block this rank owes a peer, chunk by chunk, in the order the
+    // peer takes them (a pair matches a slot's sends and receives in order).
+    auto send = context_->createUnboundBuffer(in_.data_ptr(), in_.nbytes());
+    int sends = 0;
+    for (int i = 1; i < n; ++i) {
+      const int to = (me + i) % n;
+      for (int64_t offset = 0; offset < k; offset += chunk, ++sends) {
+        send->send(to, slot, (to * k + offset) * elem, std::min(chunk, k - offset) * elem);
+      }
+    }
+    struct Piece {
+      int from;
+      int64_t offset, numel;
+    };
+    std::vector<Piece> pieces;  // what arrives, in the order it is folded
+    for (int r = 0; r < n; ++r) {
+      for (int64_t offset = 0; r != me && offset < k; offset += chunk) pieces.push_back({r, offset, std::min(chunk, k - offset)});
+    }
+    staging_ = at::empty({2, chunk}, out_.options());
+    std::unique_ptr<gloo::transport::UnboundBuffer> stage[2] = {
+        context_->createUnboundBuffer(staging_[0].data_ptr(), chunk * elem),
+        context_->createUnboundBuffer(staging_[1].data_ptr(), chunk * elem)};
+    auto post = [&](size_t j) {
+      if (j < pieces.size()) stage[j % 2]->recv(pieces[j].from, slot, 0, pieces[j].numel * elem);
+    };
+    post(0);
+    post(1);
+    // Each wait throws gloo's IoException on a timeout or a broken peer.
+    size_t next = 0;
+    for (int r = 0; r < n; ++r) {
+      if (r == me) {
+        fold(r, 0, blocks[me]);
+        continue;
+      }
+      for (; next < pieces.size() && pieces[next].from == r; ++next) {
+        stage[next % 2]->waitRecv(timeout_);
+        fold(r, pieces[next].offset, staging_[next % 2].narrow(0, 0, pieces[next].numel));
+        post(next + 2);
+      }
+    }
+    for (int i = 0; i < sends; ++i) send->waitSend(timeout_);
+  }
+
+ private:
+  std::shared_ptr<gloo::Context> context_;
+  at::Tensor in_, out_, staging_;
+  const bool max_;
   const uint32_t tag_;
   const std::chrono::milliseconds timeout_;
 };
@@ -360,6 +452,15 @@ c10::intrusive_ptr<c10d::Work> GlooProcessGroup::AllGatherInto(const at::Tensor&
               "all-gather into: the output must hold ", getSize(), " pieces of ", in.numel(), " elements");
   const uint32_t tag = nextTag();
   return Start(c10::make_intrusive<AllGatherIntoWork>(getContext(tag), in, out, tag, timeout));
+}
+
+c10::intrusive_ptr<c10d::Work> GlooProcessGroup::ReduceScatterInto(const at::Tensor& in, const at::Tensor& out,
+                                                                  bool max, std::chrono::milliseconds timeout) {
+  TORCH_CHECK(in.is_contiguous() && out.is_contiguous() && in.scalar_type() == out.scalar_type() &&
+                  in.numel() == out.numel() * getSize(),
+              "reduce-scatter into: contiguous tensors of one dtype, the input n outputs");
+  const uint32_t tag = nextTag();
+  return Start(c10::make_intrusive<ReduceScatterIntoWork>(getContext(tag), in, out, max, tag, timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> GlooProcessGroup::Start(c10::intrusive_ptr<AsyncWork> work) {

@@ -40,6 +40,13 @@ class GlooProcessGroup : public c10d::ProcessGroupGloo {
   c10::intrusive_ptr<c10d::Work> AllGatherInto(const at::Tensor& in, const at::Tensor& out,
                                                std::chrono::milliseconds timeout);
 
+  // out (k elements) = block r (of n) of `in`, summed (or its maximum
+  // taken) over the group in rank order, on rank r; over TCP, holding two
+  // chunks of staging beside them (mesh/collective_cost.h). Both
+  // contiguous, of one dtype.
+  c10::intrusive_ptr<c10d::Work> ReduceScatterInto(const at::Tensor& in, const at::Tensor& out, bool max,
+                                                   std::chrono::milliseconds timeout);
+
   // Collective, once, before any operation: the group moves bytes through
   // shared memory (segments in `dir`) if `enabled` on every rank and every
   // rank can map every other's (all share a host); else over TCP. Throws
