@@ -78,6 +78,26 @@ at::Tensor Input(int rank, int64_t numel) {
   return t;
 }
 
+// Builds one communicator per rank of `world` (concurrently: rendezvous
+// blocks) and runs `body` on every rank in its own thread.
+void RunOnRanks(const Backend& backend, int world, const std::string& prefix, KeyValueStore* kv,
+                const std::function<void(Communicator&)>& body) {
+  std::vector<std::unique_ptr<Communicator>> comms(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = backend.create(kv, prefix, r, world);
+      ASSERT_TRUE(c.ok()) << c.status();
+      comms[r] = std::move(*c);
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (int r = 0; r < world; ++r) ASSERT_NE(comms[r], nullptr);
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(*comms[r]); });
+  for (auto& t : threads) t.join();
+}
+
 struct Param {
   int backend;
   int world;
@@ -92,25 +112,8 @@ class CommunicatorContractTest : public ::testing::TestWithParam<Param> {
     if (!why.empty()) GTEST_SKIP() << backend_.name << " skipped: " << why;
   }
 
-  // Builds one communicator per rank (concurrently: rendezvous blocks) and
-  // runs `body` on every rank in its own thread.
   void RunOnAllRanks(const std::function<void(Communicator&)>& body) {
-    const int n = GetParam().world;
-    std::vector<std::unique_ptr<Communicator>> comms(n);
-    std::vector<std::thread> threads;
-    std::string prefix = absl::StrCat("test/", ++group_counter_, "/");
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        auto c = backend_.create(&kv_, prefix, r, n);
-        ASSERT_TRUE(c.ok()) << c.status();
-        comms[r] = std::move(*c);
-      });
-    }
-    for (auto& t : threads) t.join();
-    threads.clear();
-    for (int r = 0; r < n; ++r) ASSERT_NE(comms[r], nullptr);
-    for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(*comms[r]); });
-    for (auto& t : threads) t.join();
+    RunOnRanks(backend_, GetParam().world, absl::StrCat("test/", ++group_counter_, "/"), &kv_, body);
   }
 
   Backend backend_;
@@ -359,28 +362,30 @@ TEST_P(CommunicatorContractTest, WrongShapesAreRejectedWithoutBreakingTheGroup) 
 // Blocks over several chunks of the TCP path's staging (one short) and
 // values whose sums round: gloo adds in rank order on either path (shared
 // memory or TCP), so each rank's block is ((p0 + p1) + p2) to the bit.
-TEST_P(CommunicatorContractTest, ReduceScatterAddsInRankOrderOverChunks) {
-  if (GetParam().world != 3 || GetParam().numel != 5) GTEST_SKIP() << "once per backend, on three ranks";
-  if (backend_.name == "nccl") GTEST_SKIP() << "NCCL chooses its own order";
+TEST(ReduceScatterOrderTest, AddsInRankOrderOverChunks) {
   const int64_t k = 5 * ReduceScatterChunkNumel(int64_t{1} << 40, 4) / 2;  // 2.5 chunks
   auto input = [k](int rank) { return at::sin(at::arange(3 * k, at::kFloat).mul(0.37 + rank)).mul(1000.0 * (rank + 1)); };
-  RunOnAllRanks([&](Communicator& c) {
-    at::Tensor sum = at::empty({k}), max = at::empty({k});
-    ASSERT_TRUE(c.ReduceScatter(input(c.rank()), sum, ReduceOp::kSum).ok());
-    ASSERT_TRUE(c.ReduceScatter(input(c.rank()), max, ReduceOp::kMax).ok());
-    auto block = [&](int r) { return input(r).narrow(0, c.rank() * k, k); };
-    const at::Tensor expect = block(0).add(block(1)).add(block(2));
-    const at::Tensor other_order = block(2).add(block(1)).add(block(0));
-    const at::Tensor most = at::maximum(at::maximum(block(0), block(1)), block(2));
-    const int64_t differ = expect.ne(other_order).sum().item<int64_t>();
-    std::printf("%s rank %d: %lld elements in 2.5 chunks, %lld of them would round differently in reverse order; "
-                "sum equal to rank order: %d, max equal: %d\n",
-                c.backend().c_str(), c.rank(), static_cast<long long>(k), static_cast<long long>(differ),
-                static_cast<int>(sum.equal(expect)), static_cast<int>(max.equal(most)));
-    EXPECT_GT(differ, 0) << "the inputs must make the order show";
-    EXPECT_TRUE(sum.equal(expect));
-    EXPECT_TRUE(max.equal(most));
-  });
+  KeyValueStore kv;
+  for (const Backend& backend : Backends()) {
+    if (backend.name == "nccl") continue;  // NCCL chooses its own order
+    RunOnRanks(backend, 3, backend.name + "/", &kv, [&](Communicator& c) {
+      at::Tensor sum = at::empty({k}), max = at::empty({k});
+      ASSERT_TRUE(c.ReduceScatter(input(c.rank()), sum, ReduceOp::kSum).ok());
+      ASSERT_TRUE(c.ReduceScatter(input(c.rank()), max, ReduceOp::kMax).ok());
+      auto block = [&](int r) { return input(r).narrow(0, c.rank() * k, k); };
+      const at::Tensor expect = block(0).add(block(1)).add(block(2));
+      const at::Tensor other_order = block(2).add(block(1)).add(block(0));
+      const at::Tensor most = at::maximum(at::maximum(block(0), block(1)), block(2));
+      const int64_t differ = expect.ne(other_order).sum().item<int64_t>();
+      std::printf("%s rank %d: %lld elements in 2.5 chunks, %lld of them would round differently in reverse order; "
+                  "sum equal to rank order: %d, max equal: %d\n",
+                  backend.name.c_str(), c.rank(), static_cast<long long>(k), static_cast<long long>(differ),
+                  static_cast<int>(sum.equal(expect)), static_cast<int>(max.equal(most)));
+      EXPECT_GT(differ, 0) << "the inputs must make the order show";
+      EXPECT_TRUE(sum.equal(expect)) << backend.name;
+      EXPECT_TRUE(max.equal(most)) << backend.name;
+    });
+  }
 }
 
 // Abort ends what waits on a peer that will never come - a receive, and a
