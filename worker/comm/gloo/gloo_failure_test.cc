@@ -19,8 +19,10 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/kv_store.h"
+#include "mesh/collective_cost.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/testing/gloo_group.h"
@@ -55,26 +57,36 @@ TEST(CommunicatorFailureTest, DeadPeerFailsWithinTimeoutAndBreaksGroup) {
   }
 }
 
-// An all-gather (Baton's own transfers on gloo's contexts, or shared
-// memory: gloo/process_group.h) with a peer that is gone, or alive but never
+// An all-gather or a reduce-scatter (Baton's own transfers on gloo's
+// contexts, the reduce-scatter's in chunks, or shared memory:
+// gloo/process_group.h) with a peer that is gone, or alive but never
 // joining, ends within its timeout.
-TEST(CommunicatorFailureTest, AllGatherWithAGoneOrSilentPeerEndsWithinTimeout) {
-  for (const bool shared_memory : {true, false}) {
-    for (const bool gone : {true, false}) {
-      KeyValueStore kv;
-      const std::string prefix = gone ? "gone/" : "silent/";
-      auto comms = testing::GlooGroup(&kv, prefix, 2, Transport(shared_memory));
-      ASSERT_TRUE(comms[0] && comms[1]);
-      if (gone) comms[1].reset();
-      at::Tensor in = at::full({1024}, 1.0f), out = at::empty({2048});
-      absl::Time start = absl::Now();
-      absl::Status s = comms[0]->AllGather(in, out, Milliseconds(1000));
-      double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      std::printf("%s: all-gather with a %s peer ended after %.3f s: %s\n", Name(shared_memory),
-                  gone ? "gone" : "silent", seconds, s.ToString().c_str());
-      EXPECT_FALSE(s.ok());
-      EXPECT_LT(seconds, 4.0);
-      EXPECT_EQ(comms[0]->AllGather(in, out).code(), absl::StatusCode::kFailedPrecondition);
+TEST(CommunicatorFailureTest, AllGatherOrReduceScatterWithAGoneOrSilentPeerEndsWithinTimeout) {
+  for (const bool reduce_scatter : {false, true}) {
+    for (const bool shared_memory : {true, false}) {
+      for (const bool gone : {true, false}) {
+        KeyValueStore kv;
+        const std::string prefix = absl::StrCat(reduce_scatter ? "rs-" : "ag-", gone ? "gone/" : "silent/");
+        auto comms = testing::GlooGroup(&kv, prefix, 2, Transport(shared_memory));
+        ASSERT_TRUE(comms[0] && comms[1]);
+        if (gone) comms[1].reset();
+        // Three chunks of the reduce-scatter's TCP path per peer.
+        const int64_t k = reduce_scatter ? 3 * ReduceScatterChunkNumel(int64_t{1} << 40, 4) : 1024;
+        at::Tensor in = at::full({reduce_scatter ? 2 * k : k}, 1.0f), out = at::empty({reduce_scatter ? k : 2 * k});
+        auto run = [&](Milliseconds timeout) {
+          return reduce_scatter ? comms[0]->ReduceScatter(in, out, ReduceOp::kSum, timeout)
+                                : comms[0]->AllGather(in, out, timeout);
+        };
+        absl::Time start = absl::Now();
+        absl::Status s = run(Milliseconds(1000));
+        double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+        std::printf("%s: %s with a %s peer ended after %.3f s: %s\n", Name(shared_memory),
+                    reduce_scatter ? "reduce-scatter" : "all-gather", gone ? "gone" : "silent", seconds,
+                    s.ToString().c_str());
+        EXPECT_FALSE(s.ok());
+        EXPECT_LT(seconds, 4.0);
+        EXPECT_EQ(run(Milliseconds(60000)).code(), absl::StatusCode::kFailedPrecondition);
+      }
     }
   }
 }

@@ -133,7 +133,8 @@ class ReduceScatterIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
     };
     post(0);
     post(1);
-    // Each wait throws gloo's IoException on a timeout or a broken peer.
+    // Each wait throws gloo's IoException on a timeout or a broken peer (and
+    // returns false if aborted).
     size_t next = 0;
     for (int r = 0; r < n; ++r) {
       if (r == me) {
@@ -141,12 +142,14 @@ class ReduceScatterIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
         continue;
       }
       for (; next < pieces.size() && pieces[next].from == r; ++next) {
-        stage[next % 2]->waitRecv(timeout_);
+        if (!stage[next % 2]->waitRecv(timeout_)) throw std::runtime_error("reduce-scatter: a receive was aborted");
         fold(r, pieces[next].offset, staging_[next % 2].narrow(0, 0, pieces[next].numel));
         post(next + 2);
       }
     }
-    for (int i = 0; i < sends; ++i) send->waitSend(timeout_);
+    for (int i = 0; i < sends; ++i) {
+      if (!send->waitSend(timeout_)) throw std::runtime_error("reduce-scatter: a send was aborted");
+    }
   }
 
  private:
