@@ -58,8 +58,8 @@ class AllGatherIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
 };
 
 // out (k elements) = block `me` of every rank's `in`, summed or its maximum
-// taken in rank order - as the shared-memory path combines (Combine, below),
-// so both give the same bits. Each rank's blocks go to their peers from
+// taken in rank order - as the shared-memory path combines (process_group.cc's
+// Combine), so both give the same bits. Each rank's blocks go to their peers from
 // where they lie; each peer's block arrives in chunks of at most
 // kReduceScatterChunkBytes into one of two staging buffers (two receives in
 // flight) and is folded into `out` as it lands: beside its input and output
@@ -113,7 +113,9 @@ class ReduceScatterIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
     };
     std::vector<Piece> pieces;  // what arrives, in the order it is folded
     for (int r = 0; r < n; ++r) {
-      for (int64_t offset = 0; r != me && offset < k; offset += chunk) pieces.push_back({r, offset, std::min(chunk, k - offset)});
+      for (int64_t offset = 0; r != me && offset < k; offset += chunk) {
+        pieces.push_back({r, offset, std::min(chunk, k - offset)});
+      }
     }
     staging_ = at::empty({2, chunk}, out_.options());
     std::unique_ptr<gloo::transport::UnboundBuffer> stage[2] = {
