@@ -364,7 +364,9 @@ TEST_P(CommunicatorContractTest, WrongShapesAreRejectedWithoutBreakingTheGroup) 
 // memory or TCP), so each rank's block is ((p0 + p1) + p2) to the bit.
 TEST(ReduceScatterOrderTest, AddsInRankOrderOverChunks) {
   const int64_t k = 5 * ReduceScatterChunkNumel(int64_t{1} << 40, 4) / 2;  // 2.5 chunks
-  auto input = [k](int rank) { return at::sin(at::arange(3 * k, at::kFloat).mul(0.37 + rank)).mul(1000.0 * (rank + 1)); };
+  auto input = [k](int rank) {
+    return at::sin(at::arange(3 * k, at::kFloat).mul(0.37 + rank)).mul(1000.0 * (rank + 1));
+  };
   KeyValueStore kv;
   for (const Backend& backend : Backends()) {
     if (backend.name == "nccl") continue;  // NCCL chooses its own order
