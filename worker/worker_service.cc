@@ -7,6 +7,7 @@
 #include <optional>
 #include <cstdio>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/files.h"
@@ -314,6 +315,38 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v
   });
 }
 
+std::pair<absl::Status, int64_t> WorkerService::RunSteps(MeshState& mesh, const grpc::ServerContext& ctx,
+                                                         const baton::v1::RunStepRequest& req,
+                                                         baton::v1::RunStepResponse* resp) {
+  const int steps = std::max(1, req.steps());
+  absl::Status failed;
+  int64_t failed_step = 0;
+  // On the mesh's own thread: one thread computes every step of a job, one
+  // step per call or many (worker/step_thread.h).
+  mesh.steps.Run([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // run_mu is held by the caller, who waits
+    for (int i = 0; i < steps; ++i) {
+      failed_step = req.step() + i;
+      if (i > 0 && ctx.IsCancelled()) {
+        failed = absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps"));
+        return;
+      }
+      auto metrics = mesh.executor->RunStep(failed_step, Milliseconds(req.timeout_ms()));
+      if (!metrics.ok()) {
+        failed = metrics.status();
+        return;
+      }
+      // The collectives' shared-memory segments grow only while a job
+      // starts (to its largest operation) and are shared with the peers:
+      // counted apart from the growth the plan predicts.
+      const ProcessMemory memory = ReadProcessMemory();
+      metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh.memory_baseline));
+      metrics->set_shared_memory_bytes(memory.shared);
+      *resp->add_metrics() = std::move(*metrics);
+    }
+  });
+  return {failed, failed.ok() ? 0 : failed_step};
+}
+
 grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest* req,
                                     baton::v1::RunStepResponse* resp) {
   if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
@@ -327,36 +360,12 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());
     std::shared_ptr<MeshState> mesh = std::move(*state);
-    const int steps = std::max(1, req->steps());
     absl::Status failed;
     int64_t failed_step = 0;
     {
       absl::MutexLock lock(&mesh->run_mu);
       if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
-      // On the mesh's own thread: one thread computes every step of a job,
-      // one step per call or many (worker/step_thread.h).
-      mesh->steps.Run([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        for (int i = 0; i < steps && failed.ok(); ++i) {
-          if (i > 0 && ctx->IsCancelled()) {
-            failed = absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps"));
-            failed_step = req->step() + i;
-            break;
-          }
-          auto metrics = mesh->executor->RunStep(req->step() + i, Milliseconds(req->timeout_ms()));
-          if (!metrics.ok()) {
-            failed = metrics.status();
-            failed_step = req->step() + i;
-            break;
-          }
-          // The collectives' shared-memory segments grow only while a job
-          // starts (to its largest operation) and are shared with the peers:
-          // counted apart from the growth the plan predicts.
-          const ProcessMemory memory = ReadProcessMemory();
-          metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh->memory_baseline));
-          metrics->set_shared_memory_bytes(memory.shared);
-          *resp->add_metrics() = std::move(*metrics);
-        }
-      });
+      std::tie(failed, failed_step) = RunSteps(*mesh, *ctx, *req, resp);
     }
     if (!failed.ok()) {
       Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req->job_id().c_str(),

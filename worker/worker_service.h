@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -125,6 +126,13 @@ class WorkerService final : public baton::v1::Worker::Service {
     StepThread steps;
   };
 
+  // Runs `req`'s steps of the job loaded on `mesh`, in order, on the mesh's
+  // step thread, each one's metrics into `resp`; the first that fails (or a
+  // call cancelled between steps) ends them: its status and step, else OK.
+  static std::pair<absl::Status, int64_t> RunSteps(MeshState& mesh, const grpc::ServerContext& ctx,
+                                                   const baton::v1::RunStepRequest& req,
+                                                   baton::v1::RunStepResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu);
   // NOT_FOUND unless job `job_id` is the one loaded on `mesh`.
   grpc::Status RequireJob(const MeshState& mesh, const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu);
