@@ -5,6 +5,9 @@
 //   straight into a tensor of n * k (c10d 1.13 has no all-gather into one
 //   flat output on gloo: its list form gathers into a temporary and copies
 //   out, and an all-to-all needs the piece repeated n times to send);
+// - a reduce-scatter over TCP that holds two chunks of what arrives, not
+//   every peer's block as c10d's all-to-all does, and adds in rank order
+//   (tcp_transfers.cc);
 // - for a group whose ranks share a host, all-reduce, all-gather and
 //   reduce-scatter through shared memory (shared_segments.h): each rank
 //   copies its input into its segment, a barrier in shared memory (futex
