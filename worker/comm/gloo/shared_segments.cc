@@ -146,15 +146,29 @@ int SharedSegments::RemoveStale(const std::string& dir, std::chrono::seconds age
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
   const time_t before = ::time(nullptr) - age.count();
+  const std::string pid_namespace = PidNamespace();
+  // Whether the process that created the file at `path` is gone, as its
+  // control page tells: only when it names this pid namespace (else its pid
+  // means another process here, or none).
+  auto owner_gone = [&](const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return false;
+    alignas(Control) unsigned char page[sizeof(Control)] = {};
+    const bool read_whole = ::pread(fd, page, sizeof(page), 0) == static_cast<ssize_t>(sizeof(page));
+    ::close(fd);
+    if (!read_whole) return false;
+    const Control* control = reinterpret_cast<const Control*>(page);
+    const std::string named(control->pid_namespace, strnlen(control->pid_namespace, sizeof(control->pid_namespace)));
+    return !pid_namespace.empty() && named == pid_namespace && control->pid > 0 && ::kill(control->pid, 0) != 0 &&
+           errno == ESRCH;
+  };
   int removed = 0;
   while (const dirent* e = ::readdir(d)) {
     if (std::strncmp(e->d_name, "baton-", 6) != 0) continue;
     const std::string path = dir + "/" + e->d_name;
     struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_mtime < before &&
-        ::unlink(path.c_str()) == 0) {
-      ++removed;
-    }
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if ((st.st_mtime < before || owner_gone(path)) && ::unlink(path.c_str()) == 0) ++removed;
   }
   ::closedir(d);
   errno = 0;

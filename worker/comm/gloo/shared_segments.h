@@ -49,9 +49,11 @@ class SharedSegments {
   // What peers open this rank's segments by (every generation's file is
   // named after it).
   const std::string& name() const { return name_; }
-  // Removes segment files in `dir` older than `age`: a segment's file lives
-  // for milliseconds (created, mapped by the peers, removed), so an old one
-  // was left by a process killed in between. Returns how many.
+  // Removes segment files in `dir` whose creator is gone (its control page
+  // names this pid namespace and a pid no process has) or older than `age`
+  // (a creator in another pid namespace): a segment's file lives for
+  // milliseconds (created, mapped by the peers, removed), so such a file was
+  // left by a process killed in between. Returns how many.
   static int RemoveStale(const std::string& dir, std::chrono::seconds age);
 
   // Maps every peer's segment; `names[r]` is rank r's name().

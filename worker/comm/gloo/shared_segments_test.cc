@@ -1,6 +1,7 @@
 // The segments' files across processes: a peer killed before its file is
 // removed (while its group forms, or inside a growth) leaves no file behind
-// once a survivor finds its process gone.
+// once a survivor finds its process gone, or, when no peer knew its file,
+// once the next group looks.
 #include "worker/comm/gloo/shared_segments.h"
 
 #include <dirent.h>
@@ -108,6 +109,38 @@ TEST(SharedSegmentsTest, APeerKilledWhileTheGroupFormsLeavesNoFile) {
               after.size());
   EXPECT_EQ(before, 2u);
   EXPECT_TRUE(after.empty()) << after.front();
+  EXPECT_EQ(rmdir(dir), 0);
+}
+
+// A process killed before any peer knew its segment (no survivor can
+// remove the file) leaves a file the next group's RemoveStale removes at
+// once, its creator gone - not after the 30 minutes of age it waits for a
+// creator in another pid namespace. A live process's file stays.
+TEST(SharedSegmentsTest, AFileWhoseCreatorIsGoneIsRemovedAtTheNextGroup) {
+  char dir[] = "/tmp/baton-segments-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto live = SharedSegments::Create(0, 2, 4096, dir);
+  ASSERT_TRUE(live.ok()) << live.status();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto alone = SharedSegments::Create(0, 2, 4096, dir);
+    _exit(alone.ok() ? 0 : 2);  // killed: its file left
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const size_t before = FilesIn(dir).size();
+  const int removed = SharedSegments::RemoveStale(dir, std::chrono::minutes(30));
+  const std::vector<std::string> after = FilesIn(dir);
+  std::printf("files with a creator gone and one alive: %zu; removed %d at once; left: %zu\n", before, removed,
+              after.size());
+  EXPECT_EQ(before, 2u);
+  EXPECT_EQ(removed, 1);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].rfind((*live)->name(), 0), 0u) << after[0] << " is not the live segment's";
+  live->reset();
+  for (const std::string& f : FilesIn(dir)) unlink((std::string(dir) + "/" + f).c_str());
   EXPECT_EQ(rmdir(dir), 0);
 }
 
