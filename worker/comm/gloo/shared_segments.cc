@@ -36,6 +36,9 @@ std::string PidNamespace() {
   return n > 0 ? std::string(buf, n) : std::string();
 }
 
+// Whether process `pid` of this pid namespace is gone (0: not known here).
+bool ProcessGone(int pid) { return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH; }
+
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
@@ -148,19 +151,14 @@ int SharedSegments::RemoveStale(const std::string& dir, std::chrono::seconds age
   const time_t before = ::time(nullptr) - age.count();
   const std::string pid_namespace = PidNamespace();
   // Whether the process that created the file at `path` is gone, as its
-  // control page tells: only when it names this pid namespace (else its pid
-  // means another process here, or none).
-  auto owner_gone = [&](const std::string& path) {
+  // control page tells.
+  auto creator_gone = [&](const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return false;
     alignas(Control) unsigned char page[sizeof(Control)] = {};
     const bool read_whole = ::pread(fd, page, sizeof(page), 0) == static_cast<ssize_t>(sizeof(page));
     ::close(fd);
-    if (!read_whole) return false;
-    const Control* control = reinterpret_cast<const Control*>(page);
-    const std::string named(control->pid_namespace, strnlen(control->pid_namespace, sizeof(control->pid_namespace)));
-    return !pid_namespace.empty() && named == pid_namespace && control->pid > 0 && ::kill(control->pid, 0) != 0 &&
-           errno == ESRCH;
+    return read_whole && ProcessGone(CreatorHere(*reinterpret_cast<const Control*>(page), pid_namespace));
   };
   int removed = 0;
   while (const dirent* e = ::readdir(d)) {
@@ -168,7 +166,7 @@ int SharedSegments::RemoveStale(const std::string& dir, std::chrono::seconds age
     const std::string path = dir + "/" + e->d_name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if ((st.st_mtime < before || owner_gone(path)) && ::unlink(path.c_str()) == 0) ++removed;
+    if ((st.st_mtime < before || creator_gone(path)) && ::unlink(path.c_str()) == 0) ++removed;
   }
   ::closedir(d);
   errno = 0;
@@ -182,16 +180,17 @@ absl::Status SharedSegments::OpenPeers(const std::vector<std::string>& names) {
   peer_names_ = names;
   if (auto s = MapPeers(generation_, half_bytes(), &mapped_); !s.ok()) return s;
   for (int r = 0; r < size_; ++r) {
-    const Control* peer = ControlOf(mapped_[r]);
-    const std::string pid_namespace(peer->pid_namespace, strnlen(peer->pid_namespace, sizeof(peer->pid_namespace)));
-    if (r != rank_ && !pid_namespace_.empty() && pid_namespace == pid_namespace_) peer_pids_[r] = peer->pid;
+    if (r != rank_) peer_pids_[r] = CreatorHere(*ControlOf(mapped_[r]), pid_namespace_);
   }
   return absl::OkStatus();
 }
 
-bool SharedSegments::PeerGone(int rank) const {
-  return peer_pids_[rank] > 0 && ::kill(peer_pids_[rank], 0) != 0 && errno == ESRCH;
+int SharedSegments::CreatorHere(const Control& control, const std::string& pid_namespace) {
+  const std::string named(control.pid_namespace, strnlen(control.pid_namespace, sizeof(control.pid_namespace)));
+  return !pid_namespace.empty() && named == pid_namespace ? control.pid : 0;
 }
+
+bool SharedSegments::PeerGone(int rank) const { return ProcessGone(peer_pids_[rank]); }
 
 absl::Status SharedSegments::Barrier(std::chrono::milliseconds timeout, const std::atomic<bool>& aborted) {
   constexpr int kSpins = 200;

@@ -13,7 +13,8 @@
 // nothing is left behind when a process dies, but for one that dies before
 // every peer mapped its file (while the group forms, or inside a growth):
 // a survivor that finds its process gone (in a barrier, or as its own
-// segments go) removes that file. A segment grows (a new file
+// segments go) removes that file, or, if no peer knew it, the next group's
+// RemoveStale does. A segment grows (a new file
 // per generation, mapped the same way) when an operation needs more; every
 // rank grows at the same operation, since all ranks run the same ones.
 //
@@ -101,6 +102,10 @@ class SharedSegments {
   }
   static Control* ControlOf(const Mapping& m) { return reinterpret_cast<Control*>(m.addr); }
   static size_t HalfBytesOf(const Mapping& m) { return m.bytes > kControlBytes ? (m.bytes - kControlBytes) / 2 : 0; }
+  // The pid that wrote `control` if it wrote it in `pid_namespace` (this
+  // process's), else 0: a pid of another namespace names another process
+  // here, or none.
+  static int CreatorHere(const Control& control, const std::string& pid_namespace);
   bool PeerGone(int rank) const;
   // Removes the files `rank`, whose process is gone, may have left: this
   // generation's and the next's.
