@@ -1,0 +1,70 @@
+// Reductions whose sums round, over several chunks of the TCP reduce-
+// scatter's staging (one short), on three ranks: Baton's gloo reduce-
+// scatters (shared memory and TCP) and its shared-memory all-reduce add in
+// rank order, so each element is ((p0 + p1) + p2) to the bit, on every rank.
+// (c10d's TCP all-reduce, a ring, adds in its own order: printed, not
+// asserted.)
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/sin.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/kv_store.h"
+#include "mesh/collective_cost.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/testing/gloo_group.h"
+
+namespace baton {
+namespace {
+
+TEST(RankOrderTest, ReduceScatterAndAllReduceAddInRankOrder) {
+  const int64_t k = 5 * ReduceScatterChunkNumel(int64_t{1} << 40, 4) / 2;  // 2.5 chunks
+  auto input = [k](int rank) {
+    return at::sin(at::arange(3 * k, at::kFloat).mul(0.37 + rank)).mul(1000.0 * (rank + 1));
+  };
+  const at::Tensor whole = input(0).add(input(1)).add(input(2));
+  const at::Tensor reversed = input(2).add(input(1)).add(input(0));
+  const at::Tensor most = at::maximum(at::maximum(input(0), input(1)), input(2));
+  const int64_t differ = whole.ne(reversed).sum().item<int64_t>();
+  std::printf("%lld of %lld sums would round differently in reverse order\n", static_cast<long long>(differ),
+              static_cast<long long>(3 * k));
+  ASSERT_GT(differ, 0) << "the inputs must make the order show";
+  KeyValueStore kv;
+  for (const bool shared_memory : {true, false}) {
+    const std::string transport = shared_memory ? "shared memory" : "TCP";
+    GlooOptions options;
+    options.shared_memory = shared_memory;
+    auto comms = testing::GlooGroup(&kv, shared_memory ? "shm/" : "tcp/", 3, options);
+    std::vector<std::thread> ranks;
+    for (auto& comm : comms) {
+      ASSERT_NE(comm, nullptr);
+      ranks.emplace_back([&, c = comm.get()] {
+        at::Tensor sum = at::empty({k}), max = at::empty({k});
+        ASSERT_TRUE(c->ReduceScatter(input(c->rank()), sum, ReduceOp::kSum).ok());
+        ASSERT_TRUE(c->ReduceScatter(input(c->rank()), max, ReduceOp::kMax).ok());
+        at::Tensor all_sum = input(c->rank()), all_max = input(c->rank());
+        ASSERT_TRUE(c->AllReduce(all_sum, ReduceOp::kSum).ok());
+        ASSERT_TRUE(c->AllReduce(all_max, ReduceOp::kMax).ok());
+        const bool rs =
+            sum.equal(whole.narrow(0, c->rank() * k, k)) && max.equal(most.narrow(0, c->rank() * k, k));
+        const bool ar = all_sum.equal(whole) && all_max.equal(most);
+        std::printf("%s rank %d: reduce-scatter (2.5 chunks) in rank order: %d; all-reduce (%lld elements): %d\n",
+                    transport.c_str(), c->rank(), static_cast<int>(rs), static_cast<long long>(3 * k),
+                    static_cast<int>(ar));
+        EXPECT_TRUE(rs) << transport;
+        if (shared_memory) EXPECT_TRUE(ar) << transport;
+      });
+    }
+    for (auto& t : ranks) t.join();
+  }
+}
+
+}  // namespace
+}  // namespace baton
