@@ -17,16 +17,30 @@
 namespace baton {
 namespace {
 
-class AllGatherIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
- public:
-  AllGatherIntoWork(std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out, uint32_t tag,
-                    std::chrono::milliseconds timeout)
-      : AsyncWork({{out}}, "baton:all_gather_into", std::vector<at::Tensor>{in}),
+// One transfer on the group's context for `tag`, from `in` to `out`, each
+// wait bounded by `timeout`.
+class TransferWork : public c10d::ProcessGroupGloo::AsyncWork {
+ protected:
+  TransferWork(const char* title, std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out,
+               uint32_t tag, std::chrono::milliseconds timeout)
+      : AsyncWork({{out}}, title, std::vector<at::Tensor>{in}),
         context_(std::move(context)),
         in_(std::move(in)),
         out_(std::move(out)),
         tag_(tag),
         timeout_(timeout) {}
+
+  const std::shared_ptr<gloo::Context> context_;
+  const at::Tensor in_, out_;
+  const uint32_t tag_;
+  const std::chrono::milliseconds timeout_;
+};
+
+class AllGatherIntoWork : public TransferWork {
+ public:
+  AllGatherIntoWork(std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out, uint32_t tag,
+                    std::chrono::milliseconds timeout)
+      : TransferWork("baton:all_gather_into", std::move(context), std::move(in), std::move(out), tag, timeout) {}
 
   void run() override {
     const int n = context_->size, me = context_->rank;
@@ -49,12 +63,6 @@ class AllGatherIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
       recv->waitRecv(timeout_);
     }
   }
-
- private:
-  std::shared_ptr<gloo::Context> context_;
-  at::Tensor in_, out_;
-  const uint32_t tag_;
-  const std::chrono::milliseconds timeout_;
 };
 
 // out (k elements) = block `me` of every rank's `in`, summed or its maximum
@@ -64,17 +72,12 @@ class AllGatherIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
 // kReduceScatterChunkBytes into one of two staging buffers (two receives in
 // flight) and is folded into `out` as it lands: beside its input and output
 // a rank holds two chunks, not every peer's block (mesh/collective_cost.h).
-class ReduceScatterIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
+class ReduceScatterIntoWork : public TransferWork {
  public:
   ReduceScatterIntoWork(std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out, bool max,
                         uint32_t tag, std::chrono::milliseconds timeout)
-      : AsyncWork({{out}}, "baton:reduce_scatter_into", std::vector<at::Tensor>{in}),
-        context_(std::move(context)),
-        in_(std::move(in)),
-        out_(std::move(out)),
-        max_(max),
-        tag_(tag),
-        timeout_(timeout) {}
+      : TransferWork("baton:reduce_scatter_into", std::move(context), std::move(in), std::move(out), tag, timeout),
+        max_(max) {}
 
   void run() override {
     const int n = context_->size, me = context_->rank;
@@ -146,11 +149,8 @@ class ReduceScatterIntoWork : public c10d::ProcessGroupGloo::AsyncWork {
   }
 
  private:
-  std::shared_ptr<gloo::Context> context_;
-  at::Tensor in_, out_, staging_;
   const bool max_;
-  const uint32_t tag_;
-  const std::chrono::milliseconds timeout_;
+  at::Tensor staging_;  // two chunks; kept with the work while it lives
 };
 
 
