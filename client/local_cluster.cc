@@ -194,7 +194,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     std::vector<std::string> wargs{absl::StrCat("--controller=", *address),
                                    absl::StrCat("--name=", name),
                                    absl::StrCat("--host=", options.host), "--port=0",
-                                   absl::StrCat("--worker_token_file=", cluster->worker_token_file_)};
+                                   absl::StrCat("--worker_token_file=", cluster->worker_token_file_),
+                                   // A GPU each, where the host has as many (ignored without CUDA).
+                                   absl::StrCat("--cuda_device=", i)};
     wargs.insert(wargs.end(), options.worker_args.begin(), options.worker_args.end());
     auto wpid = cluster->Spawn(name, *worker_bin, wargs);
     if (!wpid.ok()) return wpid.status();

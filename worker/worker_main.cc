@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, data_root, "",
 ABSL_FLAG(bool, gloo_shared_memory, true,
           "gloo groups whose ranks all run on this host move all-reduce, all-gather and reduce-scatter "
           "through shared memory (/dev/shm) instead of loopback TCP.");
+ABSL_FLAG(int, cuda_device, 0,
+          "The GPU this worker's NCCL groups use: an index among the CUDA devices it sees, modulo their "
+          "number (`baton up` numbers its workers 0, 1, ...; one GPU per pod: 0).");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
@@ -173,10 +176,17 @@ int Main(int argc, char** argv) {
   auto* cpu = info.add_devices();
   cpu->set_kind("cpu");
   cpu->set_description(absl::StrCat(std::thread::hardware_concurrency(), " cores"));
-  for (int d = 0; d < CudaDeviceCount(); ++d) {
+  const int cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  if (cuda_device < 0) {
+    std::fprintf(stderr, "baton-worker: --cuda_device must be >= 0 (got %d)\n", cuda_device);
+    return 2;
+  }
+  const int cuda_devices = CudaDeviceCount();
+  for (int d = 0; d < cuda_devices; ++d) {
     auto* gpu = info.add_devices();
     gpu->set_kind("cuda");
     gpu->set_index(d);
+    if (d == cuda_device % cuda_devices) gpu->set_description("NCCL's (--cuda_device)");
   }
 
   WorkerMetrics metrics;
@@ -194,6 +204,7 @@ int Main(int argc, char** argv) {
   options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
   options.gloo_shared_memory = absl::GetFlag(FLAGS_gloo_shared_memory);
+  options.cuda_device = cuda_device;
   options.auth = Authenticator("", credentials->token);
   options.metrics = &metrics;
   // Peers read each other's retained state (recovery, rescale) as the fleet.

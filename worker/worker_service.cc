@@ -102,6 +102,7 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
                     int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
     if (req.backend() == baton::v1::NCCL) {
       NcclOptions options;
+      options.device_index = options_.cuda_device;
       options.rendezvous_timeout = Milliseconds(timeout_ms);
       return CreateNcclCommunicator(rendezvous_, prefix, rank, size, options);
     }

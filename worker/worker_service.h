@@ -52,6 +52,9 @@ struct WorkerOptions {
   // gloo groups whose ranks share this host move all-reduce, all-gather
   // and reduce-scatter through shared memory (GlooOptions::shared_memory).
   bool gloo_shared_memory = true;
+  // The GPU every NCCL group of this worker uses (NcclOptions::device_index):
+  // the worker's, never a group rank's.
+  int cuda_device = 0;
 };
 
 class WorkerService final : public baton::v1::Worker::Service {

@@ -253,7 +253,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     return absl::FailedPreconditionError(NcclUnavailableReason(1));
   }
-  const int device = options.device_index >= 0 ? options.device_index : rank % count;
+  if (options.device_index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device index ", options.device_index, " is negative"));
+  }
+  const int device = options.device_index % count;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaError(e, "cudaSetDevice");
   const absl::Duration timeout = absl::FromChrono(options.rendezvous_timeout);
   ncclUniqueId id;

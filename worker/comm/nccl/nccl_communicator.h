@@ -21,8 +21,10 @@
 namespace baton {
 
 struct NcclOptions {
-  // CUDA device of this rank; -1 = rank modulo the number of devices.
-  int device_index = -1;
+  // The CUDA device this communicator uses, among those the process sees,
+  // modulo their number: a worker passes its own (--cuda_device), so every
+  // group of one worker, whatever its rank in each, runs on the same GPU.
+  int device_index = 0;
   Milliseconds rendezvous_timeout{30000};
 };
 
