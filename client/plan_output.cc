@@ -100,9 +100,10 @@ std::string FormatPlan(const baton::v1::JobSpec& job, const DryRun& plan, bool e
                         t.peak_unsharded_param_bytes, t.peak_live_microbatches, t.peak_live_activation_bytes);
   const auto& ac = job.plan().activation_checkpointing();
   absl::StrAppendFormat(
-      &out, "predicted peak memory growth per rank %.1f MiB; activation checkpointing %s%s: %d of %d blocks recomputed, "
-            "%d FLOPs/step again (%.3f of the forward's %d)\n",
-      t.memory_bytes / 1048576.0, baton::v1::ActivationCheckpointing::Mode_Name(ac.mode()),
+      &out, "predicted peak memory growth per rank %.1f MiB (and %.1f MiB of shared-memory segments where ranks share a "
+            "host); activation checkpointing %s%s: %d of %d blocks recomputed, %d FLOPs/step again (%.3f of the "
+            "forward's %d)\n",
+      t.memory_bytes / 1048576.0, t.shared_memory_bytes / 1048576.0, baton::v1::ActivationCheckpointing::Mode_Name(ac.mode()),
       ac.mode() == baton::v1::ActivationCheckpointing::SELECTIVE ? absl::StrCat(" every ", ac.every()) : "",
       RecomputedBlocks(plan), Blocks(plan), t.recompute_flops,
       t.forward_flops > 0 ? static_cast<double>(t.recompute_flops) / t.forward_flops : 0.0, t.forward_flops);
@@ -124,8 +125,10 @@ std::string FormatPlanJson(const baton::v1::JobSpec& job, const DryRun& plan) {
     const RankTheory& t = plan.theory.ranks[r];
     ranks.push_back(absl::StrFormat(
         "{\"rank\":%d,\"coordinates\":\"%s\",\"state_bytes\":%d,\"comm_bytes\":%d,\"peak_unsharded_param_bytes\":%d,"
-        "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"memory_bytes\":%d,\"idle_fraction\":%.6f}",
-        r, plan.coordinates[r], t.state, t.comm, t.peak, t.peak_live, t.peak_live_bytes, t.memory, plan.idle_fraction[r]));
+        "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"memory_bytes\":%d,\"shared_memory_bytes\":%d,"
+        "\"idle_fraction\":%.6f}",
+        r, plan.coordinates[r], t.state, t.comm, t.peak, t.peak_live, t.peak_live_bytes, t.memory, t.shared_memory,
+        plan.idle_fraction[r]));
   }
   std::string pipeline = "null";
   if (plan.pipeline.enabled) {
@@ -142,11 +145,12 @@ std::string FormatPlanJson(const baton::v1::JobSpec& job, const DryRun& plan) {
   const PlanTheory& t = plan.theory;
   return absl::StrFormat(
       "{\"plan\":\"%s\",\"parameters\":%d,\"state_bytes\":%d,\"comm_bytes\":%d,\"peak_unsharded_param_bytes\":%d,"
-      "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"memory_bytes\":%d,\"forward_flops\":%d,"
-      "\"recompute_flops\":%d,\"recomputed_blocks\":%d,\"idle_fraction\":%.6f,\"pipeline\":%s,"
+      "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"memory_bytes\":%d,\"shared_memory_bytes\":%d,"
+      "\"forward_flops\":%d,\"recompute_flops\":%d,\"recomputed_blocks\":%d,\"idle_fraction\":%.6f,\"pipeline\":%s,"
       "\"ranks\":[%s]}",
       job.name(), t.parameters, t.state_bytes, t.comm_bytes, t.peak_unsharded_param_bytes, t.peak_live_microbatches,
-      t.peak_live_activation_bytes, t.memory_bytes, t.forward_flops, t.recompute_flops, RecomputedBlocks(plan),
+      t.peak_live_activation_bytes, t.memory_bytes, t.shared_memory_bytes, t.forward_flops, t.recompute_flops,
+      RecomputedBlocks(plan),
       plan.max_idle_fraction, pipeline,
       absl::StrJoin(ranks, ","));
 }

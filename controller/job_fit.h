@@ -1,7 +1,9 @@
 // Whether a job's ranks fit the workers that would run them: threads per
 // rank within a worker's cores, the plan's predicted per-rank growth
-// (strategies/plan_theory.h: memory_bytes) within its memory. Refused before
-// any worker is touched.
+// (strategies/plan_theory.h: memory_bytes), and where two of the job's
+// workers share a host the shared-memory segments of its collectives
+// (shared_memory_bytes), within its share of the host's memory. Refused
+// before any worker is touched.
 #ifndef BATON_CONTROLLER_JOB_FIT_H_
 #define BATON_CONTROLLER_JOB_FIT_H_
 

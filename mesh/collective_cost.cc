@@ -24,4 +24,10 @@ int64_t ReduceScatterStagingBytes(int64_t block_numel, int64_t elem_bytes, int s
   return size <= 1 ? 0 : 2 * ReduceScatterChunkNumel(block_numel, elem_bytes) * elem_bytes;
 }
 
+int64_t SharedSegmentBytes(int64_t largest_input) {
+  constexpr int64_t kPage = 4096;
+  const int64_t grown = std::min(kSharedHalfMostBytes, (largest_input + kPage - 1) / kPage * kPage);
+  return kSharedControlBytes + 2 * std::max(kSharedHalfFirstBytes, grown);
+}
+
 }  // namespace baton

@@ -25,6 +25,18 @@ inline constexpr int64_t kReduceScatterChunkBytes = int64_t{1} << 20;
 int64_t ReduceScatterChunkNumel(int64_t block_numel, int64_t elem_bytes);
 int64_t ReduceScatterStagingBytes(int64_t block_numel, int64_t elem_bytes, int size);
 
+// A gloo group whose ranks share a host moves its all-reduces, all-gathers
+// and reduce-scatters through shared memory (worker/comm/gloo): each rank
+// holds a control page and two halves, each first kSharedHalfFirstBytes and
+// grown, page-rounded, to the largest input an operation hands in, at most
+// kSharedHalfMostBytes. Files in /dev/shm: host memory beside the process's.
+inline constexpr int64_t kSharedControlBytes = 4096;
+inline constexpr int64_t kSharedHalfFirstBytes = int64_t{64} << 10;
+inline constexpr int64_t kSharedHalfMostBytes = int64_t{64} << 20;
+// One rank's segment of a group whose largest operation input is
+// `largest_input` bytes.
+int64_t SharedSegmentBytes(int64_t largest_input);
+
 }  // namespace baton
 
 #endif  // BATON_MESH_COLLECTIVE_COST_H_

@@ -160,36 +160,70 @@ void MarkRecomputedBlocks(const baton::v1::ActivationCheckpointing& ac, ModelLay
   }
 }
 
-int64_t TensorParallelBytes(const StageDef& def, const StageShape& shape, bool backward) {
-  if (shape.tp <= 1 || !def.regions) return 0;
+namespace {
+
+// One collective of a stage's split regions: what a rank sends (the ring
+// algorithms' counts, mesh/collective_cost.h) and the bytes it hands in.
+struct RegionCollective {
+  int64_t sent = 0;
+  int64_t input = 0;
+};
+
+// Every collective of the stage's split regions in its forward (or
+// backward), read off its regions: reductions in fp32, gathers in the
+// compute dtype, even splits.
+void ForEachRegionCollective(const StageDef& def, const StageShape& shape, bool backward,
+                             const std::function<void(const RegionCollective&)>& visit) {
+  if (shape.tp <= 1 || !def.regions) return;
   const int n = shape.tp;
   const int64_t tokens = shape.rows * TokensPerRow(*shape.model) / shape.cp;
-  int64_t bytes = 0;
   for (const TensorParallelRegion& region : def.regions(*shape.model, shape.unit)) {
     const std::string& first = region.colwise.empty() ? region.rowwise.front() : region.colwise.front();
     if (!shape.Split(first)) continue;
     const int64_t hidden = tokens * region.width, chunk = hidden / n;
     const bool enters = region.input == TensorParallelRegion::Input::kResidual;
     const bool leaves = region.output == TensorParallelRegion::Output::kReduced;
+    const RegionCollective all_reduce{RingAllReduceBytes(hidden, 4, n), hidden * 4};
     if (shape.sequence_parallel) {
       // All-gather of the sequence shards in (compute dtype), reduce-scatter
       // of the partial sums out (fp32); their conjugates backward.
-      const int64_t gather = RingAllGatherBytes(chunk, shape.elem, n), scatter = RingAllGatherBytes(chunk, 4, n);
-      if (enters) bytes += backward ? scatter : gather;
-      if (leaves) bytes += backward ? gather : scatter;
+      const RegionCollective gather{RingAllGatherBytes(chunk, shape.elem, n), chunk * shape.elem};
+      const RegionCollective scatter{RingAllGatherBytes(chunk, 4, n), hidden * 4};
+      if (enters) visit(backward ? scatter : gather);
+      if (leaves) visit(backward ? gather : scatter);
     } else if (backward) {
-      if (enters && shape.input_requires_grad) bytes += RingAllReduceBytes(hidden, 4, n);  // f's conjugate
+      if (enters && shape.input_requires_grad) visit(all_reduce);  // f's conjugate
     } else if (leaves) {
-      bytes += RingAllReduceBytes(hidden, 4, n);  // g
+      visit(all_reduce);  // g
     }
     if (!backward && region.output == TensorParallelRegion::Output::kVocabLogits) {
       // Loss parallelism reduces the max, the sum of exponentials and the
       // target logit; otherwise the logits are gathered.
-      bytes += shape.loss_parallel ? 3 * RingAllReduceBytes(tokens, 4, n)
-                                   : RingAllGatherBytes(tokens * region.logits / n, shape.elem, n);
+      if (shape.loss_parallel) {
+        for (int i = 0; i < 3; ++i) visit({RingAllReduceBytes(tokens, 4, n), tokens * 4});
+      } else {
+        const int64_t shard = tokens * region.logits / n;
+        visit({RingAllGatherBytes(shard, shape.elem, n), shard * shape.elem});
+      }
     }
   }
+}
+
+}  // namespace
+
+int64_t TensorParallelBytes(const StageDef& def, const StageShape& shape, bool backward) {
+  int64_t bytes = 0;
+  ForEachRegionCollective(def, shape, backward, [&](const RegionCollective& c) { bytes += c.sent; });
   return bytes;
+}
+
+int64_t TensorParallelLargestInput(const StageDef& def, const StageShape& shape) {
+  int64_t largest = 0;
+  for (const bool backward : {false, true}) {
+    ForEachRegionCollective(def, shape, backward,
+                            [&](const RegionCollective& c) { largest = std::max(largest, c.input); });
+  }
+  return largest;
 }
 
 int64_t ContextParallelBytes(const StageDef& def, const StageShape& shape, bool backward) {

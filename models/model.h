@@ -201,6 +201,10 @@ void MarkRecomputedBlocks(const baton::v1::ActivationCheckpointing& ac, ModelLay
 // in the compute dtype, even splits, the ring algorithms'
 // (mesh/collective_cost.h) counts.
 int64_t TensorParallelBytes(const StageDef& def, const StageShape& shape, bool backward);
+// The most bytes one of those collectives takes in on a rank, forward or
+// backward (a reduction's whole fp32 partial sums, a gather's shard): what
+// sizes the group's shared-memory segment (mesh/collective_cost.h).
+int64_t TensorParallelLargestInput(const StageDef& def, const StageShape& shape);
 // Bytes one rank sends around the context-parallel ring in a stage's forward
 // (or backward): 0 without context parallelism or for a stage that sends
 // none.

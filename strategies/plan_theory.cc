@@ -144,6 +144,13 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     };
     return shape;
   };
+  // The most one operation hands in, per group ("world" or an axis): what
+  // sizes the group's shared-memory segment.
+  std::map<std::string, int64_t> largest_input;
+  auto hands_in = [&](const std::string& group, int64_t bytes) {
+    int64_t& most = largest_input[group];
+    most = std::max(most, bytes);
+  };
   for (const Instruction& ins : p.instructions()) {
     switch (ins.op()) {
       case Instruction::LOAD_BATCH:
@@ -201,6 +208,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         const int64_t bytes = stage_bytes(backward) + (backward && recompute ? stage_bytes(false) : 0);
         t.comm += bytes;
         t.ideal += bytes;
+        if (shape.tp > 1) hands_in(p.stages(ins.stage()).tensor_parallel().axis(), TensorParallelLargestInput(def, shape));
         break;
       }
       case Instruction::GATHER_PARAMS:
@@ -221,6 +229,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
           // shared memory none).
           reducing[ins.unit()] = 4 * *block * (n + 1) + ReduceScatterStagingBytes(*block, 4, n);
         }
+        hands_in(ins.axes(0), *block * bytes * (ins.op() == Instruction::GATHER_PARAMS ? 1 : n));
         held(0);
         t.comm += RingAllGatherBytes(*block, bytes, n);
         t.ideal += ideal * bytes;
@@ -245,6 +254,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         }
         if (numel == 0 || *n == 1) break;
         reducing[ins.unit()] = 4 * numel;  // the flat gradients, until WAIT_GRADS
+        hands_in(*GroupCommunicator(*mesh, ins.axes()), 4 * numel);
         held(0);
         t.comm += RingAllReduceBytes(numel, 4, *n);
         t.ideal += 2.0 * (*n - 1) / *n * numel * 4;
@@ -323,6 +333,11 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     if (on) resident_bytes += unsharded_bytes(u);
   }
   t.memory = kWorkerOverheadBytes + t.state - kept_grads - resident_bytes + dynamic_peak;
+  // Every group of more than one rank has its segment, used or not.
+  if (mesh->size() > 1) t.shared_memory += SharedSegmentBytes(largest_input["world"]);
+  for (const auto& axis : mesh->axes()) {
+    if (axis.size > 1) t.shared_memory += SharedSegmentBytes(largest_input[axis.name]);
+  }
   return t;
 }
 
@@ -343,6 +358,7 @@ absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<Program>& programs)
     theory.memory_bytes = std::max(theory.memory_bytes, t->memory);
     theory.forward_flops = std::max(theory.forward_flops, t->forward_flops);
     theory.recompute_flops = std::max(theory.recompute_flops, t->recompute_flops);
+    theory.shared_memory_bytes = std::max(theory.shared_memory_bytes, t->shared_memory);
     theory.ranks.push_back(*t);
     for (const auto& u : p.units()) {
       for (const auto& param : u.params()) params[param.name()] = NumElements({param.shape().begin(), param.shape().end()});

@@ -57,6 +57,11 @@ struct RankTheory {
   int64_t memory = 0;           // peak process growth (memory_bytes)
   int64_t forward_flops = 0;    // the step's forwards (forward_flops)
   int64_t recompute_flops = 0;  // the recomputed forwards (recompute_flops)
+  // Its gloo groups' shared-memory segments where their ranks share a host
+  // (mesh/collective_cost.h: SharedSegmentBytes of each group's largest
+  // operation input; groups of one rank have none): host memory beside
+  // `memory`, which the process's own growth does not show.
+  int64_t shared_memory = 0;
 };
 
 // What a worker process grows by for any job besides its tensors (measured:
@@ -80,6 +85,7 @@ struct PlanTheory {
   int64_t memory_bytes = 0;
   int64_t forward_flops = 0;
   int64_t recompute_flops = 0;
+  int64_t shared_memory_bytes = 0;  // the most of any rank (RankTheory::shared_memory)
   std::vector<RankTheory> ranks;  // by rank
 };
 

@@ -259,5 +259,57 @@ TEST(PlannerTest, TheoryMatchesTheFsdpFormulas) {
   EXPECT_EQ(ddp->peak_unsharded_param_bytes, 4 * layout.parameters());
 }
 
+// A group whose ranks share a host holds, per rank, a control page and two
+// halves the size of its largest operation's input (at least 64 KiB, at
+// most 64 MiB, page-rounded): worker/comm/gloo's segments, counted by hand.
+int64_t Segment(int64_t largest_input) {
+  const int64_t pages = (largest_input + 4095) / 4096 * 4096;
+  return 4096 + 2 * std::min<int64_t>(64 << 20, std::max<int64_t>(64 << 10, pages));
+}
+
+TEST(PlannerTest, SharedMemoryIsEachGroupsLargestOperationTwice) {
+  const int64_t world_only = Segment(16);  // the metrics' two doubles
+  // DDP, a bucket per unit: the dp group's largest all-reduce is the largest
+  // unit's fp32 gradients (a block's two 256 x 256 linears and biases).
+  const auto mlp = [](const std::string& plan) {
+    auto job = ParseJobSpec(R"pb(model { mlp { d_model: 256 blocks: 4 } } mesh { name: "dp" size: 2 }
+                                 plan { )pb" + plan + R"pb( } optimizer { lr: 0.01 } data { batch_size: 8 } steps: 1)pb",
+                            false);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return *job;
+  };
+  const ModelLayout layout = BuildModelLayout(mlp("mode: DDP").model());
+  int64_t block = 0;
+  for (const auto& unit : layout.units) block = std::max<int64_t>(block, 4 * unit.numel());
+  EXPECT_EQ(block, 4 * 2 * (256 * 256 + 256));
+  auto ddp = ComputeTheory(mlp("mode: DDP bucket_bytes: 1"));
+  ASSERT_TRUE(ddp.ok()) << ddp.status();
+  std::printf("DDP per-unit buckets: %lld bytes of segments per rank\n", (long long)ddp->shared_memory_bytes);
+  EXPECT_EQ(ddp->shared_memory_bytes, world_only + Segment(block));
+  // 25 MiB buckets (the first stops past 1 MiB): more than one unit at once.
+  auto one_bucket = ComputeTheory(mlp("mode: DDP"));
+  ASSERT_TRUE(one_bucket.ok()) << one_bucket.status();
+  EXPECT_GE(one_bucket->shared_memory_bytes, world_only + Segment(2 * block));
+  EXPECT_LE(one_bucket->shared_memory_bytes, world_only + Segment(4 * layout.parameters()));
+  // FSDP: a reduce-scatter hands in the unit's whole gradients (its blocks
+  // of both ranks), a gather its own block.
+  auto fsdp = ComputeTheory(mlp("mode: FSDP"));
+  ASSERT_TRUE(fsdp.ok()) << fsdp.status();
+  EXPECT_EQ(fsdp->shared_memory_bytes, world_only + Segment(block));
+  // Tensor parallelism: the attention's and the MLP's outputs are all-reduced
+  // whole in fp32: rows x seq x dim x 4 bytes = 8 x 64 x 512 x 4.
+  auto wide = Decoder(R"pb(mesh { name: "tp" size: 2 })pb", R"pb(mode: FSDP tensor_parallel { axis: "tp" })pb");
+  wide.mutable_model()->mutable_decoder()->set_dim(512);
+  wide.mutable_model()->mutable_decoder()->set_seq_len(64);
+  auto tp_wide = ComputeTheory(wide);
+  ASSERT_TRUE(tp_wide.ok()) << tp_wide.status();
+  std::printf("TP dim 512: %lld bytes of segments per rank\n", (long long)tp_wide->shared_memory_bytes);
+  EXPECT_EQ(tp_wide->ranks[0].shared_memory, world_only + Segment(8 * 64 * 512 * 4));
+  // One rank: no group, no segment.
+  auto single = ComputeTheory(Decoder(R"pb(mesh { name: "dp" size: 1 })pb", "mode: FSDP"));
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->shared_memory_bytes, 0);
+}
+
 }  // namespace
 }  // namespace baton

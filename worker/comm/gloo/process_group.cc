@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "mesh/collective_cost.h"
 
 namespace baton {
 
@@ -233,7 +234,8 @@ class SharedReduceScatterWork : public SharedWork {
 void GlooProcessGroup::JoinSharedMemory(c10d::Store& store, bool enabled, const std::string& dir,
                                         std::chrono::milliseconds timeout) {
   const int rank = getRank(), size = getSize();
-  constexpr size_t kFirstHalfBytes = 64 << 10, kMostHalfBytes = size_t{64} << 20, kPage = 4096;
+  // The sizes the plan counts (mesh/collective_cost.h: SharedSegmentBytes).
+  constexpr size_t kFirstHalfBytes = kSharedHalfFirstBytes, kMostHalfBytes = kSharedHalfMostBytes, kPage = 4096;
   std::unique_ptr<SharedSegments> segments;
   size_t limit = 0;
   if (enabled) {

@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "mesh/collective_cost.h"
 
 namespace baton {
 
@@ -94,7 +95,7 @@ class SharedSegments {
     char* addr = nullptr;
     size_t bytes = 0;  // the control block's page and two halves
   };
-  static constexpr size_t kControlBytes = 4096;
+  static constexpr size_t kControlBytes = kSharedControlBytes;
   SharedSegments(int rank, int size, std::string dir, std::string name);
   std::string PathOf(const std::string& name, int generation) const;
   static char* Half(const Mapping& m, int half) {
