@@ -59,7 +59,9 @@ TEST(RankOrderTest, ReduceScatterAndAllReduceAddInRankOrder) {
                     transport.c_str(), c->rank(), static_cast<int>(rs), static_cast<long long>(3 * k),
                     static_cast<int>(ar));
         EXPECT_TRUE(rs) << transport;
-        if (shared_memory) EXPECT_TRUE(ar) << transport;
+        if (shared_memory) {
+          EXPECT_TRUE(ar) << transport;
+        }
       });
     }
     for (auto& t : ranks) t.join();
