@@ -150,15 +150,21 @@ int SharedSegments::RemoveStale(const std::string& dir, std::chrono::seconds age
   if (d == nullptr) return 0;
   const time_t before = ::time(nullptr) - age.count();
   const std::string pid_namespace = PidNamespace();
+  // A file whose control page was never written (its creator was killed
+  // between creating it and writing the page, which takes microseconds) is
+  // abandoned once it is this old, whoever created it.
+  const time_t unwritten_before = ::time(nullptr) - kUnwrittenGrace.count();
   // Whether the process that created the file at `path` is gone, as its
   // control page tells.
-  auto creator_gone = [&](const std::string& path) {
+  auto creator_gone = [&](const std::string& path, time_t mtime) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return false;
     alignas(Control) unsigned char page[sizeof(Control)] = {};
     const bool read_whole = ::pread(fd, page, sizeof(page), 0) == static_cast<ssize_t>(sizeof(page));
     ::close(fd);
-    return read_whole && ProcessGone(CreatorHere(*reinterpret_cast<const Control*>(page), pid_namespace));
+    const Control& control = *reinterpret_cast<const Control*>(page);
+    if (!read_whole || control.pid == 0) return mtime < unwritten_before;
+    return ProcessGone(CreatorHere(control, pid_namespace));
   };
   int removed = 0;
   while (const dirent* e = ::readdir(d)) {
@@ -166,7 +172,7 @@ int SharedSegments::RemoveStale(const std::string& dir, std::chrono::seconds age
     const std::string path = dir + "/" + e->d_name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if ((st.st_mtime < before || creator_gone(path)) && ::unlink(path.c_str()) == 0) ++removed;
+    if ((st.st_mtime < before || creator_gone(path, st.st_mtime)) && ::unlink(path.c_str()) == 0) ++removed;
   }
   ::closedir(d);
   errno = 0;

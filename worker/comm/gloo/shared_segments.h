@@ -52,11 +52,13 @@ class SharedSegments {
   // named after it).
   const std::string& name() const { return name_; }
   // Removes segment files in `dir` whose creator is gone (its control page
-  // names this pid namespace and a pid no process has) or older than `age`
-  // (a creator in another pid namespace): a segment's file lives for
+  // names this pid namespace and a pid no process has), whose control page
+  // was never written and that are older than kUnwrittenGrace, or older than
+  // `age` (a creator in another pid namespace): a segment's file lives for
   // milliseconds (created, mapped by the peers, removed), so such a file was
   // left by a process killed in between. Returns how many.
   static int RemoveStale(const std::string& dir, std::chrono::seconds age);
+  static constexpr std::chrono::seconds kUnwrittenGrace{60};
 
   // Maps every peer's segment; `names[r]` is rank r's name().
   absl::Status OpenPeers(const std::vector<std::string>& names);

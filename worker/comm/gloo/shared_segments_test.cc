@@ -5,7 +5,9 @@
 #include "worker/comm/gloo/shared_segments.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,6 +143,36 @@ TEST(SharedSegmentsTest, AFileWhoseCreatorIsGoneIsRemovedAtTheNextGroup) {
   EXPECT_EQ(after[0].rfind((*live)->name(), 0), 0u) << after[0] << " is not the live segment's";
   live->reset();
   for (const std::string& f : FilesIn(dir)) unlink((std::string(dir) + "/" + f).c_str());
+  EXPECT_EQ(rmdir(dir), 0);
+}
+
+TEST(SharedSegmentsTest, AFileWhoseControlPageWasNeverWrittenGoesAfterAMinute) {
+  char dir[] = "/tmp/baton-segments-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  // What a creator killed between creating its file and writing its control
+  // page leaves: no bytes, or reserved bytes still zero.
+  auto make = [&](const std::string& name, size_t bytes, std::chrono::seconds age) {
+    const std::string path = std::string(dir) + "/" + name;
+    const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    close(fd);
+    const timespec then{time(nullptr) - static_cast<time_t>(age.count()), 0};
+    const timespec times[2] = {then, then};
+    ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  };
+  const auto old = SharedSegments::kUnwrittenGrace + std::chrono::seconds(30);
+  make("baton-1-empty-old.0", 0, old);
+  make("baton-1-zeros-old.1", 4096 + 2 * 4096, old);
+  make("baton-1-empty-new.0", 0, std::chrono::seconds(0));
+  const int removed = SharedSegments::RemoveStale(dir, std::chrono::minutes(30));
+  const std::vector<std::string> after = FilesIn(dir);
+  std::printf("unwritten files: 2 older than %lld s, 1 new; removed %d; left %zu\n",
+              static_cast<long long>(SharedSegments::kUnwrittenGrace.count()), removed, after.size());
+  EXPECT_EQ(removed, 2);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0], "baton-1-empty-new.0");
+  for (const std::string& f : after) unlink((std::string(dir) + "/" + f).c_str());
   EXPECT_EQ(rmdir(dir), 0);
 }
 
