@@ -254,7 +254,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         }
         if (numel == 0 || *n == 1) break;
         reducing[ins.unit()] = 4 * numel;  // the flat gradients, until WAIT_GRADS
-        hands_in(*GroupCommunicator(*mesh, ins.axes()), 4 * numel);
+        if (auto group = GroupCommunicator(*mesh, ins.axes()); group.ok()) hands_in(*group, 4 * numel);
         held(0);
         t.comm += RingAllReduceBytes(numel, 4, *n);
         t.ideal += 2.0 * (*n - 1) / *n * numel * 4;
