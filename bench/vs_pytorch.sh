@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Side-by-side throughput: Baton FSDP and Baton DDP (through the controller)
-# against PyTorch-Python 1.13 (Debian's python3-torch) DDP and
+# Side-by-side throughput: Baton FSDP and Baton DDP (through the controller,
+# `baton run` as a user runs it: the controller paces the steps, a second's
+# worth per call to the workers) against PyTorch-Python 1.13 (Debian's python3-torch) DDP and
 # ZeroRedundancyOptimizer+DDP on gloo, at world 2 and world 4 (4 workers;
 # a world-2 job takes 2 of them), plus single-process runs of the same model
 # for distributed efficiency. Same decoder, sizes, AdamW and per-rank batch

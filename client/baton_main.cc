@@ -50,9 +50,10 @@ ABSL_FLAG(int64_t, timeout_ms, 5000, "check: timeout of one collective.");
 ABSL_FLAG(std::string, backend, "",
           "check, run, submit: gloo or nccl (default: the controller's --default_backend, gloo unless set).");
 ABSL_FLAG(int64_t, step_timeout_ms, 30000, "run: timeout of one collective within a step.");
-ABSL_FLAG(int, steps_per_call, 1,
+ABSL_FLAG(int, steps_per_call, 0,
           "run: K, the steps the workers run per round trip (one line per step still; periodic checkpoints still "
-          "fall on their steps).");
+          "fall on their steps); 0: the controller chooses, as for a detached job (one step, then a second's worth "
+          "per call at the last call's pace); 1: a round trip per step.");
 ABSL_FLAG(bool, explain, false, "plan: also print every rank's Program, instruction by instruction.");
 ABSL_FLAG(std::string, token_file, "",
           "File holding the controller's client token (else $BATON_TOKEN_FILE or $BATON_TOKEN); `up` writes its "

@@ -50,7 +50,8 @@ class Job {
 
   // Runs the next `n` steps (fewer if the job ends); their metrics. With
   // `steps_per_call` K > 1 the workers run up to K of them per round trip
-  // (periodic checkpoints still fall on their steps).
+  // (periodic checkpoints still fall on their steps); 0 leaves K to the
+  // controller (a second's worth per call, as for a detached job).
   absl::StatusOr<std::vector<baton::v1::StepMetrics>> Step(int n = 1, int steps_per_call = 1);
   // Saves at the current step under DIR/step-N; returns where. Async: the
   // save goes on while Step runs; WaitForSave publishes it.

@@ -107,7 +107,7 @@ int Run(const std::string& path) {
   ProgressBar progress(steps, json);
   baton::v1::StepMetrics last;
   int failed_saves = 0;
-  const int per_call = std::max(1, absl::GetFlag(FLAGS_steps_per_call));
+  const int per_call = std::max(0, absl::GetFlag(FLAGS_steps_per_call));  // 0: the controller's choice
   const int first_step = created->job().step() + 1;
   const absl::Time stepping = absl::Now();
   // One stream asks for every remaining step: the controller runs them back
@@ -165,8 +165,8 @@ int Run(const std::string& path) {
   if (json) {
     std::printf("{\"stepping\":{\"steps\":%d,\"wall_ms\":%.3f,\"steps_per_call\":%d}}\n", ran, wall_ms, per_call);
   } else {
-    std::printf("stepped %d steps in %.1f ms (%.3f ms per step, %d per call)\n", ran, wall_ms, ran > 0 ? wall_ms / ran : 0.0,
-                per_call);
+    std::printf("stepped %d steps in %.1f ms (%.3f ms per step, %s per call)\n", ran, wall_ms, ran > 0 ? wall_ms / ran : 0.0,
+                per_call > 0 ? absl::StrCat(per_call).c_str() : "the controller's choice of steps");
   }
   if (create->job().checkpoint().async()) {
     // The last async save is published before the run ends.

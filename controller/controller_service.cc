@@ -179,7 +179,7 @@ namespace {
 // A Step request's figures with their defaults, or INVALID_ARGUMENT.
 struct StepArgs {
   int steps = 1;
-  int per_call = 1;
+  int per_call = 0;  // the controller chooses
   int64_t timeout_ms = kDefaultStepTimeoutMs;
 };
 
@@ -194,9 +194,10 @@ absl::StatusOr<StepArgs> ParseStep(const baton::v1::StepRequest& req) {
   if (a.steps < 0 || a.steps > kMaxStepsAsked) {
     return absl::InvalidArgumentError(absl::StrCat("steps must be in [1, ", kMaxStepsAsked, "]"));
   }
-  if (req.steps_per_call() != 0) a.per_call = req.steps_per_call();
+  a.per_call = req.steps_per_call();
   if (a.per_call < 0 || a.per_call > kMaxStepsPerRunStep) {
-    return absl::InvalidArgumentError(absl::StrCat("steps_per_call must be in [1, ", kMaxStepsPerRunStep, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("steps_per_call must be in [1, ", kMaxStepsPerRunStep, "], or 0 for the controller's choice"));
   }
   return a;
 }

@@ -305,7 +305,7 @@ int Job::target_step() const {
 
 void Job::set_steps_per_call(int k) {
   absl::MutexLock lock(&mu_);
-  steps_per_call_ = std::max(1, k);
+  steps_per_call_ = std::max(0, k);
 }
 
 int Job::steps_per_call() const {

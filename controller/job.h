@@ -145,7 +145,7 @@ class Job {
   // The last step asked for so far.
   int target_step() const ABSL_LOCKS_EXCLUDED(mu_);
   // An attached job's client's K: up to this many steps per call to the
-  // workers (1 unless its Step asks for more).
+  // workers; 0: the runner chooses, as for a detached job (JobRunner).
   void set_steps_per_call(int k) ABSL_LOCKS_EXCLUDED(mu_);
   int steps_per_call() const ABSL_LOCKS_EXCLUDED(mu_);
   // The runner: everything of `step` is done (its periodic save too).

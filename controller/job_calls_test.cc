@@ -145,6 +145,28 @@ TEST(JobManagerTest, AClientsKStepsRunInOneRoundTripEach) {
   EXPECT_EQ((*job)->step(), 10);
 }
 
+// K = 0 (`baton run`'s default): the runner paces an attached job as it
+// does a detached one - one step to learn the pace, then a second's worth.
+TEST(JobManagerTest, AClientThatLeavesKToTheControllerGetsOneStepThenASecondsWorthPerCall) {
+  ControllerHarness h{HarnessOptions()};
+  SlowSteps(h, absl::Milliseconds(5));
+  auto job = h.jobs().Create(MlpJob("k-paced", 300), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stepped = h.jobs().Step((*job)->id(), 300, 0, 30000, absl::Now() + absl::Seconds(30), nullptr);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  int in_order = 0;
+  for (const auto& m : stepped->metrics) in_order += m.step() == in_order + 1;
+  const int calls = h.worker(0).step_calls();
+  std::printf("Step(300) of 5 ms steps, K left to the controller: %d steps answered in order, %d RunStep calls on "
+              "rank 0 (%d steps run)\n", in_order, calls, h.worker(0).steps_run());
+  EXPECT_EQ(in_order, 300);
+  EXPECT_EQ(h.worker(0).steps_run(), 300);
+  // [1], then a second's worth (at most 200 steps of >= 5 ms) per call:
+  // three calls, a few more on a loaded machine - not 300.
+  EXPECT_GE(calls, 3);
+  EXPECT_LE(calls, 6);
+}
+
 TEST(JobManagerTest, ARankFailingAtACallsFirstStepCountsNoneOfItsSteps) {
   // Rank 0 fails at step 5, the first of the second call of 4, while rank 1
   // (a fake needs no peer) completes all 4: the steps completed everywhere

@@ -176,11 +176,11 @@ void JobRunner::Run() {
 
 int JobRunner::StepsForCall(int step) const {
   int k = job_->steps_per_call();
-  if (job_->detached()) {
+  if (job_->detached() || k == 0) {
     // A second's worth at the last call's pace (one step first, to learn it).
     k = last_step_ms_ <= 0 ? 1
                            : static_cast<int>(std::min<double>(kMaxStepsPerRunStep,
-                                                               absl::ToDoubleMilliseconds(kDetachedCallTarget) /
+                                                               absl::ToDoubleMilliseconds(kPacedCallTarget) /
                                                                    last_step_ms_));
   }
   k = std::min(k, job_->target_step() - step + 1);

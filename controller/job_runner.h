@@ -4,9 +4,10 @@
 // restores, then runs the steps asked of it - all of them for a detached
 // job, its client's for an attached one - each call a RunStep on every rank
 // at once, taking periodic checkpoints as the spec says. One call runs K
-// consecutive steps (one round trip for K): an attached job's client says K
-// (steps_per_call); a detached job's runner takes a second's worth of steps
-// at its last step time, so a stop waits a second at most. A call never runs
+// consecutive steps (one round trip for K): an attached job's client may say
+// K (steps_per_call); a detached job's runner, and an attached one's whose
+// client leaves K to it (0, what `baton run` does), takes a second's worth
+// of steps at its last step time, so a stop waits a second at most. A call never runs
 // past a periodic checkpoint's step or the steps asked. It ends the job
 // (FINISHED, or STOPPED / FAILED with the first cause) and gives its workers
 // back; when the controller shuts down it leaves the job as it is, for the
@@ -74,8 +75,9 @@ class JobRunner {
   static constexpr absl::Duration kLoadDeadline = absl::Seconds(60);
   // How long a restart waits for the workers the job ran on, by default.
   static constexpr int64_t kReplacementTimeoutMs = 30000;
-  // A detached job's call runs about this long (K = this / its step time).
-  static constexpr absl::Duration kDetachedCallTarget = absl::Seconds(1);
+  // A call the controller paces (a detached job's, or an attached one's
+  // whose client left K to it) runs about this long: K = this / step time.
+  static constexpr absl::Duration kPacedCallTarget = absl::Seconds(1);
 
   // `job` holds its workers (MeshManager::Reserve) already.
   JobRunner(std::shared_ptr<Job> job, RestorePlan restore, RunnerContext context);
