@@ -108,9 +108,9 @@ def job_file(example, tmp, steps, name):
     return path
 
 
-def start_job(fleet, path, log_path):
+def start_job(fleet, path, log_path, *flags):
     log = open(log_path, "w")
-    return subprocess.Popen([fleet.baton, "run", "--controller=" + fleet.address, path], stdout=log,
+    return subprocess.Popen([fleet.baton, "run", "--controller=" + fleet.address, *flags, path], stdout=log,
                             stderr=subprocess.STDOUT, env=fleet.env, start_new_session=True)
 
 
@@ -173,7 +173,10 @@ def prometheus_part(fleet, tmp, example):
                 pass
             time.sleep(0.5)
         check(len(up) == 5, "Prometheus scrapes 5 targets (up == 1: %d)" % len(up))
-        job = start_job(fleet, job_file(example, tmp, 20, "prometheus_job"), os.path.join(tmp, "prom_job.log"))
+        # One step per RunStep call, so that the workers' RPC count is exactly
+        # 4 x steps (by default the controller puts many steps in one call).
+        job = start_job(fleet, job_file(example, tmp, 20, "prometheus_job"), os.path.join(tmp, "prom_job.log"),
+                        "--steps_per_call=1")
         try:
             job.wait(timeout=remaining(180))
         finally:
