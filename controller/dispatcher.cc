@@ -139,14 +139,40 @@ std::vector<grpc::ClientContext*> Dispatcher::CancelBatch(Batch* batch, const st
   return in_flight;
 }
 
-void Dispatcher::Run(Batch& batch, const FanOut& options, std::string* abort_reason) {
+void Dispatcher::Begin(Batch& batch, absl::Duration deadline) {
   const size_t n = batch.slots.size();
   batch.start = absl::Now();
-  batch.end = batch.start + options.deadline;
+  batch.end = batch.start + deadline;
+  if (n == 0) return;
+  std::vector<Launch> launches;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < n; ++i) Submit(&batch, i, &launches);
+  }
+  // Launched without the lock: a call may complete (and its callback take
+  // the lock) on the thread that starts it.
+  LaunchAll(launches);
+}
+
+void Dispatcher::Abandon(Batch& batch) {
+  const size_t n = batch.slots.size();
+  if (n == 0) return;
+  mu_.Lock();
+  const std::vector<grpc::ClientContext*> contexts = CancelBatch(&batch, {});
+  mu_.Unlock();
+  for (auto* c : contexts) c->TryCancel();
+  mu_.Lock();
+  // A slot waiting to be retried is finished by CancelBatch; the rest come
+  // back through OnDone.
+  while (batch.done < n) batch.changed.Wait(&mu_);
+  mu_.Unlock();
+}
+
+void Dispatcher::Await(Batch& batch, const FanOut& options, std::string* abort_reason) {
+  const size_t n = batch.slots.size();
   if (n == 0) return;
   std::vector<Launch> launches;
   mu_.Lock();
-  for (size_t i = 0; i < n; ++i) Submit(&batch, i, &launches);
   // Launching and cancelling happen without the lock: a call may complete
   // (and its callback take the lock) on the thread that starts it.
   auto unlocked = [&](const std::function<void()>& f) {
@@ -158,7 +184,6 @@ void Dispatcher::Run(Batch& batch, const FanOut& options, std::string* abort_rea
     const std::vector<grpc::ClientContext*> contexts = CancelBatch(&batch, only);
     if (!contexts.empty()) unlocked([&] { for (auto* c : contexts) c->TryCancel(); });
   };
-  unlocked([&] { LaunchAll(launches); });
   bool stopping = false;  // a failure or an abort reason was seen
   absl::Time cancel_at = absl::InfiniteFuture();
   while (batch.done < n) {

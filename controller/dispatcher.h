@@ -12,7 +12,8 @@
 // channel with the fleet's credentials; tests hand in-process fake workers.
 //
 // Thread-safe; Call() blocks the calling thread (only) until every call of
-// its fan-out has returned. Completion callbacks run on gRPC's threads and
+// its fan-out has returned; Start() returns at once, and the fan-out's
+// PendingFanOut::Wait() blocks instead. Completion callbacks run on gRPC's threads and
 // never block.
 #ifndef BATON_CONTROLLER_DISPATCHER_H_
 #define BATON_CONTROLLER_DISPATCHER_H_
@@ -112,6 +113,9 @@ struct FanOut {
   const Drain* drain = nullptr;
 };
 
+template <typename Rpc>
+class PendingFanOut;
+
 class Dispatcher {
  public:
   // Twice the most workers a fleet may have: beyond one long call (a step) and
@@ -136,18 +140,31 @@ class Dispatcher {
       const std::vector<WorkerTarget>& targets,
       const std::function<typename Rpc::Request(size_t)>& request, const FanOut& options,
       std::string* abort_reason = nullptr);
+  // The same calls, put on the wire now and waited for later
+  // (PendingFanOut::Wait): the caller may wait for an earlier fan-out
+  // meanwhile. `deadline` is the fan-out's, from now.
+  template <typename Rpc>
+  std::unique_ptr<PendingFanOut<Rpc>> Start(const std::vector<WorkerTarget>& targets,
+                                            const std::function<typename Rpc::Request(size_t)>& request,
+                                            absl::Duration deadline);
 
   // Calls on the wire now, and the most there have been at once.
   int in_flight() const;
   int peak_in_flight() const;
 
  private:
+  template <typename Rpc>
+  friend class PendingFanOut;
   struct Slot;
   struct Batch;
   struct Launch;
-  // Runs a fan-out whose slots know how to start their calls; returns when
-  // every call has completed.
-  void Run(Batch& batch, const FanOut& options, std::string* abort_reason);
+  // Puts a fan-out whose slots know how to start their calls on the wire.
+  void Begin(Batch& batch, absl::Duration deadline);
+  // Waits for a begun fan-out as Call() does; returns when every call has
+  // completed.
+  void Await(Batch& batch, const FanOut& options, std::string* abort_reason);
+  // Cancels what is left of a begun fan-out and waits for its calls.
+  void Abandon(Batch& batch);
   // Makes `slot` ready to start (into `launches`, started once the lock is
   // released: a call may complete on the thread that starts it, and its
   // callback takes the lock) or queues it behind the in-flight bound.
@@ -209,34 +226,71 @@ struct Dispatcher::Batch {
   absl::CondVar changed;
 };
 
+// A fan-out on the wire that nobody waits for yet (Dispatcher::Start).
+// Destroyed without a Wait, its calls are cancelled and waited for.
+// Not thread-safe: one thread starts, waits for and destroys it.
 template <typename Rpc>
-std::vector<CallResult<typename Rpc::Response>> Dispatcher::Call(
-    const std::vector<WorkerTarget>& targets, const std::function<typename Rpc::Request(size_t)>& request,
-    const FanOut& options, std::string* abort_reason) {
-  using Req = typename Rpc::Request;
+class PendingFanOut {
+ public:
+  using Response = typename Rpc::Response;
+  ~PendingFanOut() {
+    if (!waited_) dispatcher_->Abandon(batch_);
+  }
+  PendingFanOut(const PendingFanOut&) = delete;
+  PendingFanOut& operator=(const PendingFanOut&) = delete;
+
+  // Waits for every call, as Dispatcher::Call does (`options.deadline` was
+  // given to Start); once.
+  std::vector<CallResult<Response>> Wait(const FanOut& options, std::string* abort_reason = nullptr) {
+    dispatcher_->Await(batch_, options, abort_reason);
+    waited_ = true;
+    for (size_t i = 0; i < results_.size(); ++i) {
+      results_[i].status = batch_.slots[i].status;
+      results_[i].elapsed = batch_.slots[i].elapsed;
+    }
+    return std::move(results_);
+  }
+
+ private:
+  friend class Dispatcher;
+  explicit PendingFanOut(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+
+  Dispatcher* const dispatcher_;
+  std::vector<typename Rpc::Request> requests_;  // sized once: the calls point into them
+  std::vector<CallResult<Response>> results_;
+  Dispatcher::Batch batch_;
+  bool waited_ = false;
+};
+
+template <typename Rpc>
+std::unique_ptr<PendingFanOut<Rpc>> Dispatcher::Start(const std::vector<WorkerTarget>& targets,
+                                                      const std::function<typename Rpc::Request(size_t)>& request,
+                                                      absl::Duration deadline) {
+  std::unique_ptr<PendingFanOut<Rpc>> fan_out(new PendingFanOut<Rpc>(this));
   const size_t n = targets.size();
-  std::vector<Req> requests;
-  requests.reserve(n);
-  for (size_t i = 0; i < n; ++i) requests.push_back(request(i));
-  std::vector<CallResult<typename Rpc::Response>> results(n);
-  Batch batch;
-  batch.slots.resize(n);
+  fan_out->requests_.reserve(n);
+  for (size_t i = 0; i < n; ++i) fan_out->requests_.push_back(request(i));
+  fan_out->results_.resize(n);
+  fan_out->batch_.slots.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    Slot& s = batch.slots[i];
+    Slot& s = fan_out->batch_.slots[i];
     s.stub = StubFor(targets[i].address);
     s.worker = targets[i].name;
-    s.start = [req = &requests[i], resp = &results[i].response](WorkerStub* stub, grpc::ClientContext* ctx,
-                                                                   std::function<void(grpc::Status)> done) {
+    s.start = [req = &fan_out->requests_[i], resp = &fan_out->results_[i].response](
+                  WorkerStub* stub, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
       resp->Clear();
       Rpc::Start(stub, ctx, req, resp, std::move(done));
     };
   }
-  Run(batch, options, abort_reason);
-  for (size_t i = 0; i < n; ++i) {
-    results[i].status = batch.slots[i].status;
-    results[i].elapsed = batch.slots[i].elapsed;
-  }
-  return results;
+  Begin(fan_out->batch_, deadline);
+  return fan_out;
+}
+
+template <typename Rpc>
+std::vector<CallResult<typename Rpc::Response>> Dispatcher::Call(
+    const std::vector<WorkerTarget>& targets, const std::function<typename Rpc::Request(size_t)>& request,
+    const FanOut& options, std::string* abort_reason) {
+  return Start<Rpc>(targets, request, options.deadline)->Wait(options, abort_reason);
 }
 
 }  // namespace baton

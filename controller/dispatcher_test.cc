@@ -1,13 +1,16 @@
 // The dispatcher's fan-out against in-process fake workers: a failure is
 // always handed to the drain (also when every call had already returned),
 // the others get the drain's time to return by themselves, and calls to
-// workers the drain names hopeless are cancelled at once.
+// workers the drain names hopeless are cancelled at once. A fan-out put on
+// the wire (Start) runs while its caller waits for another, and one dropped
+// unwaited is cancelled.
 #include "controller/dispatcher.h"
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 
 #include "absl/synchronization/notification.h"
@@ -34,14 +37,20 @@ class FakeWorker final : public baton::v1::Worker::Service {
 
   grpc::Status RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest*,
                        baton::v1::RunStepResponse*) override {
+    ++arrived;
     if (mode_ == kFail) return grpc::Status(grpc::StatusCode::INTERNAL, "this rank failed");
     while (!release.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
-      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      if (ctx->IsCancelled()) {
+        ++cancelled;
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      }
     }
     return grpc::Status(grpc::StatusCode::ABORTED, "released by the abort");
   }
 
   absl::Notification release;
+  std::atomic<int> arrived{0};
+  std::atomic<int> cancelled{0};
 
  private:
   Mode mode_;
@@ -111,6 +120,53 @@ TEST(DispatcherTest, HopelessCallsAreCancelledAtOnceTheRestAfterTheDrain) {
   EXPECT_EQ(results[2].status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_GE(results[2].elapsed, absl::Seconds(1));
   EXPECT_LT(results[2].elapsed, absl::Seconds(5));
+}
+
+bool WaitUntil(const std::function<bool()>& cond) {
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!cond()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+TEST(DispatcherTest, AStartedFanOutRunsWhileItsCallerWaitsForAnother) {
+  FakeWorker first(FakeWorker::kBlockUntilReleased), second(FakeWorker::kBlockUntilReleased);
+  Dispatcher d(GrpcStubFactory({}));
+  auto request = [](size_t) { return baton::v1::RunStepRequest(); };
+  auto a = d.Start<RunStepRpc>({{"", first.address()}}, request, absl::Seconds(30));
+  auto b = d.Start<RunStepRpc>({{"", second.address()}}, request, absl::Seconds(30));
+  // Both calls reach their workers before anyone waits.
+  const bool both = WaitUntil([&] { return first.arrived == 1 && second.arrived == 1; });
+  std::printf("two fan-outs started, none waited for: %d and %d calls arrived, %d in flight\n", first.arrived.load(),
+              second.arrived.load(), d.in_flight());
+  EXPECT_TRUE(both);
+  EXPECT_EQ(d.in_flight(), 2);
+  first.release.Notify();
+  second.release.Notify();
+  auto ra = a->Wait(FanOut());
+  auto rb = b->Wait(FanOut());
+  EXPECT_EQ(ra[0].status.error_code(), grpc::StatusCode::ABORTED);  // the fake's answer once released
+  EXPECT_EQ(rb[0].status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(d.in_flight(), 0);
+}
+
+TEST(DispatcherTest, AStartedFanOutDroppedUnwaitedIsCancelled) {
+  FakeWorker stuck(FakeWorker::kBlockUntilReleased);
+  Dispatcher d(GrpcStubFactory({}));
+  auto pending = d.Start<RunStepRpc>({{"", stuck.address()}}, [](size_t) { return baton::v1::RunStepRequest(); },
+                                     absl::Seconds(30));
+  ASSERT_TRUE(WaitUntil([&] { return stuck.arrived == 1; }));
+  const absl::Time start = absl::Now();
+  pending.reset();
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const bool seen = WaitUntil([&] { return stuck.cancelled == 1; });
+  std::printf("dropped unwaited: returned after %.3f s, the worker saw the cancellation: %d, %d in flight\n", seconds,
+              seen, d.in_flight());
+  EXPECT_TRUE(seen);
+  EXPECT_EQ(d.in_flight(), 0);
+  EXPECT_LT(seconds, 5.0);
 }
 
 }  // namespace
