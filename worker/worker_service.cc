@@ -88,6 +88,7 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v
     absl::MutexLock lock(&(*state)->run_mu);
     (*state)->executor.reset();
     (*state)->job_id.clear();
+    (*state)->failed_step = 0;
     malloc_trim(0);
     ResetPeakMemory();
     const ProcessMemory memory = ReadProcessMemory();
@@ -150,8 +151,14 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
     int64_t failed_step = 0;
     {
       absl::MutexLock lock(&mesh->run_mu);
+      if (grpc::Status turn = AwaitTurn(*mesh, *ctx, req->step()); !turn.ok()) return turn;
       if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
+      if (mesh->failed_step != 0) {
+        return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", mesh->failed_step, " of job ", mesh->job_id,
+                                                                    " failed on this rank before step ", req->step()));
+      }
       std::tie(failed, failed_step) = RunSteps(*mesh, *ctx, *req, resp);
+      if (!failed.ok()) mesh->failed_step = failed_step;
     }
     if (!failed.ok()) {
       Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req->job_id().c_str(),
@@ -184,6 +191,24 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext* ctx, const baton::v1::G
   if (current_ != nullptr) {
     resp->set_epoch(current_->mesh.epoch());
     resp->set_rank(current_->rank);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::AwaitTurn(MeshState& mesh, const grpc::ServerContext& ctx, int64_t step) {
+  // The controller puts a call on the wire while the one before it runs:
+  // it waits here for that one to end (or fail, or its mesh to go).
+  auto ready = [&mesh, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu) {
+    return mesh.executor == nullptr || mesh.failed_step != 0 || mesh.executor->step() + 1 >= step;
+  };
+  const absl::Time give_up = absl::Now() + kMaxTurnWait;
+  while (!mesh.run_mu.AwaitWithTimeout(absl::Condition(&ready), kTurnPoll)) {
+    if (ctx.IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while waiting for its turn");
+    if (absl::Now() >= give_up) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("step ", step, " waited ", absl::FormatDuration(kMaxTurnWait), " for step ",
+                                       step - 1, " to end; the job is at step ", mesh.executor->step()));
+    }
   }
   return grpc::Status::OK;
 }

@@ -119,6 +119,9 @@ class WorkerService final : public baton::v1::Worker::Service {
     absl::Mutex run_mu;
     std::string job_id ABSL_GUARDED_BY(run_mu);
     std::unique_ptr<Executor> executor ABSL_GUARDED_BY(run_mu);
+    // The step that failed on this rank (0: none did): the calls after it
+    // fail at once, the mesh is aborted.
+    int64_t failed_step ABSL_GUARDED_BY(run_mu) = 0;
     // Resident bytes when the job began loading (its peak growth is
     // measured from there).
     int64_t memory_baseline ABSL_GUARDED_BY(run_mu) = 0;
@@ -135,6 +138,13 @@ class WorkerService final : public baton::v1::Worker::Service {
   static std::pair<absl::Status, int64_t> RunSteps(MeshState& mesh, const grpc::ServerContext& ctx,
                                                    const baton::v1::RunStepRequest& req,
                                                    baton::v1::RunStepResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu);
+  // A call for `step` waits (run_mu released meanwhile) until the step
+  // before it has run here, one failed, or the job left the mesh; the most
+  // it waits, and how often it looks whether its call was cancelled.
+  static constexpr absl::Duration kMaxTurnWait = absl::Hours(1);
+  static constexpr absl::Duration kTurnPoll = absl::Milliseconds(50);
+  static grpc::Status AwaitTurn(MeshState& mesh, const grpc::ServerContext& ctx, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu);
   // NOT_FOUND unless job `job_id` is the one loaded on `mesh`.
   grpc::Status RequireJob(const MeshState& mesh, const std::string& job_id)
