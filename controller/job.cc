@@ -81,6 +81,11 @@ void Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> 
   rescale_.emplace(std::move(own), std::move(plan));
 }
 
+bool Job::rescale_asked() const {
+  absl::MutexLock lock(&mu_);
+  return rescale_.has_value();
+}
+
 bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) {
   absl::MutexLock lock(&mu_);
   if (!rescale_.has_value()) return false;
@@ -291,6 +296,11 @@ Job::Interrupt Job::AwaitWork(absl::Duration timeout) {
 bool Job::HasWork() const {
   absl::MutexLock lock(&mu_);
   return target_step_ > status_.step();
+}
+
+void Job::AddStepsRunning(int n) {
+  absl::MutexLock lock(&mu_);
+  steps_running_ += n;
 }
 
 void Job::SetStepsRunning(int n) {

@@ -81,6 +81,7 @@ class Job {
   void Rescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
   // A rescale asked for (RescaleJob), for the runner to take between steps.
   void RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
+  bool rescale_asked() const ABSL_LOCKS_EXCLUDED(mu_);
   bool TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) ABSL_LOCKS_EXCLUDED(mu_);
   // What its last mesh left on its workers, for its next placement.
   void SetLive(LiveState live) ABSL_LOCKS_EXCLUDED(mu_);
@@ -140,7 +141,9 @@ class Job {
   Interrupt AwaitWork(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a step is asked for that has not run yet.
   bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The next `n` steps are running in one call (0: none is).
+  // `n` more steps are on the wire (each RecordStep takes one off); 0 after
+  // a failed call: none is.
+  void AddStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
   void SetStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
   // The last step asked for so far.
   int target_step() const ABSL_LOCKS_EXCLUDED(mu_);

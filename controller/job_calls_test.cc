@@ -85,7 +85,8 @@ TEST(JobManagerTest, StepHonoursItsDeadlineAndTheRunningStepIsCountedOnce) {
   EXPECT_EQ(stepped.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(returned, 1.0);
   // The step that was running completes and is counted; the two not
-  // started are withdrawn.
+  // started are withdrawn (the first call on a mesh runs alone: no call is
+  // sent ahead of it).
   ASSERT_TRUE(WaitFor([&] { return (*job)->step() == 1; }, absl::Seconds(5)));
   absl::SleepFor(absl::Milliseconds(2000));
   int logged = 0;
@@ -165,6 +166,62 @@ TEST(JobManagerTest, AClientThatLeavesKToTheControllerGetsOneStepThenASecondsWor
   // three calls, a few more on a loaded machine - not 300.
   EXPECT_GE(calls, 3);
   EXPECT_LE(calls, 6);
+}
+
+// The next call goes on the wire while one runs (the worker takes it up
+// the moment the one before ends): every call after the first arrives
+// while the one before it still runs, the steps stay in order, and the
+// calls' times per step do not overlap (they add up to no more than the
+// wall time).
+TEST(JobManagerTest, TheNextCallIsOnTheWireWhileOneRuns) {
+  ControllerHarness h{HarnessOptions()};
+  SlowSteps(h, absl::Milliseconds(40));
+  auto job = h.jobs().Create(MlpJob("ahead", 100), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const absl::Time start = absl::Now();
+  auto stepped = h.jobs().Step((*job)->id(), 12, 2, 30000, absl::Now() + absl::Seconds(20), nullptr);
+  const double wall_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  int in_order = 0;
+  double step_ms = 0;
+  for (const auto& m : stepped->metrics) {
+    in_order += m.step() == in_order + 1;
+    step_ms += m.step_ms();
+  }
+  std::printf("Step(12) of 40 ms steps, 2 per call: %d in order, %d calls on rank 0, %d of them sent while the one "
+              "before ran; steps' times add up to %.0f ms of %.0f ms wall\n", in_order, h.worker(0).step_calls(),
+              h.worker(0).calls_ahead(), step_ms, wall_ms);
+  EXPECT_EQ(in_order, 12);
+  EXPECT_EQ(h.worker(0).step_calls(), 6);
+  // All but the first two: nothing is sent ahead of a mesh's first call.
+  EXPECT_EQ(h.worker(0).calls_ahead(), 4);
+  EXPECT_LE(step_ms, wall_ms);
+  EXPECT_GE(step_ms, 12 * 40.0);
+}
+
+// A call fails while the next one is on the wire: that one is cancelled,
+// none of its steps is counted, and the job fails at the failed step.
+TEST(JobManagerTest, AFailedCallTakesTheCallSentAheadOfItWithIt) {
+  ControllerHarness h{HarnessOptions()};
+  SlowSteps(h, absl::Milliseconds(20));
+  testing::FakeScript fail;
+  fail.step_delay = absl::Milliseconds(20);
+  fail.fail_at_step = 6;
+  h.worker(0).set_script(fail);
+  auto job = h.jobs().Create(MlpJob("ahead-fails", 100, "workers: [\"fake-0\", \"fake-1\"] mesh { name: \"dp\" size: 2 }"),
+                             absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto stepped = h.jobs().Step((*job)->id(), 20, 3, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  int logged = 0;
+  for (const auto& e : (*job)->log().After(0)) logged += e.has_step();
+  std::printf("rank 0 fails at step 6 of calls of 3, one sent ahead: job at step %d, %d step entries, rank 0 ran %d "
+              "steps, rank 1 %d; %s\n", (*job)->step(), logged, h.worker(0).steps_run(), h.worker(1).steps_run(),
+              stepped.status().ToString().substr(0, 120).c_str());
+  EXPECT_FALSE(stepped.ok());
+  EXPECT_TRUE(absl::StrContains(stepped.status().message(), "step 6 failed")) << stepped.status();
+  EXPECT_EQ((*job)->step(), 5);
+  EXPECT_EQ(logged, 5);
+  EXPECT_EQ(h.worker(0).steps_run(), 5);
 }
 
 TEST(JobManagerTest, ARankFailingAtACallsFirstStepCountsNoneOfItsSteps) {
@@ -281,9 +338,10 @@ TEST(JobManagerTest, AStreamedStepWhoseCallerLeavesWithdrawsWhatHasNotStarted) {
               stepped.status().ToString().c_str(), at, (*job)->step());
   EXPECT_EQ(stepped.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(parts, 2);
-  // At most the step running when it left completes.
-  EXPECT_LE((*job)->step(), at + 1);
-  EXPECT_LT((*job)->step(), 5);
+  // At most the calls on the wire when it left complete: the step running
+  // and the one sent ahead of it.
+  EXPECT_LE((*job)->step(), at + 2);
+  EXPECT_LT((*job)->step(), 6);
 }
 
 TEST(JobManagerTest, ADetachedJobTakesASecondsWorthOfStepsPerCallButStopsAtEachCheckpoint) {
@@ -313,8 +371,8 @@ TEST(JobManagerTest, ADetachedJobTakesASecondsWorthOfStepsPerCallButStopsAtEachC
   EXPECT_EQ((*job)->state(), baton::v1::JOB_FINISHED);
   EXPECT_EQ(logged, 40);
   EXPECT_EQ(saved, "15,30");
-  // One step to learn the pace, then up to each checkpoint and the end:
-  // [1], [2, 15], [16, 30], [31, 40].
+  // One step to learn the pace (nothing is sent ahead of it), then up to
+  // each checkpoint and the end: [1], [2, 15], [16, 30], [31, 40].
   EXPECT_EQ(calls, 4);
 }
 

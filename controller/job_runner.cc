@@ -8,7 +8,7 @@
 #include "controller/controller_metrics.h"
 #include "controller/live_restore.h"
 #include "common/wire.h"
-#include "controller/step_metrics.h"
+#include "controller/step_call.h"
 #include "strategies/job_spec.h"
 
 namespace baton {
@@ -132,19 +132,9 @@ void JobRunner::Run() {
     if (Rescale()) return;
     if (!job_->HasWork()) continue;  // nothing asked yet
     absl::Status ran;
-    bool saved = false;
     {
       absl::MutexLock work(&job_->work_mu());
-      const int step = job_->step() + 1;
-      const int k = StepsForCall(step);
-      job_->SetStepsRunning(k);
-      ran = RunSteps(step, k);
-      job_->SetStepsRunning(0);
-      const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
-      if (ran.ok() && ck.every_n_steps() > 0 && (step + k - 1) % ck.every_n_steps() == 0) {
-        checkpoints_.Save(mesh_, ck.dir(), ck.async(), /*periodic=*/true).IgnoreError();  // recorded in the job
-        saved = true;
-      }
+      ran = RunCalls();
     }
     if (!ran.ok()) {
       const Job::Interrupt now = job_->interrupt(&why);
@@ -152,11 +142,7 @@ void JobRunner::Run() {
       if (now == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
       return Fail(std::string(ran.message()));
     }
-    // A save (or its failure) is on disk before the step is settled; steps
-    // alone are written by the manager's next tick.
-    saved ? context_.persist(*job_) : context_.persist_progress(*job_);
     const baton::v1::JobStatus status = job_->status();
-    if (status.checkpoint_failures() < max_failures) job_->SettleStep(status.step());
     if (status.checkpoint_failures() >= max_failures) {
       return End(baton::v1::JOB_FAILED, absl::StrCat(status.checkpoint_failures(), " checkpoint saves failed in a row "
                                                      "(checkpoint.max_failures ", max_failures, "); the last: ",
@@ -191,105 +177,58 @@ int JobRunner::StepsForCall(int step) const {
   return std::clamp(k, 1, kMaxStepsPerRunStep);
 }
 
-absl::Status JobRunner::RunSteps(int first, int k) {
-  const baton::v1::Mesh& mesh = mesh_;
-  const int step = first;
-  const int64_t timeout_ms = job_->collective_timeout_ms();
-  baton::v1::RunStepRequest rr;
-  rr.set_epoch(mesh.epoch());
-  rr.set_job_id(job_->id());
-  rr.set_step(first);
-  rr.set_steps(k);
-  rr.set_timeout_ms(timeout_ms);
-  std::string abort_reason, why;
-  std::vector<size_t> dead;
-  const absl::Time started = absl::Now();
-  // When one rank fails, the mesh is aborted on every worker at once (a
-  // rank blocked on a dead stage's neighbour returns instead of waiting for
-  // its timeout), and every rank's own outcome is collected.
-  const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string& reason) {
-                      why = context_.meshes->AbortWith(mesh, so_far, reason);
-                      dead = context_.meshes->DeadRanksIn(mesh);  // a stopped worker never answers
-                      return dead;
-                    },
-                    kStepDrain};
-  FanOut fan_out;
-  fan_out.deadline = std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) * k +
-                     context_.meshes->options().rpc_slack;
-  fan_out.should_abort = [&]() -> std::string {
-    std::string cause;
-    if (job_->interrupt(&cause) != Job::Interrupt::kNone) return absl::StrCat("job ", job_->id(), ": ", cause);
-    return context_.meshes->DeadWorkerIn(mesh);
-  };
-  fan_out.drain = &drain;
-  auto results = context_.meshes->dispatcher()->Call<RunStepRpc>(MeshManager::Targets(mesh), [&](size_t) { return rr; },
-                                                               fan_out, &abort_reason);
-  if (!why.empty()) {
-    std::string ranks;
-    for (size_t r = 0; r < results.size(); ++r) {
-      const grpc::Status& s = results[r].status;
-      const std::string label = WorkerLabel(mesh, static_cast<int>(r));
-      const double seconds = absl::ToDoubleSeconds(results[r].elapsed);
-      if (s.ok()) {
-        absl::StrAppendFormat(&ranks, "\n  %s finished the step after %.2f s", label, seconds);
-      } else if (std::find(dead.begin(), dead.end(), r) != dead.end()) {
-        absl::StrAppendFormat(&ranks, "\n  %s is DEAD: not waited for", label);
-      } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
-        absl::StrAppendFormat(&ranks, "\n  %s was still running %s after the abort; cancelled", label,
-                              absl::FormatDuration(kStepDrain));
-      } else {
-        absl::StrAppendFormat(&ranks, "\n  %s returned after %.2f s: %s", label, seconds, s.error_message());
-      }
+std::unique_ptr<StepCall> JobRunner::StartCall(int first) {
+  const int k = StepsForCall(first);
+  job_->AddStepsRunning(k);
+  return std::make_unique<StepCall>(StepCall::Context{job_.get(), context_.meshes, context_.metrics}, mesh_, first, k);
+}
+
+bool JobRunner::MayRunAhead(const StepCall& call) const {
+  const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
+  if (call.last() >= job_->target_step()) return false;  // nothing more asked yet
+  // A mesh's first call runs alone: it learns the pace (the next call's K),
+  // and the workers know their step before a call waits for its turn.
+  if (last_step_ms_ <= 0) return false;
+  if (ck.every_n_steps() > 0 && call.last() % ck.every_n_steps() == 0) return false;  // its save comes first
+  if (saves_waiting_.load() > 0) return false;  // so does a client's
+  // Whatever the runner takes up between calls.
+  if (job_->interrupt() != Job::Interrupt::kNone || job_->rescale_asked() || job_->shrunk()) return false;
+  return job_->status().checkpoint_failures() < ck.max_failures();
+}
+
+absl::Status JobRunner::RunCalls() {
+  const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
+  std::unique_ptr<StepCall> call = StartCall(job_->step() + 1);
+  absl::Time previous_end = absl::InfinitePast();
+  while (call != nullptr) {
+    // The next call goes on the wire before this one is waited for: each
+    // worker takes it up the moment this one ends.
+    std::unique_ptr<StepCall> next = MayRunAhead(*call) ? StartCall(call->last() + 1) : nullptr;
+    if (absl::Status ran = call->Finish(previous_end); !ran.ok()) {
+      job_->SetStepsRunning(0);
+      return ran;  // `next` is cancelled: its mesh is aborted
     }
-    // The steps of the call before the failed one completed on every rank
-    // that said so (a failed rank's answer carries what it completed; a
-    // dead one's nothing: the others' stand for it): they are counted.
-    const int completed = RecordCompleted(results, k);
-    return absl::UnavailableError(
-        absl::StrCat("job ", job_->id(), " step ", first + completed, " failed: ", why, ranks));
+    last_step_ms_ = call->step_ms();
+    previous_end = call->ended();
+    // A periodic checkpoint's step ends a call, and nothing runs ahead of
+    // it: the save holds that step's state. It (or its failure) is on disk
+    // before the step is settled; steps alone are written by the manager's
+    // next tick.
+    const bool save = ck.every_n_steps() > 0 && call->last() % ck.every_n_steps() == 0;
+    if (save) checkpoints_.Save(mesh_, ck.dir(), ck.async(), /*periodic=*/true).IgnoreError();  // recorded in the job
+    save ? context_.persist(*job_) : context_.persist_progress(*job_);
+    const baton::v1::JobStatus status = job_->status();
+    if (status.checkpoint_failures() < ck.max_failures()) job_->SettleStep(status.step());
+    call = std::move(next);
   }
-  for (size_t r = 0; r < results.size(); ++r) {
-    if (results[r].response.metrics_size() != k) {
-      return absl::InternalError(absl::StrCat("job ", job_->id(), " steps ", first, "-", first + k - 1, ": ",
-                                              WorkerLabel(mesh, static_cast<int>(r)), " answered ",
-                                              results[r].response.metrics_size(), " of ", k, " steps"));
-    }
-  }
-  last_step_ms_ = absl::ToDoubleMilliseconds(absl::Now() - started) / k;
-  Record(results, k, last_step_ms_);
   return absl::OkStatus();
 }
 
-void JobRunner::Record(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k, double step_ms) {
-  for (int i = 0; i < k; ++i) {
-    const baton::v1::StepMetrics m = AggregateStep(results, i, step_ms);
-    int64_t comm_bytes = 0;  // all ranks together
-    for (const auto& r : results) comm_bytes += r.response.metrics(i).comm_bytes();
-    job_->RecordStep(m, comm_bytes);
-    if (context_.metrics != nullptr) context_.metrics->ObserveStep(job_->status(), m, comm_bytes);
-  }
-}
-
-int JobRunner::RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k) {
-  std::vector<CallResult<baton::v1::RunStepResponse>> answered;
-  int completed = k;
-  for (const auto& r : results) {
-    CallResult<baton::v1::RunStepResponse> a;
-    if (r.status.ok()) {
-      a.response = r.response;
-    } else if (!a.response.ParseFromString(r.status.error_details()) || a.response.failed_step() == 0) {
-      continue;  // dead, cancelled, an old worker: says nothing
-    }
-    completed = std::min(completed, a.response.metrics_size());
-    answered.push_back(std::move(a));
-  }
-  if (answered.empty()) return 0;
-  Record(answered, completed, last_step_ms_);
-  return completed;
-}
-
 absl::StatusOr<baton::v1::CheckpointInfo> JobRunner::Save(const std::string& dir, bool async) {
+  // The runner starts no call ahead while a save waits for the work lock.
+  saves_waiting_.fetch_add(1);
   absl::MutexLock work(&job_->work_mu());
+  saves_waiting_.fetch_sub(1);
   const baton::v1::JobState state = job_->state();
   if ((state != baton::v1::JOB_RUNNING && state != baton::v1::JOB_FINISHED) || !context_.meshes->Intact(mesh_)) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_->id(), " is ",

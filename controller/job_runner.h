@@ -3,7 +3,8 @@
 // workers the job was given, loads its Programs and the checkpoint it
 // restores, then runs the steps asked of it - all of them for a detached
 // job, its client's for an attached one - each call a RunStep on every rank
-// at once, taking periodic checkpoints as the spec says. One call runs K
+// at once (a StepCall), the next call on the wire while one runs, taking
+// periodic checkpoints as the spec says. One call runs K
 // consecutive steps (one round trip for K): an attached job's client may say
 // K (steps_per_call); a detached job's runner, and an attached one's whose
 // client leaves K to it (0, what `baton run` does), takes a second's worth
@@ -16,8 +17,9 @@
 //   Start ─> Place (form mesh, LoadProgram, LoadShards) ─> RUNNING
 //              │ fails: detached and the fleet's fault ─> PENDING again
 //              v
-//     ┌──> AwaitWork ──steps asked──> RunSteps (K) ──> record, periodic save ──┐
-//     └────────────────────────────────────────────────────────────────────────┘
+//     ┌──> AwaitWork ──steps asked──> RunCalls: call (K steps) ─> record, periodic save ─┐
+//     │                                  the next call on the wire meanwhile <──────────┤
+//     └─────────────── a save, stop, rescale or checkpoint step: none ahead <───────────┘
 //          stop / failure / last step ─> End ─> workers freed
 //          mesh lost / failed step, restarts left ─> Fail ─> RECOVERING ─> the
 //              manager requeues it, restored from the state its live workers
@@ -27,7 +29,7 @@
 //
 // Thread-safety: the runner's thread owns the job's mesh while it runs;
 // Save (a client's SaveCheckpoint) runs on an RPC thread under the job's
-// work lock, between steps.
+// work lock, between steps: the runner sends no call ahead while one waits.
 #ifndef BATON_CONTROLLER_JOB_RUNNER_H_
 #define BATON_CONTROLLER_JOB_RUNNER_H_
 
@@ -41,6 +43,7 @@
 #include "controller/checkpoint_coordinator.h"
 #include "controller/job.h"
 #include "controller/mesh_manager.h"
+#include "controller/step_call.h"
 
 namespace baton {
 
@@ -64,14 +67,6 @@ struct RunnerContext {
 
 class JobRunner {
  public:
-  // A step is many collectives and much compute; its RPC deadline is the
-  // larger of these (a failing collective or a dead worker ends it long
-  // before).
-  static constexpr int kStepDeadlineInTimeouts = 4;
-  static constexpr absl::Duration kMinStepDeadline = absl::Minutes(10);
-  // How long the other ranks of a failed step get to return once their
-  // mesh is aborted (they return within milliseconds: their waits are woken).
-  static constexpr absl::Duration kStepDrain = absl::Seconds(10);
   static constexpr absl::Duration kLoadDeadline = absl::Seconds(60);
   // How long a restart waits for the workers the job ran on, by default.
   static constexpr int64_t kReplacementTimeoutMs = 30000;
@@ -98,14 +93,15 @@ class JobRunner {
   absl::Status Place();
   // How many steps the call from `step` runs (K).
   int StepsForCall(int step) const;
-  // Steps first .. first + k - 1, in one RunStep on every rank.
-  absl::Status RunSteps(int first, int k);
-  // Records the first `k` steps every result holds (the call's time per
-  // step `step_ms`).
-  void Record(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k, double step_ms);
-  // After a failed call: records the steps every rank that answered
-  // completed; how many.
-  int RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k);
+  // Runs the steps asked so far (or until something is to be taken up
+  // between calls: a periodic or asked-for save, a stop, a rescale), call
+  // after call, the next on the wire while one runs; records and settles
+  // them, and takes the periodic checkpoints. Under the work lock.
+  absl::Status RunCalls();
+  // The call of the steps from `first` (StepsForCall), on the wire.
+  std::unique_ptr<StepCall> StartCall(int first);
+  // Whether the call after `call` may go on the wire before `call` ends.
+  bool MayRunAhead(const StepCall& call) const;
   // A failure of its placement (a worker died, a step failed): RECOVERING
   // while its restarts allow (its workers freed, back in line, the manager
   // restores it), else FAILED listing every failure.
@@ -147,6 +143,7 @@ class JobRunner {
   CheckpointCoordinator checkpoints_;
   baton::v1::Mesh mesh_;  // the runner thread's; Save reads it under the work lock
   double last_step_ms_ = 0;  // the runner thread's: the last call's time per step
+  std::atomic<int> saves_waiting_{0};  // Saves waiting for the work lock
   std::atomic<bool> finished_{false};
   std::thread thread_;
 };

@@ -42,6 +42,11 @@ int FakeWorker::steps_run() const {
   return steps_;
 }
 
+int FakeWorker::calls_ahead() const {
+  absl::MutexLock lock(&mu_);
+  return calls_ahead_;
+}
+
 int FakeWorker::step_calls() const {
   absl::MutexLock lock(&mu_);
   return calls_;
@@ -105,6 +110,8 @@ grpc::Status FakeWorker::LoadProgram(grpc::ServerContext*, const baton::v1::Load
   if (!alive_) return Refused();
   if (req->epoch() != epoch_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not in that mesh");
   job_ = req->program().job_id();
+  next_step_ = 0;
+  failed_step_ = 0;
   return grpc::Status::OK;
 }
 
@@ -117,7 +124,39 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
     if (req->epoch() != epoch_ || req->job_id() != job_) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, absl::StrCat(name_, ": job not loaded"));
     }
-    script = script_;
+    if (calls_here_ > 0) ++calls_ahead_;
+    ++calls_here_;
+  }
+  struct Done {
+    FakeWorker* w;
+    bool ran = false;  // this call had the turn
+    int next = 0;      // the step after its steps, once they ran
+    ~Done() {
+      absl::MutexLock lock(&w->mu_);
+      --w->calls_here_;
+      if (ran) w->running_ = false;
+      if (next > 0) w->next_step_ = next;
+    }
+  } done{this};
+  // As a worker does: a call waits for the one before it (the controller
+  // sends the next call while one runs), and none runs after a failed step.
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      if (!alive_) return Refused();
+      if (epoch_ != req->epoch()) return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat(name_, ": mesh aborted"));
+      if (failed_step_ != 0) {
+        return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat(name_, ": step ", failed_step_, " failed before"));
+      }
+      if (!running_ && (next_step_ == 0 || req->step() <= next_step_)) {
+        running_ = true;
+        done.ran = true;
+        script = script_;
+        break;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(1));
   }
   // step_delay per step; a call of K steps takes K of them.
   const absl::Time until = absl::Now() + (script.hang_steps ? absl::Seconds(30) : script.step_delay * std::max(1, req->steps()));
@@ -136,6 +175,7 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
       if (script_.fail_times > 0) --script_.fail_times;
       // As a worker does: the steps before it completed, said in the details.
       resp->set_failed_step(step);
+      failed_step_ = step;
       return grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat(name_, ": injected failure at step ", step),
                           resp->SerializeAsString());
     }
@@ -147,6 +187,7 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
     m->set_loss(10.0 / step);
     m->set_tokens(8);
   }
+  done.next = req->step() + std::max(1, req->steps());
   return grpc::Status::OK;
 }
 

@@ -52,6 +52,8 @@ class FakeWorker final : public baton::v1::Worker::Service {
   int configures() const ABSL_LOCKS_EXCLUDED(mu_);
   int steps_run() const ABSL_LOCKS_EXCLUDED(mu_);  // steps run (a RunStep may run several)
   int step_calls() const ABSL_LOCKS_EXCLUDED(mu_);  // RunStep calls that ran their steps
+  // RunStep calls that arrived while another one ran (sent ahead of it).
+  int calls_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
   int aborts() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t epoch() const ABSL_LOCKS_EXCLUDED(mu_);  // its current mesh, 0 = none
   std::string job() const ABSL_LOCKS_EXCLUDED(mu_);  // the job loaded
@@ -84,6 +86,11 @@ class FakeWorker final : public baton::v1::Worker::Service {
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int rank_ ABSL_GUARDED_BY(mu_) = 0;
   std::string job_ ABSL_GUARDED_BY(mu_);
+  int calls_ahead_ ABSL_GUARDED_BY(mu_) = 0;
+  int calls_here_ ABSL_GUARDED_BY(mu_) = 0;  // RunSteps arrived and not answered
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a RunStep runs its steps
+  int next_step_ ABSL_GUARDED_BY(mu_) = 0;     // after the last call; 0: any
+  int failed_step_ ABSL_GUARDED_BY(mu_) = 0;   // 0: none failed
 };
 
 // `n` fake workers registered with `registry`, heartbeating every

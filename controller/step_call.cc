@@ -1,0 +1,113 @@
+#include "controller/step_call.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "controller/controller_metrics.h"
+#include "controller/step_metrics.h"
+
+namespace baton {
+
+StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k)
+    : context_(context),
+      mesh_(mesh),
+      first_(first),
+      k_(k),
+      timeout_ms_(context.job->collective_timeout_ms()),
+      started_(absl::Now()) {
+  baton::v1::RunStepRequest rr;
+  rr.set_epoch(mesh.epoch());
+  rr.set_job_id(context_.job->id());
+  rr.set_step(first);
+  rr.set_steps(k);
+  rr.set_timeout_ms(timeout_ms_);
+  const absl::Duration deadline =
+      std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms_) * kStepDeadlineInTimeouts) * k +
+      context_.meshes->options().rpc_slack;
+  pending_ = context_.meshes->dispatcher()->Start<RunStepRpc>(MeshManager::Targets(mesh), [&](size_t) { return rr; },
+                                                              deadline);
+}
+
+absl::Status StepCall::Finish(absl::Time previous_end) {
+  Job& job = *context_.job;
+  const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string& reason) {
+                      why_ = context_.meshes->AbortWith(mesh_, so_far, reason);
+                      dead_ = context_.meshes->DeadRanksIn(mesh_);  // a stopped worker never answers
+                      return dead_;
+                    },
+                    kStepDrain};
+  FanOut fan_out;
+  fan_out.should_abort = [&]() -> std::string {
+    std::string cause;
+    if (job.interrupt(&cause) != Job::Interrupt::kNone) return absl::StrCat("job ", job.id(), ": ", cause);
+    return context_.meshes->DeadWorkerIn(mesh_);
+  };
+  fan_out.drain = &drain;
+  std::string abort_reason;
+  const auto results = pending_->Wait(fan_out, &abort_reason);
+  ended_ = absl::Now();
+  step_ms_ = absl::ToDoubleMilliseconds(ended_ - std::max(started_, previous_end)) / k_;
+  if (!why_.empty()) {
+    std::string ranks;
+    for (size_t r = 0; r < results.size(); ++r) {
+      const grpc::Status& s = results[r].status;
+      const std::string label = WorkerLabel(mesh_, static_cast<int>(r));
+      const double seconds = absl::ToDoubleSeconds(results[r].elapsed);
+      if (s.ok()) {
+        absl::StrAppendFormat(&ranks, "\n  %s finished the step after %.2f s", label, seconds);
+      } else if (std::find(dead_.begin(), dead_.end(), r) != dead_.end()) {
+        absl::StrAppendFormat(&ranks, "\n  %s is DEAD: not waited for", label);
+      } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
+        absl::StrAppendFormat(&ranks, "\n  %s was still running %s after the abort; cancelled", label,
+                              absl::FormatDuration(kStepDrain));
+      } else {
+        absl::StrAppendFormat(&ranks, "\n  %s returned after %.2f s: %s", label, seconds, s.error_message());
+      }
+    }
+    // The steps of the call before the failed one completed on every rank
+    // that said so (a failed rank's answer carries what it completed; a
+    // dead one's nothing: the others' stand for it): they are counted.
+    const int completed = RecordCompleted(results);
+    return absl::UnavailableError(absl::StrCat("job ", job.id(), " step ", first_ + completed, " failed: ", why_, ranks));
+  }
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].response.metrics_size() != k_) {
+      return absl::InternalError(absl::StrCat("job ", job.id(), " steps ", first_, "-", last(), ": ",
+                                              WorkerLabel(mesh_, static_cast<int>(r)), " answered ",
+                                              results[r].response.metrics_size(), " of ", k_, " steps"));
+    }
+  }
+  Record(results, k_);
+  return absl::OkStatus();
+}
+
+void StepCall::Record(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k) const {
+  for (int i = 0; i < k; ++i) {
+    const baton::v1::StepMetrics m = AggregateStep(results, i, step_ms_);
+    int64_t comm_bytes = 0;  // all ranks together
+    for (const auto& r : results) comm_bytes += r.response.metrics(i).comm_bytes();
+    context_.job->RecordStep(m, comm_bytes);
+    if (context_.metrics != nullptr) context_.metrics->ObserveStep(context_.job->status(), m, comm_bytes);
+  }
+}
+
+int StepCall::RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results) const {
+  std::vector<CallResult<baton::v1::RunStepResponse>> answered;
+  int completed = k_;
+  for (const auto& r : results) {
+    CallResult<baton::v1::RunStepResponse> a;
+    if (r.status.ok()) {
+      a.response = r.response;
+    } else if (!a.response.ParseFromString(r.status.error_details()) || a.response.failed_step() == 0) {
+      continue;  // dead, cancelled, an old worker: says nothing
+    }
+    completed = std::min(completed, a.response.metrics_size());
+    answered.push_back(std::move(a));
+  }
+  if (answered.empty()) return 0;
+  Record(answered, completed);
+  return completed;
+}
+
+}  // namespace baton
