@@ -1,6 +1,7 @@
 // Failures of an attached job through real daemons: a worker killed mid-job,
 // a pipeline stage killed mid-schedule, a silent worker - each ends the run
-// naming the worker, at once, and leaves nothing behind. (The rest of
+// naming the worker, at once, and leaves nothing behind; a worker runs
+// step calls sent ahead in turn. (The rest of
 // JobTest is in job_test.cc.)
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -8,6 +9,8 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -264,6 +267,92 @@ TEST(JobTest, KeptStateAnswersBadReadsWithClearErrors) {
   EXPECT_EQ(released.bytes(), kept.bytes());
   auto again = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file}, absl::Seconds(120));
   EXPECT_EQ(again.exit_code, 0) << again.output;
+  StopAndExpectAllGone(*cluster);
+}
+
+// The controller sends a step call while the one before it runs: a worker
+// holds a call for a later step until the step before it has run there,
+// refuses one that is not next (stale or foreign) without harm to the job,
+// and runs calls that arrive out of order in step order.
+TEST(JobTest, AWorkerRunsStepCallsInTurn) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok());
+  auto mesh = (*client)->CreateMesh("dp=2");
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto job = ParseJobSpec(testing::ReadFile(Runfile("examples/decoder_fsdp2.textproto")), false);
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto programs = CompilePrograms(*job, "turns");
+  ASSERT_TRUE(programs.ok());
+  std::vector<std::unique_ptr<baton::v1::Worker::Stub>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, mesh->worker_addresses(r))));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    baton::v1::LoadProgramRequest load;
+    load.set_epoch(mesh->epoch());
+    *load.mutable_program() = (*programs)[r];
+    baton::v1::LoadProgramResponse loaded;
+    ASSERT_TRUE(workers[r]->LoadProgram(&ctx, load, &loaded).ok());
+  }
+  auto run_step = [&](int rank, int step, absl::Duration deadline, baton::v1::RunStepResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    baton::v1::RunStepRequest req;
+    req.set_epoch(mesh->epoch());
+    req.set_job_id("turns");
+    req.set_step(step);
+    req.set_timeout_ms(30000);
+    return workers[rank]->RunStep(&ctx, req, resp);
+  };
+  baton::v1::RunStepResponse resp;
+  // Step 3 of a job at step 0 waits for steps 1 and 2 (until its deadline).
+  absl::Time start = absl::Now();
+  const grpc::Status early = run_step(0, 3, absl::Milliseconds(700), &resp);
+  const double waited = absl::ToDoubleSeconds(absl::Now() - start);
+  // Step 0 is not next: refused at once.
+  const grpc::Status stale = run_step(0, 0, absl::Seconds(5), &resp);
+  std::printf("step 3 at step 0: %s after %.2f s; step 0: %s\n", early.error_message().c_str(), waited,
+              stale.error_message().c_str());
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << early.error_message();
+  EXPECT_GE(waited, 0.6);
+  EXPECT_EQ(stale.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << stale.error_message();
+  // Step 2 sent on both ranks before step 1: each runs after step 1.
+  grpc::Status second[2], first[2];
+  baton::v1::RunStepResponse second_resp[2], first_resp[2];
+  absl::Time second_done[2], first_done[2];
+  std::vector<std::thread> calls;
+  for (int r = 0; r < 2; ++r) {
+    calls.emplace_back([&, r] {
+      second[r] = run_step(r, 2, absl::Seconds(60), &second_resp[r]);
+      second_done[r] = absl::Now();
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  for (int r = 0; r < 2; ++r) {
+    calls.emplace_back([&, r] {
+      first[r] = run_step(r, 1, absl::Seconds(60), &first_resp[r]);
+      first_done[r] = absl::Now();
+    });
+  }
+  for (auto& t : calls) t.join();
+  for (int r = 0; r < 2; ++r) {
+    std::printf("rank %d: step 1 %s (metrics of step %lld), step 2 %s (metrics of step %lld), %s\n", r,
+                first[r].ok() ? "OK" : first[r].error_message().c_str(),
+                first_resp[r].metrics_size() ? static_cast<long long>(first_resp[r].metrics(0).step()) : -1LL,
+                second[r].ok() ? "OK" : second[r].error_message().c_str(),
+                second_resp[r].metrics_size() ? static_cast<long long>(second_resp[r].metrics(0).step()) : -1LL,
+                first_done[r] <= second_done[r] ? "in order" : "OUT OF ORDER");
+    ASSERT_TRUE(first[r].ok()) << first[r].error_message();
+    ASSERT_TRUE(second[r].ok()) << second[r].error_message();
+    EXPECT_EQ(first_resp[r].metrics(0).step(), 1);
+    EXPECT_EQ(second_resp[r].metrics(0).step(), 2);
+    EXPECT_LE(first_done[r], second_done[r]);
+  }
+  // Both ranks computed the same loss for each step (their collectives met).
+  EXPECT_EQ(first_resp[0].metrics(0).loss(), first_resp[1].metrics(0).loss());
+  EXPECT_EQ(second_resp[0].metrics(0).loss(), second_resp[1].metrics(0).loss());
   StopAndExpectAllGone(*cluster);
 }
 

@@ -157,6 +157,13 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
         return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", mesh->failed_step, " of job ", mesh->job_id,
                                                                     " failed on this rank before step ", req->step()));
       }
+      if (const int64_t at = mesh->executor->step(); req->step() != at + 1) {
+        // A call out of turn (a stale or a foreign one) is refused; the job
+        // goes on.
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat("job ", mesh->job_id, " is at step ", at, " on this rank: step ", req->step(),
+                                         " is not its next"));
+      }
       std::tie(failed, failed_step) = RunSteps(*mesh, *ctx, *req, resp);
       if (!failed.ok()) mesh->failed_step = failed_step;
     }
