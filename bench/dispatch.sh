@@ -4,7 +4,10 @@
 # x 2) 100 steps each way, with one step per call and with all of them in one
 # (baton run --steps_per_call); printed: the step time through the
 # controller as the client sees it, and their ratio (medians of 3 rounds),
-# and the CPU the controller and the workers spend per step each way.
+# and the CPU the controller and the workers spend per step each way. With
+# K = 1 the controller still has the next call on the wire while one runs
+# (docs/control_plane.md), so what the ratio shows is the calls' CPU on the
+# cores the ranks compute on, not a round trip's wait.
 #
 # Then the controller's dispatch at scale: a controller driving 8, 64, 256 and
 # 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering
