@@ -224,6 +224,33 @@ TEST(JobManagerTest, AFailedCallTakesTheCallSentAheadOfItWithIt) {
   EXPECT_EQ(h.worker(0).steps_run(), 5);
 }
 
+// A client's save while a detached job runs its calls back to back: the
+// runner sends nothing ahead of it and lets it in after the call on the
+// wire (the fakes write nothing: the save is tried, between two calls, and
+// fails), then goes on to the end.
+TEST(JobManagerTest, AClientsSaveGetsInBetweenCallsSentAhead) {
+  ControllerHarness h(CheckpointingHarnessOptions());
+  SlowSteps(h, absl::Milliseconds(10));
+  auto job = h.jobs().Submit(MlpJob("save-between", 300));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(WaitFor([&] { return (*job)->step() >= 20; }));
+  const int before = (*job)->step();
+  const absl::Time start = absl::Now();
+  auto saved = h.jobs().Save((*job)->id(), "asked", /*async=*/false);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const int after = (*job)->step();
+  ASSERT_TRUE(WaitFor([&] { return (*job)->ended(); }, absl::Seconds(30)));
+  std::printf("a save asked at step %d ran by step %d, answered after %.2f s: %s; the job %s at step %d\n", before,
+              after, seconds, saved.status().ToString().substr(0, 100).c_str(),
+              baton::v1::JobState_Name((*job)->state()).c_str(), (*job)->step());
+  EXPECT_FALSE(saved.ok());  // tried: the fakes write nothing
+  EXPECT_TRUE(absl::StrContains(saved.status().message(), "saves nothing")) << saved.status();
+  // The call running and the one ahead of it (a second's worth each) at most.
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_EQ((*job)->state(), baton::v1::JOB_FINISHED);
+  EXPECT_EQ((*job)->step(), 300);
+}
+
 TEST(JobManagerTest, ARankFailingAtACallsFirstStepCountsNoneOfItsSteps) {
   // Rank 0 fails at step 5, the first of the second call of 4, while rank 1
   // (a fake needs no peer) completes all 4: the steps completed everywhere

@@ -131,6 +131,9 @@ void JobRunner::Run() {
     if (interrupt == Job::Interrupt::kMeshLost) return Fail(why);
     if (Rescale()) return;
     if (!job_->HasWork()) continue;  // nothing asked yet
+    // A client's save that waits for the work lock goes first (the lock is
+    // not fair, and the runner takes it again at once).
+    for (int i = 0; i < 100 && saves_waiting_.load() > 0; ++i) absl::SleepFor(absl::Milliseconds(1));
     absl::Status ran;
     {
       absl::MutexLock work(&job_->work_mu());
