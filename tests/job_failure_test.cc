@@ -168,18 +168,38 @@ TEST(JobTest, SilentWorkerFailsTheRunWithinTenSeconds) {
 // The state a worker keeps past its mesh, asked for wrongly: a job it does
 // not keep, another step, a box outside its piece, an absurd wait - each a
 // clear error; a good box answers its bytes, and the fleet trains after.
-TEST(JobTest, KeptStateAnswersBadReadsWithClearErrors) {
-  auto cluster = StartCluster(2);
-  ASSERT_NE(cluster, nullptr);
-  auto client = Client::Connect(cluster->controller_address());
+// A 2-worker fleet's dp=2 mesh, formed through the controller, and the
+// decoder example's Programs for job `job_id`: for tests that call the
+// mesh's workers themselves.
+struct DirectMesh {
+  std::unique_ptr<LocalCluster> cluster;
+  baton::v1::Mesh mesh;
+  std::vector<baton::v1::Program> programs;
+};
+constexpr char kDirectJobFile[] = "examples/decoder_fsdp2.textproto";
+
+void FormDirectMesh(const std::string& job_id, DirectMesh* out) {
+  out->cluster = StartCluster(2);
+  ASSERT_NE(out->cluster, nullptr);
+  auto client = Client::Connect(out->cluster->controller_address());
   ASSERT_TRUE(client.ok());
   auto mesh = (*client)->CreateMesh("dp=2");
   ASSERT_TRUE(mesh.ok()) << mesh.status();
-  const std::string file = Runfile("examples/decoder_fsdp2.textproto");
-  auto job = ParseJobSpec(testing::ReadFile(file), false);
+  out->mesh = *mesh;
+  auto job = ParseJobSpec(testing::ReadFile(Runfile(kDirectJobFile)), false);
   ASSERT_TRUE(job.ok()) << job.status();
-  auto programs = CompilePrograms(*job, "kept");
+  auto programs = CompilePrograms(*job, job_id);
   ASSERT_TRUE(programs.ok());
+  out->programs = *programs;
+}
+
+TEST(JobTest, KeptStateAnswersBadReadsWithClearErrors) {
+  DirectMesh direct;
+  ASSERT_NO_FATAL_FAILURE(FormDirectMesh("kept", &direct));
+  LocalCluster* const cluster = direct.cluster.get();
+  const baton::v1::Mesh* const mesh = &direct.mesh;
+  const std::vector<baton::v1::Program>* const programs = &direct.programs;
+  const std::string file = Runfile(kDirectJobFile);
   auto worker = baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, mesh->worker_addresses(0)));
   auto call = [&](auto method, const auto& req, auto* resp) {
     grpc::ClientContext ctx;
@@ -275,16 +295,11 @@ TEST(JobTest, KeptStateAnswersBadReadsWithClearErrors) {
 // refuses one that is not next (stale or foreign) without harm to the job,
 // and runs calls that arrive out of order in step order.
 TEST(JobTest, AWorkerRunsStepCallsInTurn) {
-  auto cluster = StartCluster(2);
-  ASSERT_NE(cluster, nullptr);
-  auto client = Client::Connect(cluster->controller_address());
-  ASSERT_TRUE(client.ok());
-  auto mesh = (*client)->CreateMesh("dp=2");
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  auto job = ParseJobSpec(testing::ReadFile(Runfile("examples/decoder_fsdp2.textproto")), false);
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto programs = CompilePrograms(*job, "turns");
-  ASSERT_TRUE(programs.ok());
+  DirectMesh direct;
+  ASSERT_NO_FATAL_FAILURE(FormDirectMesh("turns", &direct));
+  LocalCluster* const cluster = direct.cluster.get();
+  const baton::v1::Mesh* const mesh = &direct.mesh;
+  const std::vector<baton::v1::Program>* const programs = &direct.programs;
   std::vector<std::unique_ptr<baton::v1::Worker::Stub>> workers;
   for (int r = 0; r < 2; ++r) {
     workers.push_back(baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, mesh->worker_addresses(r))));
