@@ -1,10 +1,17 @@
 #include "worker/step_thread.h"
 
+#include <pthread.h>
+
 #include <utility>
 
 namespace baton {
 
-StepThread::StepThread() : thread_([this] { Loop(); }) {}
+StepThread::StepThread()
+    : thread_([this] {
+        // Named apart from gRPC's pool it was started from (perf, top).
+        pthread_setname_np(pthread_self(), "baton-step");
+        Loop();
+      }) {}
 
 StepThread::~StepThread() {
   {
