@@ -196,7 +196,9 @@ TEST(JobManagerTest, TheNextCallIsOnTheWireWhileOneRuns) {
   // All but the first two: nothing is sent ahead of a mesh's first call.
   EXPECT_EQ(h.worker(0).calls_ahead(), 4);
   EXPECT_LE(step_ms, wall_ms);
-  EXPECT_GE(step_ms, 12 * 40.0);
+  // And none is lost: the fakes sleep 40 ms a step (a response's latency
+  // may take a little off a call's measured share).
+  EXPECT_GE(step_ms, 0.9 * 12 * 40.0);
 }
 
 // A call fails while the next one is on the wire: that one is cancelled,
