@@ -81,6 +81,11 @@ void Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> 
   rescale_.emplace(std::move(own), std::move(plan));
 }
 
+int Job::checkpoint_failures() const {
+  absl::MutexLock lock(&mu_);
+  return status_.checkpoint_failures();
+}
+
 bool Job::rescale_asked() const {
   absl::MutexLock lock(&mu_);
   return rescale_.has_value();
@@ -303,9 +308,9 @@ void Job::AddStepsRunning(int n) {
   steps_running_ += n;
 }
 
-void Job::SetStepsRunning(int n) {
+void Job::ClearStepsRunning() {
   absl::MutexLock lock(&mu_);
-  steps_running_ = n;
+  steps_running_ = 0;
 }
 
 int Job::target_step() const {

@@ -72,6 +72,9 @@ class Job {
   // data-parallel axis.
   std::shared_ptr<const baton::v1::JobSpec> placed_spec() const ABSL_LOCKS_EXCLUDED(mu_);
   bool shrunk() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Periodic saves failed in a row (status().checkpoint_failures(), without
+  // copying the status).
+  int checkpoint_failures() const ABSL_LOCKS_EXCLUDED(mu_);
   // Places it from now on with `placed` and its Programs `plan`; Unshrink:
   // back on its own mesh and Programs.
   void Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
@@ -141,10 +144,10 @@ class Job {
   Interrupt AwaitWork(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a step is asked for that has not run yet.
   bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
-  // `n` more steps are on the wire (each RecordStep takes one off); 0 after
-  // a failed call: none is.
+  // `n` more steps are on the wire (each RecordStep takes one off); after
+  // a failed call none is.
   void AddStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
-  void SetStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
+  void ClearStepsRunning() ABSL_LOCKS_EXCLUDED(mu_);
   // The last step asked for so far.
   int target_step() const ABSL_LOCKS_EXCLUDED(mu_);
   // An attached job's client's K: up to this many steps per call to the

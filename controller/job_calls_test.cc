@@ -72,6 +72,21 @@ TEST(JobManagerTest, CallsKeepTheLease) {
   EXPECT_EQ((*job)->state(), baton::v1::JOB_RUNNING);
 }
 
+// An attached job on fake-0 and fake-1 (dp=2) whose rank 0 follows `rank0`.
+std::shared_ptr<Job> JobWithRank0(ControllerHarness& h, const std::string& name, const testing::FakeScript& rank0) {
+  h.worker(0).set_script(rank0);
+  auto job = h.jobs().Create(MlpJob(name, 100, "workers: [\"fake-0\", \"fake-1\"] mesh { name: \"dp\" size: 2 }"),
+                             absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(job.ok()) << job.status();
+  return job.ok() ? *job : nullptr;
+}
+// The steps `job`'s log holds.
+int StepEntries(Job& job) {
+  int logged = 0;
+  for (const auto& e : job.log().After(0)) logged += e.has_step();
+  return logged;
+}
+
 TEST(JobManagerTest, StepHonoursItsDeadlineAndTheRunningStepIsCountedOnce) {
   ControllerHarness h({});
   SlowSteps(h, absl::Milliseconds(1500));
@@ -209,19 +224,16 @@ TEST(JobManagerTest, AFailedCallTakesTheCallSentAheadOfItWithIt) {
   testing::FakeScript fail;
   fail.step_delay = absl::Milliseconds(20);
   fail.fail_at_step = 6;
-  h.worker(0).set_script(fail);
-  auto job = h.jobs().Create(MlpJob("ahead-fails", 100, "workers: [\"fake-0\", \"fake-1\"] mesh { name: \"dp\" size: 2 }"),
-                             absl::Now() + absl::Seconds(5));
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto stepped = h.jobs().Step((*job)->id(), 20, 3, 30000, absl::Now() + absl::Seconds(10), nullptr);
-  int logged = 0;
-  for (const auto& e : (*job)->log().After(0)) logged += e.has_step();
+  const std::shared_ptr<Job> job = JobWithRank0(h, "ahead-fails", fail);
+  ASSERT_NE(job, nullptr);
+  auto stepped = h.jobs().Step(job->id(), 20, 3, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  const int logged = StepEntries(*job);
   std::printf("rank 0 fails at step 6 of calls of 3, one sent ahead: job at step %d, %d step entries, rank 0 ran %d "
-              "steps, rank 1 %d; %s\n", (*job)->step(), logged, h.worker(0).steps_run(), h.worker(1).steps_run(),
+              "steps, rank 1 %d; %s\n", job->step(), logged, h.worker(0).steps_run(), h.worker(1).steps_run(),
               stepped.status().ToString().substr(0, 120).c_str());
   EXPECT_FALSE(stepped.ok());
   EXPECT_TRUE(absl::StrContains(stepped.status().message(), "step 6 failed")) << stepped.status();
-  EXPECT_EQ((*job)->step(), 5);
+  EXPECT_EQ(job->step(), 5);
   EXPECT_EQ(logged, 5);
   EXPECT_EQ(h.worker(0).steps_run(), 5);
 }
@@ -262,17 +274,14 @@ TEST(JobManagerTest, ARankFailingAtACallsFirstStepCountsNoneOfItsSteps) {
   ControllerHarness h{HarnessOptions()};
   testing::FakeScript fail;
   fail.fail_at_step = 5;
-  h.worker(0).set_script(fail);
-  auto job = h.jobs().Create(MlpJob("first-of-call", 100, "workers: [\"fake-0\", \"fake-1\"] mesh { name: \"dp\" size: 2 }"),
-                             absl::Now() + absl::Seconds(5));
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto stepped = h.jobs().Step((*job)->id(), 10, 4, 30000, absl::Now() + absl::Seconds(10), nullptr);
-  int logged = 0;
-  for (const auto& e : (*job)->log().After(0)) logged += e.has_step();
-  std::printf("rank 0 fails at step 5 of calls of 4: job at step %d, %d step entries; %s\n", (*job)->step(), logged,
+  const std::shared_ptr<Job> job = JobWithRank0(h, "first-of-call", fail);
+  ASSERT_NE(job, nullptr);
+  auto stepped = h.jobs().Step(job->id(), 10, 4, 30000, absl::Now() + absl::Seconds(10), nullptr);
+  const int logged = StepEntries(*job);
+  std::printf("rank 0 fails at step 5 of calls of 4: job at step %d, %d step entries; %s\n", job->step(), logged,
               stepped.status().ToString().substr(0, 160).c_str());
   EXPECT_FALSE(stepped.ok());
-  EXPECT_EQ((*job)->step(), 4);
+  EXPECT_EQ(job->step(), 4);
   EXPECT_EQ(logged, 4);
   EXPECT_TRUE(absl::StrContains(stepped.status().message(), "step 5 failed")) << stepped.status();
 }

@@ -196,11 +196,16 @@ bool JobRunner::MayRunAhead(const StepCall& call) const {
   // A mesh's first call runs alone: it learns the pace (the next call's K),
   // and the workers know their step before a call waits for its turn.
   if (last_step_ms_ <= 0) return false;
-  if (ck.every_n_steps() > 0 && call.last() % ck.every_n_steps() == 0) return false;  // its save comes first
+  if (SavesAt(call.last())) return false;  // its save comes first
   if (saves_waiting_.load() > 0) return false;  // so does a client's
   // Whatever the runner takes up between calls.
   if (job_->interrupt() != Job::Interrupt::kNone || job_->rescale_asked() || job_->shrunk()) return false;
-  return job_->status().checkpoint_failures() < ck.max_failures();
+  return job_->checkpoint_failures() < ck.max_failures();
+}
+
+bool JobRunner::SavesAt(int step) const {
+  const int every = job_->spec().checkpoint().every_n_steps();
+  return every > 0 && step % every == 0;
 }
 
 absl::Status JobRunner::RunCalls() {
@@ -212,7 +217,7 @@ absl::Status JobRunner::RunCalls() {
     // worker takes it up the moment this one ends.
     std::unique_ptr<StepCall> next = MayRunAhead(*call) ? StartCall(call->last() + 1) : nullptr;
     if (absl::Status ran = call->Finish(previous_end); !ran.ok()) {
-      job_->SetStepsRunning(0);
+      job_->ClearStepsRunning();
       return ran;  // `next` is cancelled: its mesh is aborted
     }
     last_step_ms_ = call->step_ms();
@@ -221,7 +226,7 @@ absl::Status JobRunner::RunCalls() {
     // it: the save holds that step's state. It (or its failure) is on disk
     // before the step is settled; steps alone are written by the manager's
     // next tick.
-    const bool save = ck.every_n_steps() > 0 && call->last() % ck.every_n_steps() == 0;
+    const bool save = SavesAt(call->last());
     if (save) checkpoints_.Save(mesh_, ck.dir(), ck.async(), /*periodic=*/true).IgnoreError();  // recorded in the job
     save ? context_.persist(*job_) : context_.persist_progress(*job_);
     const baton::v1::JobStatus status = job_->status();

@@ -102,6 +102,8 @@ class JobRunner {
   std::unique_ptr<StepCall> StartCall(int first);
   // Whether the call after `call` may go on the wire before `call` ends.
   bool MayRunAhead(const StepCall& call) const;
+  // Whether a periodic checkpoint falls on `step` (a call ends there).
+  bool SavesAt(int step) const;
   // A failure of its placement (a worker died, a step failed): RECOVERING
   // while its restarts allow (its workers freed, back in line, the manager
   // restores it), else FAILED listing every failure.

@@ -14,16 +14,16 @@ StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int firs
       mesh_(mesh),
       first_(first),
       k_(k),
-      timeout_ms_(context.job->collective_timeout_ms()),
       started_(absl::Now()) {
+  const int64_t timeout_ms = context.job->collective_timeout_ms();
   baton::v1::RunStepRequest rr;
   rr.set_epoch(mesh.epoch());
   rr.set_job_id(context_.job->id());
   rr.set_step(first);
   rr.set_steps(k);
-  rr.set_timeout_ms(timeout_ms_);
+  rr.set_timeout_ms(timeout_ms);
   const absl::Duration deadline =
-      std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms_) * kStepDeadlineInTimeouts) * k +
+      std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) * k +
       context_.meshes->options().rpc_slack;
   pending_ = context_.meshes->dispatcher()->Start<RunStepRpc>(MeshManager::Targets(mesh), [&](size_t) { return rr; },
                                                               deadline);

@@ -76,7 +76,6 @@ class StepCall {
   const baton::v1::Mesh& mesh_;
   const int first_;
   const int k_;
-  const int64_t timeout_ms_;
   const absl::Time started_;
   // The drain's findings (it runs on the thread that finishes the call).
   std::string why_;
