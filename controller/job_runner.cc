@@ -229,8 +229,7 @@ absl::Status JobRunner::RunCalls() {
     const bool save = SavesAt(call->last());
     if (save) checkpoints_.Save(mesh_, ck.dir(), ck.async(), /*periodic=*/true).IgnoreError();  // recorded in the job
     save ? context_.persist(*job_) : context_.persist_progress(*job_);
-    const baton::v1::JobStatus status = job_->status();
-    if (status.checkpoint_failures() < ck.max_failures()) job_->SettleStep(status.step());
+    if (job_->checkpoint_failures() < ck.max_failures()) job_->SettleStep(call->last());
     call = std::move(next);
   }
   return absl::OkStatus();
