@@ -1,0 +1,94 @@
+// The optimizer step's cost: AdamW over a decoder's parameters as one pass
+// (AdamWUpdate, what the workers and the reference run) against the seven
+// tensor ops of torch.optim.AdamW's single-tensor algorithm
+// (AdamWUpdateTensorOps), interleaved round after round on one thread;
+// printed: the median ms per optimizer step of each and their ratio.
+//
+//   bazel run -c opt //bench:adamw -- [DIM] [LAYERS] [FFN] [ROUNDS]
+//   (defaults 128 4 512 30: the decoder bench/vs_pytorch.sh trains)
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "worker/model/adamw.h"
+
+namespace {
+
+struct Param {
+  at::Tensor value, grad, exp_avg, exp_avg_sq;
+};
+
+std::vector<Param> DecoderParams(int64_t dim, int64_t layers, int64_t ffn, int64_t vocab) {
+  std::vector<std::vector<int64_t>> shapes = {{vocab, dim}};
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int i = 0; i < 4; ++i) shapes.push_back({dim, dim});  // q, k, v, o
+    shapes.push_back({ffn, dim});
+    shapes.push_back({dim, ffn});
+    shapes.push_back({dim});  // norms
+    shapes.push_back({dim});
+  }
+  shapes.push_back({dim});
+  shapes.push_back({vocab, dim});
+  std::vector<Param> params;
+  for (const auto& s : shapes) {
+    params.push_back({at::randn(s), at::randn(s) * 0.01, at::zeros(s), at::zeros(s)});
+  }
+  return params;
+}
+
+double MsPerStep(std::vector<Param>& params, bool one_pass, int64_t& step, const baton::v1::OptimizerSpec& spec) {
+  constexpr int kSteps = 10;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kSteps; ++i) {
+    ++step;
+    for (auto& p : params) {
+      if (one_pass) {
+        baton::AdamWUpdate(p.value, p.grad, p.exp_avg, p.exp_avg_sq, step, spec);
+      } else {
+        baton::AdamWUpdateTensorOps(p.value, p.grad, p.exp_avg, p.exp_avg_sq, step, spec);
+      }
+    }
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / kSteps;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t dim = argc > 1 ? std::atoll(argv[1]) : 128;
+  const int64_t layers = argc > 2 ? std::atoll(argv[2]) : 4;
+  const int64_t ffn = argc > 3 ? std::atoll(argv[3]) : 512;
+  const int rounds = argc > 4 ? std::atoi(argv[4]) : 30;
+  at::set_num_threads(1);  // as a worker's rank with threads_per_rank 1
+  baton::v1::OptimizerSpec spec;
+  spec.set_lr(3e-4);
+  spec.set_beta1(0.9);
+  spec.set_beta2(0.999);
+  spec.set_eps(1e-8);
+  spec.set_weight_decay(0.01);
+  std::vector<Param> params = DecoderParams(dim, layers, ffn, 256);
+  int64_t numel = 0;
+  for (const auto& p : params) numel += p.value.numel();
+  std::vector<double> ops, one;
+  int64_t step = 0;
+  for (int r = 0; r < rounds; ++r) {
+    ops.push_back(MsPerStep(params, false, step, spec));
+    one.push_back(MsPerStep(params, true, step, spec));
+  }
+  const double a = Median(ops), b = Median(one);
+  std::printf("AdamW over %lld parameters in %zu tensors (decoder dim %lld, %lld layers, ffn %lld), one thread, "
+              "medians of %d rounds:\n  tensor ops %.3f ms per step, one pass %.3f ms: tensor ops / one pass = %.2f\n",
+              static_cast<long long>(numel), params.size(), static_cast<long long>(dim),
+              static_cast<long long>(layers), static_cast<long long>(ffn), rounds, a, b, a / b);
+  return 0;
+}
