@@ -71,7 +71,7 @@ absl::StatusOr<baton::v1::StepMetrics> ReferenceTrainer::Step() {
     m.set_loss(loss_sum / microbatches);
     m.set_has_loss(true);
     double sq = 0;
-    for (const auto& [name, g] : grads_) sq += g.to(at::kDouble).pow(2).sum().item<double>();
+    for (const auto& [name, g] : grads_) sq += SumOfSquares(g);
     const double norm = std::sqrt(sq);
     m.set_grad_norm(norm);
     if (job_.optimizer().max_grad_norm() > 0) {

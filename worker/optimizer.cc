@@ -15,9 +15,7 @@ double SquaredGradNorm(const ShardStore& store, const std::vector<int>& axes) {
     for (const auto& p : u->params) {
       const at::Tensor& g = p.PieceGrad();
       if (!g.defined() || g.numel() == 0) continue;
-      // A double copy squared in place: the same bits as pow(2) on a new
-      // tensor, one allocation fewer (0.33 -> 0.28 ms for 720 K elements).
-      const double part = g.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true).square_().sum().item<double>();
+      const double part = SumOfSquares(g);
       const int64_t copies = store.Copies(p, axes);
       sq += copies == 1 ? part : part / static_cast<double>(copies);
     }

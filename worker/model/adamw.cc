@@ -52,6 +52,26 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void UpdateContiguo
   }
 }
 
+__attribute__((target_clones("avx512f", "avx2", "default"))) double SumOfSquaresContiguous(const float* __restrict x,
+                                                                                           int64_t n) {
+  constexpr int kLanes = 16;
+  double lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const double v = x[i + l];
+      lanes[l] += v * v;
+    }
+  }
+  for (int l = 0; i < n; ++i, ++l) {
+    const double v = x[i];
+    lanes[l] += v * v;
+  }
+  double sum = 0;
+  for (double lane : lanes) sum += lane;
+  return sum;
+}
+
 bool Fusable(const at::Tensor& t, const at::Tensor& like) {
   return t.defined() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu() &&
          t.numel() == like.numel();
@@ -80,6 +100,12 @@ void AdamWUpdateTensorOps(at::Tensor& param, const at::Tensor& grad, at::Tensor&
   exp_avg_sq.mul_(c.beta2).addcmul_(grad, grad, c.one_minus_beta2);
   at::Tensor denom = exp_avg_sq.sqrt().div_(c.sqrt_bias_correction2).add_(c.eps);
   param.addcdiv_(exp_avg, denom, c.neg_step_size);
+}
+
+double SumOfSquares(const at::Tensor& grad) {
+  if (grad.numel() == 0) return 0;
+  if (Fusable(grad, grad)) return SumOfSquaresContiguous(grad.data_ptr<float>(), grad.numel());
+  return grad.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true).square_().sum().item<double>();
 }
 
 double ClipCoefficient(double total_norm, double max_norm) {

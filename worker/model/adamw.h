@@ -27,6 +27,13 @@ void AdamWUpdate(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
 void AdamWUpdateTensorOps(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                           at::Tensor& exp_avg_sq, int64_t step, const baton::v1::OptimizerSpec& opt);
 
+// The sum of a gradient's squared elements, in double precision (the
+// gradient norm's part: clipping and the reported norm). Contiguous fp32
+// host tensors in one pass over 16 double accumulators, combined in a fixed
+// order: the same bits on every machine and vector width; anything else
+// through tensor ops.
+double SumOfSquares(const at::Tensor& grad);
+
 // torch.nn.utils.clip_grad_norm_'s coefficient: min(1, max_norm / (norm + 1e-6)).
 double ClipCoefficient(double total_norm, double max_norm);
 

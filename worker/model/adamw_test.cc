@@ -142,5 +142,20 @@ TEST(AdamW, AStridedViewTakesTheTensorOps) {
               at::equal(matrix.select(1, 0), copy) ? "equal to the tensor ops" : "DIFFERENT");
 }
 
+TEST(AdamW, SumOfSquaresIsTheDoublePrecisionSum) {
+  // Odd length (the accumulators' tail), and a strided view (tensor ops).
+  at::manual_seed(5);
+  const at::Tensor g = at::randn({100003});
+  const double exact = g.to(at::kDouble).square().sum().item<double>();
+  const double mine = SumOfSquares(g);
+  const at::Tensor column = at::randn({4001, 3}).select(1, 1);
+  const double strided = SumOfSquares(column), strided_exact = column.to(at::kDouble).square().sum().item<double>();
+  std::printf("sum of squares of %d elements: %.17g vs %.17g (relative %.3g); strided %.17g vs %.17g\n", 100003, mine,
+              exact, std::abs(mine / exact - 1), strided, strided_exact);
+  EXPECT_NEAR(mine / exact, 1.0, 1e-12);
+  EXPECT_NEAR(strided / strided_exact, 1.0, 1e-12);
+  EXPECT_EQ(SumOfSquares(at::zeros({0})), 0.0);
+}
+
 }  // namespace
 }  // namespace baton
