@@ -225,12 +225,21 @@ absl::Status UnitCollectives::AllReduceGrads(const std::vector<ShardStore::Unit*
   }
   int64_t total = 0;
   for (const ShardStore::Param* p : params) total += p->master_piece.numel();
-  at::Tensor flat = at::zeros({total}, at::kFloat);
+  // Every element is written once: a gradient's, or zero where none
+  // reached its parameter (no zero-filling pass over the whole bucket).
+  at::Tensor flat = at::empty({total}, at::kFloat);
   int64_t offset = 0;
   for (ShardStore::Param* p : params) {
     const int64_t len = p->master_piece.numel();
     const at::Tensor& g = p->PieceGrad();
-    if (len > 0 && g.defined()) flat.narrow(0, offset, len).copy_(g.reshape({-1}));
+    if (len > 0) {
+      at::Tensor piece = flat.narrow(0, offset, len);
+      if (g.defined()) {
+        piece.copy_(g.reshape({-1}));
+      } else {
+        piece.zero_();
+      }
+    }
     offset += len;
   }
   pending.handle = (*comm)->AllReduceAsync(flat, op, timeout);
