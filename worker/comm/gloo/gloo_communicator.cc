@@ -1,5 +1,7 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 
+#include <pthread.h>
+
 #include <ATen/ops/amax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
@@ -298,6 +300,26 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
+// Linux starts a thread with its creator's name: gloo's threads, started in
+// the process group's constructor on whichever thread forms the mesh (one
+// of gRPC's pool), would show in top and perf as "grpcpp_sync_ser" next to
+// the real RPC threads. They are named for what they do while they start.
+class ThreadNameScope {
+ public:
+  explicit ThreadNameScope(const char* name) {
+    if (pthread_getname_np(pthread_self(), previous_, sizeof(previous_)) != 0) previous_[0] = '\0';
+    pthread_setname_np(pthread_self(), name);
+  }
+  ~ThreadNameScope() {
+    if (previous_[0] != '\0') pthread_setname_np(pthread_self(), previous_);
+  }
+  ThreadNameScope(const ThreadNameScope&) = delete;
+  ThreadNameScope& operator=(const ThreadNameScope&) = delete;
+
+ private:
+  char previous_[16];  // the kernel's limit, with the terminator
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
@@ -310,11 +332,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
   try {
     auto store = c10::make_intrusive<RendezvousStore>(rendezvous, key_prefix,
                                                       options.rendezvous_timeout);
-    auto pg_options = c10d::ProcessGroupGloo::Options::create(options.rendezvous_timeout);
-    pg_options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_host));
-    pg_options->threads = options.threads;
-    auto pg = c10::make_intrusive<GlooProcessGroup>(store, rank, size, pg_options);
+    auto pg = [&] {
+      ThreadNameScope named(kGlooThreadName);  // the transport's event loop, the collectives' threads
+      auto pg_options = c10d::ProcessGroupGloo::Options::create(options.rendezvous_timeout);
+      pg_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.bind_host));
+      pg_options->threads = options.threads;
+      return c10::make_intrusive<GlooProcessGroup>(store, rank, size, pg_options);
+    }();
     if (size > 1) pg->JoinSharedMemory(*store, options.shared_memory, options.shared_memory_dir, options.rendezvous_timeout);
     return std::unique_ptr<Communicator>(
         new GlooCommunicator(std::move(store), std::move(pg), rank, size));

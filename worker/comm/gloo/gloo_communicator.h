@@ -35,6 +35,10 @@ struct GlooOptions {
   std::string shared_memory_dir = "/dev/shm";
 };
 
+// What the threads a group starts are called (top, perf): its transport's
+// event loop and the threads its collectives run on.
+inline constexpr char kGlooThreadName[] = "baton-comm";
+
 // Joins the group `key_prefix` (unique per group and mesh epoch) as `rank` of
 // `size`. Blocks until all ranks joined or the rendezvous timed out.
 // `rendezvous` must outlive the communicator.

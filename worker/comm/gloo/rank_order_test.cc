@@ -10,7 +10,12 @@
 #include <ATen/ops/sin.h>
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +28,46 @@
 
 namespace baton {
 namespace {
+
+// The names of this process's threads, from /proc.
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    names.push_back(name);
+  }
+  return names;
+}
+
+TEST(GlooThreadsTest, AGroupsThreadsAreNamedForTheirWorkAndTheCallersNameStays) {
+  auto count = [](const std::vector<std::string>& names) {
+    return std::count(names.begin(), names.end(), std::string(kGlooThreadName));
+  };
+  const int64_t before = count(ThreadNames());
+  KeyValueStore kv;
+  std::string callers_name;
+  std::unique_ptr<Communicator> comm;
+  std::thread former([&] {  // as a gRPC thread forms a worker's mesh
+    pthread_setname_np(pthread_self(), "test-former");
+    auto c = CreateGlooCommunicator(&kv, "names/", 0, 1, GlooOptions{});
+    if (c.ok()) comm = std::move(*c);
+    char name[16];
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    callers_name = name;
+  });
+  former.join();
+  ASSERT_NE(comm, nullptr);
+  const std::vector<std::string> names = ThreadNames();
+  const int64_t named = count(names) - before;
+  std::printf("a group started %lld threads named %s (%zu threads in the process); its former is still %s\n",
+              static_cast<long long>(named), kGlooThreadName, names.size(), callers_name.c_str());
+  // Its collectives' threads (GlooOptions::threads) and its transport's
+  // event loop.
+  EXPECT_GE(named, GlooOptions{}.threads);
+  EXPECT_EQ(callers_name, "test-former");
+}
 
 TEST(RankOrderTest, ReduceScatterAndAllReduceAddInRankOrder) {
   const int64_t k = 5 * ReduceScatterChunkNumel(int64_t{1} << 40, 4) / 2;  // 2.5 chunks
