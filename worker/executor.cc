@@ -247,39 +247,24 @@ absl::Status Executor::Execute(const Instruction& ins) {
 
 // One all-reduce (SUM) of [loss, squared gradient norm] over the whole mesh:
 // the ranks that compute no loss add 0, every gradient piece counts once.
-// Only reported, so it runs behind the optimizer step and is waited for
-// when the step drains (a tiny collective's round of wake-ups, ~1 ms a
-// step on a busy 2-core machine, no longer on the computing thread's path).
 absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   if (auto s = collectives_->WaitReductions(); !s.ok()) return s;
-  if (auto s = FinishMetrics(); !s.ok()) return s;  // one per step; never two in flight
   auto group = groups_.Of(ins.axes());
   if (!group.ok()) return group.status();
-  metrics_ = at::empty({2}, at::kDouble);
-  metrics_[0] = program_.reports_loss() ? activations_->loss_sum() / program_.microbatches() : 0.0;
-  metrics_[1] = SquaredGradNorm(*store_, groups_.AxisIndices(ins.axes()));
-  metrics_ranks_ = ins.value();
-  if (*group != nullptr) metrics_reduce_ = (*group)->AllReduceAsync(metrics_, ReduceOp::kSum, timeout_);
-  return absl::OkStatus();
-}
-
-absl::Status Executor::FinishMetrics() {
-  if (!metrics_.defined()) return absl::OkStatus();
-  std::unique_ptr<CommHandle> reduce = std::move(metrics_reduce_);
-  at::Tensor t = std::move(metrics_);
-  metrics_ = at::Tensor();
-  if (reduce != nullptr) {
-    if (auto s = reduce->Wait(); !s.ok()) return s;
+  at::Tensor t = at::empty({2}, at::kDouble);
+  t[0] = program_.reports_loss() ? activations_->loss_sum() / program_.microbatches() : 0.0;
+  t[1] = SquaredGradNorm(*store_, groups_.AxisIndices(ins.axes()));
+  if (*group != nullptr) {
+    if (auto s = (*group)->AllReduce(t, ReduceOp::kSum, timeout_); !s.ok()) return s;
   }
-  t.narrow(0, 0, 1).div_(metrics_ranks_);  // the mean over the ranks that computed it
+  t.narrow(0, 0, 1).div_(ins.value());  // the mean over the ranks that computed it
   loss_ = t[0].item<double>();
   grad_norm_ = std::sqrt(t[1].item<double>());
   return absl::OkStatus();
 }
 
 absl::Status Executor::Drain() {
-  for (absl::Status s : {collectives_->WaitReductions(), collectives_->DropGathers(), activations_->WaitSends(),
-                         FinishMetrics()}) {
+  for (absl::Status s : {collectives_->WaitReductions(), collectives_->DropGathers(), activations_->WaitSends()}) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

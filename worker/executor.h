@@ -71,10 +71,8 @@ class Executor {
       : cache_user_(program.expected_tensor_bytes()), program_(std::move(program)), groups_(std::move(groups)) {}
   absl::Status Execute(const baton::v1::Instruction& ins);
   absl::StatusOr<ShardStore::Unit*> Unit(int index);
-  // Issues the metrics' all-reduce; FinishMetrics waits for it (at the
-  // step's end: nothing in the step reads its result).
   absl::Status ReduceMetrics(const baton::v1::Instruction& ins);
-  absl::Status FinishMetrics();
+  // The mesh axes an instruction's group spans, as indices.
   // Completes everything in flight (after a failure too: nothing may still
   // write into tensors the next step reuses).
   absl::Status Drain();
@@ -94,11 +92,6 @@ class Executor {
   Milliseconds timeout_{kDefaultCollectiveTimeout};
   double loss_ = 0;
   double grad_norm_ = 0;
-  // REDUCE_METRICS's [loss, squared gradient norm] and its all-reduce, in
-  // flight until the step drains; the loss is divided by `metrics_ranks_`.
-  at::Tensor metrics_;
-  std::unique_ptr<CommHandle> metrics_reduce_;
-  double metrics_ranks_ = 1;
   bool keep_last_grads_ = false;
 };
 
