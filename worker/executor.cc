@@ -247,6 +247,9 @@ absl::Status Executor::Execute(const Instruction& ins) {
 
 // One all-reduce (SUM) of [loss, squared gradient norm] over the whole mesh:
 // the ranks that compute no loss add 0, every gradient piece counts once.
+// Waited for here, not behind the optimizer step: it is the step's commit
+// vote (no rank applies OPTIMIZER_STEP unless every rank reached it; a step
+// commits all-or-none, docs/control_plane.md).
 absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   if (auto s = collectives_->WaitReductions(); !s.ok()) return s;
   auto group = groups_.Of(ins.axes());
