@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "google/protobuf/text_format.h"
 #include "worker/model/adamw.h"
 
 namespace {
@@ -70,12 +71,11 @@ int main(int argc, char** argv) {
   const int64_t ffn = argc > 3 ? std::atoll(argv[3]) : 512;
   const int rounds = argc > 4 ? std::atoi(argv[4]) : 30;
   at::set_num_threads(1);  // as a worker's rank with threads_per_rank 1
-  baton::v1::OptimizerSpec spec;
-  spec.set_lr(3e-4);
-  spec.set_beta1(0.9);
-  spec.set_beta2(0.999);
-  spec.set_eps(1e-8);
-  spec.set_weight_decay(0.01);
+  baton::v1::OptimizerSpec spec;  // bench/vs_pytorch.sh's
+  if (!google::protobuf::TextFormat::ParseFromString("lr: 0.0003 beta1: 0.9 beta2: 0.999 eps: 1e-8 weight_decay: 0.01",
+                                                     &spec)) {
+    return 1;
+  }
   std::vector<Param> params = DecoderParams(dim, layers, ffn, 256);
   int64_t numel = 0;
   for (const auto& p : params) numel += p.value.numel();
