@@ -1,7 +1,6 @@
 #include "worker/unit_collectives.h"
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 
@@ -20,6 +19,7 @@ class UnitCollectives::Packing {
     std::vector<int64_t> offset, shape;
     int64_t numel;
     int64_t block_offset;
+    int64_t slot;  // the parameter's room in every block: its largest piece
   };
 
   static absl::StatusOr<Packing> Create(ShardStore::Unit& unit, const Groups& groups, const std::string& axis) {
@@ -36,10 +36,10 @@ class UnitCollectives::Packing {
         return absl::Status(pieces.status().code(), absl::StrCat("parameter ", p.name, ": ", pieces.status().message()));
       }
       int64_t largest = 0;
+      for (int r = 0; r < packing.size_; ++r) largest = std::max(largest, (*pieces)[r].numel());
       for (int r = 0; r < packing.size_; ++r) {
         const Piece& piece = (*pieces)[r];
-        packing.regions_.push_back(Region{&p, r, piece.offset, piece.shape, piece.numel(), packing.block_});
-        largest = std::max(largest, piece.numel());
+        packing.regions_.push_back(Region{&p, r, piece.offset, piece.shape, piece.numel(), packing.block_, largest});
       }
       packing.block_ += largest;
     }
@@ -63,6 +63,14 @@ class UnitCollectives::Packing {
   // Its place in one block.
   static at::Tensor InBlock(const at::Tensor& block, const Region& region) {
     return block.narrow(0, region.block_offset, region.numel).view(region.shape);
+  }
+  // Zeroes what no piece of rank `rank` fills in its block, which starts at
+  // `offset` of `buffer`: each slot past a smaller piece's end. With its
+  // pieces written, the block is whole without a zero-filling pass over it.
+  void ZeroSlack(const at::Tensor& buffer, int64_t offset, int rank) const {
+    for (const Region& r : regions_) {
+      if (r.rank == rank && r.slot > r.numel) buffer.narrow(0, offset + r.block_offset + r.numel, r.slot - r.numel).zero_();
+    }
   }
 
  private:
@@ -118,7 +126,8 @@ absl::Status UnitCollectives::Gather(ShardStore::Unit& unit, const AxisNames& ax
     if (!packing.ok()) return packing.status();
     gather->packing = *packing;
     const Packing& pk = *gather->packing;
-    gather->send = at::zeros({pk.block()}, store_->compute_dtype());
+    gather->send = at::empty({pk.block()}, store_->compute_dtype());
+    pk.ZeroSlack(gather->send, 0, pk.own());
     for (const auto& region : pk.regions()) {
       if (region.rank != pk.own() || region.numel == 0) continue;
       Packing::InBlock(gather->send, region).copy_(region.param->master);
@@ -178,11 +187,16 @@ absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const A
   auto packing = PackingOf(unit, axes[0]);
   if (!packing.ok()) return packing.status();
   std::shared_ptr<const Packing> pk = *packing;
-  at::Tensor flat = at::zeros({pk->size() * pk->block()}, at::kFloat);
+  at::Tensor flat = at::empty({pk->size() * pk->block()}, at::kFloat);
+  for (int r = 0; r < pk->size(); ++r) pk->ZeroSlack(flat, r * pk->block(), r);
   for (const auto& region : pk->regions()) {
+    if (region.numel == 0) continue;
     const at::Tensor& g = region.param->full_grad;
-    if (!g.defined() || region.numel == 0) continue;
-    pk->InBuffer(flat, region).copy_(Packing::View(g, region));
+    if (g.defined()) {
+      pk->InBuffer(flat, region).copy_(Packing::View(g, region));
+    } else {
+      pk->InBuffer(flat, region).zero_();  // no gradient reached it
+    }
   }
   at::Tensor out = at::empty({pk->block()}, at::kFloat);
   Pending pending;
