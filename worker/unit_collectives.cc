@@ -69,7 +69,8 @@ class UnitCollectives::Packing {
   // pieces written, the block is whole without a zero-filling pass over it.
   void ZeroSlack(const at::Tensor& buffer, int64_t offset, int rank) const {
     for (const Region& r : regions_) {
-      if (r.rank == rank && r.slot > r.numel) buffer.narrow(0, offset + r.block_offset + r.numel, r.slot - r.numel).zero_();
+      if (r.rank != rank || r.slot == r.numel) continue;
+      buffer.narrow(0, offset + r.block_offset + r.numel, r.slot - r.numel).zero_();
     }
   }
 

@@ -9,12 +9,12 @@ namespace {
 // The update's scalars, each rounded to float once, as an elementwise
 // PyTorch op rounds its scalar arguments for a float tensor.
 struct Coefficients {
-  float decay;            // 1 - lr * weight_decay
+  float decay;  // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float sqrt_bias_correction2;
   float eps;
-  float neg_step_size;    // -lr / bias_correction1
+  float neg_step_size;  // -lr / bias_correction1
 };
 
 Coefficients CoefficientsOf(int64_t step, const baton::v1::OptimizerSpec& opt) {
@@ -38,12 +38,17 @@ Coefficients CoefficientsOf(int64_t step, const baton::v1::OptimizerSpec& opt) {
 // (this file is built with -ffp-contract=off): the same arithmetic for
 // every element, wherever a shard's slice starts and whichever lane or tail
 // of the vectorised loop it falls in, so a shard's update is bit for bit
-// that slice of the full update.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void UpdateContiguous(float* __restrict param, const float* __restrict grad, float* __restrict exp_avg,
-                      float* __restrict exp_avg_sq, int64_t n, const Coefficients& c) {
+// that slice of the full update. One clone per vector width, chosen when
+// the library loads; they agree bit for bit (each operation is correctly
+// rounded in IEEE arithmetic, whatever the width).
+#define BATON_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+BATON_VECTOR_CLONES void UpdateContiguous(float* __restrict param, const float* __restrict grad,
+                                          float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n,
+                                          const Coefficients& c) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];
-    const float m = exp_avg[i] * c.beta1 + c.one_minus_beta1 * g;   // mul_(beta1).add_(grad, 1 - beta1)
+    const float m = exp_avg[i] * c.beta1 + c.one_minus_beta1 * g;  // mul_(beta1).add_(grad, 1 - beta1)
     const float v = exp_avg_sq[i] * c.beta2 + c.one_minus_beta2 * g * g;  // mul_(beta2).addcmul_(grad, grad, 1 - beta2)
     const float denom = std::sqrt(v) / c.sqrt_bias_correction2 + c.eps;
     param[i] = param[i] * c.decay + c.neg_step_size * m / denom;  // mul_(decay), addcdiv_(m, denom, -step_size)
@@ -52,8 +57,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void UpdateContiguo
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) double SumOfSquaresContiguous(const float* __restrict x,
-                                                                                           int64_t n) {
+BATON_VECTOR_CLONES double SumOfSquaresContiguous(const float* __restrict x, int64_t n) {
   constexpr int kLanes = 16;
   double lanes[kLanes] = {};
   int64_t i = 0;
