@@ -83,12 +83,15 @@ absl::Status StepCall::Finish(absl::Time previous_end) {
 }
 
 void StepCall::Record(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k) const {
+  // The metrics' labels (the job's id and name) do not change between its
+  // steps: one copy of the status per call, not one per step.
+  const baton::v1::JobStatus labels = context_.metrics != nullptr ? context_.job->status() : baton::v1::JobStatus();
   for (int i = 0; i < k; ++i) {
     const baton::v1::StepMetrics m = AggregateStep(results, i, step_ms_);
     int64_t comm_bytes = 0;  // all ranks together
     for (const auto& r : results) comm_bytes += r.response.metrics(i).comm_bytes();
     context_.job->RecordStep(m, comm_bytes);
-    if (context_.metrics != nullptr) context_.metrics->ObserveStep(context_.job->status(), m, comm_bytes);
+    if (context_.metrics != nullptr) context_.metrics->ObserveStep(labels, m, comm_bytes);
   }
 }
 
