@@ -297,17 +297,15 @@ TEST(JobTest, KeptStateAnswersBadReadsWithClearErrors) {
 TEST(JobTest, AWorkerRunsStepCallsInTurn) {
   DirectMesh direct;
   ASSERT_NO_FATAL_FAILURE(FormDirectMesh("turns", &direct));
-  LocalCluster* const cluster = direct.cluster.get();
-  const baton::v1::Mesh* const mesh = &direct.mesh;
-  const std::vector<baton::v1::Program>* const programs = &direct.programs;
   std::vector<std::unique_ptr<baton::v1::Worker::Stub>> workers;
   for (int r = 0; r < 2; ++r) {
-    workers.push_back(baton::v1::Worker::NewStub(testing::FleetChannel(*cluster, mesh->worker_addresses(r))));
+    workers.push_back(
+        baton::v1::Worker::NewStub(testing::FleetChannel(*direct.cluster, direct.mesh.worker_addresses(r))));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     baton::v1::LoadProgramRequest load;
-    load.set_epoch(mesh->epoch());
-    *load.mutable_program() = (*programs)[r];
+    load.set_epoch(direct.mesh.epoch());
+    *load.mutable_program() = direct.programs[r];
     baton::v1::LoadProgramResponse loaded;
     ASSERT_TRUE(workers[r]->LoadProgram(&ctx, load, &loaded).ok());
   }
@@ -315,7 +313,7 @@ TEST(JobTest, AWorkerRunsStepCallsInTurn) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     baton::v1::RunStepRequest req;
-    req.set_epoch(mesh->epoch());
+    req.set_epoch(direct.mesh.epoch());
     req.set_job_id("turns");
     req.set_step(step);
     req.set_timeout_ms(30000);
@@ -368,7 +366,7 @@ TEST(JobTest, AWorkerRunsStepCallsInTurn) {
   // Both ranks computed the same loss for each step (their collectives met).
   EXPECT_EQ(first_resp[0].metrics(0).loss(), first_resp[1].metrics(0).loss());
   EXPECT_EQ(second_resp[0].metrics(0).loss(), second_resp[1].metrics(0).loss());
-  StopAndExpectAllGone(*cluster);
+  StopAndExpectAllGone(*direct.cluster);
 }
 
 }  // namespace
