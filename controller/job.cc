@@ -339,7 +339,10 @@ bool Job::AwaitStep(int step, absl::Time deadline) {
     return settled_step_ >= step || IsEnded(status_.state());
   };
   mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
-  return status_.step() >= step;
+  // Settled, not only recorded: a step is recorded before its periodic save
+  // runs, and a caller woken by its deadline in between must not report it
+  // apart from that save's outcome.
+  return settled_step_ >= step;
 }
 
 void Job::AwaitPlaced(absl::Time deadline) {

@@ -157,7 +157,7 @@ class Job {
   // The runner: everything of `step` is done (its periodic save too).
   void SettleStep(int step) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until `step` is done (SettleStep), the job ended or the deadline;
-  // whether the step was completed.
+  // whether the step settled.
   bool AwaitStep(int step, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until the job left PENDING (placed, or ended) or the deadline.
   void AwaitPlaced(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
