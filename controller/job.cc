@@ -389,6 +389,13 @@ bool Job::NoteFailure(const std::string& cause) {
   f->set_cause(cause);
   if (status_.restarts() >= restarts_allowed_) return false;
   status_.set_restarts(status_.restarts() + 1);
+  // In the same update as the failure: a reader that sees it counted sees
+  // the job RECOVERING, never RUNNING on the mesh it lost.
+  if (!IsEnded(status_.state())) {
+    status_.set_state(baton::v1::JOB_RECOVERING);
+    status_.clear_waiting_for();
+    LogState();
+  }
   return true;
 }
 

@@ -182,7 +182,8 @@ class Job {
   // attached one.
   int restarts_allowed() const { return restarts_allowed_; }
   // A failure that ends its placement: recorded with its time and step;
-  // true (and the restart counted) when a restart remains.
+  // true when a restart remains, the restart counted and the job RECOVERING
+  // in the same update (no reader sees the failure while it says RUNNING).
   bool NoteFailure(const std::string& cause) ABSL_LOCKS_EXCLUDED(mu_);
   // Every failure recorded, oldest first, each with its time and step: what
   // a job that spent its restarts fails with.

@@ -63,7 +63,6 @@ void JobRunner::Fail(const std::string& cause) {
   job_->SetLive(CurrentLiveState());
   job_->SetRecoveryWorkers(std::move(names), absl::Now() + wait);
   FreeWorkers(absl::StrCat("job ", job_->id(), " JOB_RECOVERING"));
-  job_->Enter(baton::v1::JOB_RECOVERING, cause);
   const baton::v1::JobStatus status = job_->status();
   context_.events->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job_->id(), status.step(),
                                    absl::StrCat("restart ", status.restarts(), " of ", job_->restarts_allowed(),

@@ -144,5 +144,34 @@ TEST(SupervisionTest, AJobThatMayNotShrinkWaitsForWorkers) {
   h.jobs().Stop((*job)->id(), "test over").IgnoreError();
 }
 
+// A failure is counted and the job RECOVERING in one update: a client that
+// sees the failure never sees the job RUNNING on the mesh it lost (a test
+// that waited for "running again" took that for the restart and killed a
+// replacement the job never ran on).
+TEST(SupervisionTest, AFailureAndItsRecoveringStateAreOneUpdate) {
+  baton::v1::JobRecord record;
+  record.mutable_spec()->mutable_restart()->set_max_restarts(1);
+  record.mutable_status()->set_job_id("j");
+  record.mutable_status()->set_detached(true);
+  record.mutable_status()->set_state(baton::v1::JOB_RUNNING);
+  record.mutable_status()->set_step(7);
+  Job job(record, std::make_shared<const JobPlan>());
+  EXPECT_TRUE(job.NoteFailure("worker-1 unreachable"));
+  baton::v1::JobStatus s = job.status();
+  std::printf("after the first failure: %s, %d failure(s), %d restart(s)\n", baton::v1::JobState_Name(s.state()).c_str(),
+              s.failures_size(), s.restarts());
+  EXPECT_EQ(s.state(), baton::v1::JOB_RECOVERING);
+  EXPECT_EQ(s.restarts(), 1);
+  ASSERT_EQ(s.failures_size(), 1);
+  EXPECT_EQ(s.failures(0).step(), 7);
+  // Past its restarts: recorded, and ending it is its runner's (after it
+  // freed the workers).
+  ASSERT_TRUE(job.Enter(baton::v1::JOB_RUNNING));
+  EXPECT_FALSE(job.NoteFailure("worker-1 unreachable again"));
+  s = job.status();
+  EXPECT_EQ(s.failures_size(), 2);
+  EXPECT_EQ(s.restarts(), 1);
+}
+
 }  // namespace
 }  // namespace baton

@@ -169,19 +169,21 @@ TEST(RecoveryTest, ThreeKillsPastTwoRestartsFailTheJobListingEveryCause) {
                                                              "restart { max_restarts: 2 backoff_ms: 100 }"));
   ASSERT_FALSE(job.empty());
   for (int kill_no = 1; kill_no <= 3; ++kill_no) {
-    // Running (again) and a step past where it started.
+    // Running (again: restarted once per kill so far) and a step past where
+    // it started.
     const absl::Time until = absl::Now() + absl::Seconds(90);
     baton::v1::JobStatus s;
     while (absl::Now() < until) {
       auto j = (*client)->GetJob(job);
       if (j.ok()) s = *j;
-      if (s.state() == baton::v1::JOB_RUNNING && s.step() > s.start_step()) break;
+      if (s.state() == baton::v1::JOB_RUNNING && s.restarts() == kill_no - 1 && s.step() > s.start_step()) break;
       absl::SleepFor(absl::Milliseconds(20));
     }
-    ASSERT_EQ(s.state(), baton::v1::JOB_RUNNING) << s.DebugString();
+    ASSERT_EQ(s.state(), baton::v1::JOB_RUNNING) << s.DebugString() << fleet.log();
+    ASSERT_EQ(s.restarts(), kill_no - 1) << s.DebugString() << fleet.log();
     const std::string victim = s.workers(1);
     const pid_t pid = fleet.CurrentPid(victim);
-    ASSERT_GT(pid, 0);
+    ASSERT_GT(pid, 0) << fleet.log();
     ASSERT_EQ(kill(pid, SIGKILL), 0);
     std::printf("kill %d: %s (pid %d) at step %d\n", kill_no, victim.c_str(), pid, s.step());
     const absl::Time noticed = absl::Now() + absl::Seconds(60);
@@ -200,7 +202,7 @@ TEST(RecoveryTest, ThreeKillsPastTwoRestartsFailTheJobListingEveryCause) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   std::printf("%s %s:\n%s\n", job.c_str(), baton::v1::JobState_Name(s.state()).c_str(), s.error().c_str());
-  EXPECT_EQ(s.state(), baton::v1::JOB_FAILED);
+  EXPECT_EQ(s.state(), baton::v1::JOB_FAILED) << fleet.log();
   EXPECT_EQ(s.restarts(), 2);
   EXPECT_EQ(s.failures_size(), 3);
   EXPECT_TRUE(absl::StrContains(s.error(), "3 failures (2 of 2 restarts used)")) << s.error();
