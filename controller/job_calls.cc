@@ -26,10 +26,6 @@ absl::Status NotRunning(const baton::v1::JobStatus& s) {
 }
 
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
-// A streamed Step answers at most this often: steps that settle sooner
-// travel together in the next part. A part per ~1 ms step cost the client
-// and the controller ~0.15 ms of CPU a step, on the cores the workers need.
-constexpr absl::Duration kPartInterval = absl::Milliseconds(25);
 
 }  // namespace
 
@@ -64,7 +60,7 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
   absl::Time next_part = absl::InfinitePast();  // when the next part may go
   while (true) {
     // Reporting as it goes, the call wakes for every step that settles, but
-    // sends at most one part per kPartInterval: within it, it waits for the
+    // sends at most one part per kStepPartInterval: within it, it waits for the
     // last step asked for only, then sends whatever settled meanwhile.
     const absl::Time now = absl::Now();
     const bool hold = report && now < next_part;
@@ -78,7 +74,7 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
         out.status = job.status();
         left = !report(std::move(out));
         out = StepOutcome();
-        next_part = absl::Now() + kPartInterval;
+        next_part = absl::Now() + kStepPartInterval;
       }
     }
     if (reached || left || job.ended() || absl::Now() >= deadline || (cancelled && cancelled())) break;
