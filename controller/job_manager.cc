@@ -324,7 +324,7 @@ void JobManager::Tick(absl::Time now) {
     Forget();
   }
   reaped.clear();  // joined here, outside the lock
-  WriteProgress();
+  WriteProgress(/*now=*/false);
   for (const auto& job : lapsed) {
     const baton::v1::JobStatus s = job->status();
     job->RequestStop(absl::StrFormat("its lease lapsed: its client made no call for %.1f s (lease %d ms)",
@@ -368,13 +368,16 @@ void JobManager::Shutdown() {
     finished_runners_.clear();
   }
   runners.clear();  // each joins its thread
-  WriteProgress();
+  WriteProgress(/*now=*/true);
 }
 
-void JobManager::WriteProgress() {
+void JobManager::WriteProgress(bool now) {
   std::set<std::string> ids;
   {
     absl::MutexLock lock(&persist_mu_);
+    const absl::Time at = absl::Now();
+    if (!now && at < progress_written_ + kProgressInterval) return;
+    progress_written_ = at;
     ids.swap(unwritten_);
   }
   for (const std::string& id : ids) {
@@ -388,10 +391,10 @@ void JobManager::Persist(Job& job) {
   unwritten_.erase(job.id());
   if (auto s = store_->Write(job.Record()); !s.ok()) Logf("job store: %s", s.ToString().c_str());
   int64_t& written = persisted_[job.id()];
-  for (const auto& e : job.log().After(written)) {
-    if (auto s = store_->AppendLog(job.id(), e); !s.ok()) Logf("job store: %s", s.ToString().c_str());
-    written = e.sequence();
-  }
+  const std::vector<baton::v1::JobLogEntry> entries = job.log().After(written);
+  if (entries.empty()) return;
+  if (auto s = store_->AppendLog(job.id(), entries); !s.ok()) Logf("job store: %s", s.ToString().c_str());
+  written = entries.back().sequence();
 }
 
 }  // namespace baton

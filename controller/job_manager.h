@@ -168,8 +168,12 @@ class JobManager {
   static std::string ResumePoint(const baton::v1::JobRecord& record, const std::string& file_root);
   // Writes the job's record and its new log entries to the store.
   void Persist(Job& job) ABSL_LOCKS_EXCLUDED(persist_mu_);
-  // Writes the jobs whose steps advanced since they were last written.
-  void WriteProgress() ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
+  // Writes the jobs whose steps advanced since they were last written: at
+  // most once per kProgressInterval unless `now`. A record is replaced
+  // durably (two fsyncs); a state change is written at once (Persist), steps
+  // alone need not be: a requeued job resumes from its checkpoint.
+  static constexpr absl::Duration kProgressInterval = absl::Seconds(1);
+  void WriteProgress(bool now) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
   void EndPending(Job& job, baton::v1::JobState state, const std::string& cause);
   void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runner of job `id` while it holds workers, else nullptr.
@@ -195,6 +199,7 @@ class JobManager {
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, int64_t> persisted_ ABSL_GUARDED_BY(persist_mu_);  // log sequence written
   std::set<std::string> unwritten_ ABSL_GUARDED_BY(persist_mu_);  // steps done, not written yet
+  absl::Time progress_written_ ABSL_GUARDED_BY(persist_mu_) = absl::InfinitePast();
 };
 
 }  // namespace baton

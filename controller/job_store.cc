@@ -182,10 +182,11 @@ absl::Status JobStore::Write(const baton::v1::JobRecord& record) {
   return WriteFileDurably(JobPath(record.status().job_id(), ".pb"), record.SerializeAsString(), 0600);
 }
 
-absl::Status JobStore::AppendLog(const std::string& job_id, const baton::v1::JobLogEntry& entry) {
-  if (!persistent()) return absl::OkStatus();
+absl::Status JobStore::AppendLog(const std::string& job_id, const std::vector<baton::v1::JobLogEntry>& entries) {
+  if (!persistent() || entries.empty()) return absl::OkStatus();
   const std::string path = JobPath(job_id, ".log");
-  const std::string bytes = Delimited(entry);
+  std::string bytes;
+  for (const auto& e : entries) bytes += Delimited(e);
   // Appended without fsync: the log is history, the record is what counts.
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat("cannot open ", path));

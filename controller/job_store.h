@@ -57,7 +57,9 @@ class JobStore {
   int64_t NewEpoch() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status Write(const baton::v1::JobRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status AppendLog(const std::string& job_id, const baton::v1::JobLogEntry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends `entries` to the job's log in one write.
+  absl::Status AppendLog(const std::string& job_id, const std::vector<baton::v1::JobLogEntry>& entries)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Remove(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
