@@ -13,6 +13,13 @@ namespace {
 // killed laptop) is noticed within a minute and its stream freed.
 constexpr int kKeepaliveTimeMs = 30000;
 constexpr int kKeepaliveTimeoutMs = 10000;
+// Threads of the synchronous server kept polling once their call returned.
+// gRPC's default (2) made a step-per-call worker create and end a thread
+// per call: a RunStep waits for its turn while the one before it runs, so
+// two handlers block at once, and the thread a finished call freed found
+// two pollers already and exited, while the next call, arriving before it
+// returned, took the last poller and started a new one.
+constexpr int kMaxPollers = 4;
 
 }  // namespace
 
@@ -24,6 +31,7 @@ void ConfigureDaemonServer(const DaemonServerConfig& config, grpc::ServerBuilder
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kMaxPollers);
   if (config.max_threads > 0) {
     grpc::ResourceQuota quota("baton-daemon");
     quota.SetMaxThreads(config.max_threads);
