@@ -84,10 +84,16 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
   collect();
   out.status = job.status();
   if (reached || out.status.state() == baton::v1::JOB_FINISHED) return out;
-  if (out.status.state() == baton::v1::JOB_FAILED) {
-    return absl::UnavailableError(absl::StrCat("job ", id, " FAILED: ", out.status.error()));
+  // Answered with an error: what settled since the last part (steps, saves
+  // and failed saves held for the part interval) goes first, as a part.
+  const baton::v1::JobStatus status = out.status;
+  if (report && !left && (!out.metrics.empty() || !out.checkpoints.empty() || !out.checkpoint_errors.empty())) {
+    left = !report(std::move(out));
   }
-  if (IsEnded(out.status.state())) return NotRunning(out.status);
+  if (status.state() == baton::v1::JOB_FAILED) {
+    return absl::UnavailableError(absl::StrCat("job ", id, " FAILED: ", status.error()));
+  }
+  if (IsEnded(status.state())) return NotRunning(status);
   if (left || (cancelled && cancelled())) {
     return absl::CancelledError(absl::StrCat("the call was cancelled; step ", running, " of job ", id,
                                              " completes on its own and is counted then"));
