@@ -176,7 +176,9 @@ TEST(HfLlamaTest, ExportReadsBackAsTheSameTensors) {
   auto tied = FromHfLlama(untied, model, std::nullopt);
   ASSERT_TRUE(tied.ok()) << tied.status();
   for (const auto& t : tied->tensors()) {
-    if (t.name() == "output.weight") EXPECT_EQ(*ReadTensor(out, *tied, t), values["tok_embeddings.weight"]);
+    if (t.name() == "output.weight") {
+      EXPECT_EQ(*ReadTensor(out, *tied, t), values["tok_embeddings.weight"]);
+    }
   }
 
   // What does not fit says what differs.

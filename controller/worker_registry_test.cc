@@ -54,8 +54,8 @@ TEST_F(WorkerRegistryTest, OrdinalNamesGetTheirOwnRank) {
 }
 
 TEST_F(WorkerRegistryTest, MissedHeartbeatsMakeAWorkerDeadThenItMayRejoin) {
-  registry_.Register(Worker("w-a"));
-  registry_.Register(Worker("w-b"));
+  ASSERT_TRUE(registry_.Register(Worker("w-a")).ok());
+  ASSERT_TRUE(registry_.Register(Worker("w-b")).ok());
   now_ += absl::Seconds(2);
   EXPECT_TRUE(registry_.Heartbeat("w-a", "i1"));
   now_ += absl::Seconds(2);  // w-b silent for 4 s > 3 s, w-a for 2 s
@@ -77,7 +77,7 @@ TEST_F(WorkerRegistryTest, MissedHeartbeatsMakeAWorkerDeadThenItMayRejoin) {
 // address refuses connections: the old instance is DEAD at once (only if it
 // is still the one at that address), and the new one takes the name.
 TEST_F(WorkerRegistryTest, AGoneInstanceIsDeclaredDeadAndItsSuccessorTakesTheName) {
-  registry_.Register(Worker("w-a", "old"));
+  ASSERT_TRUE(registry_.Register(Worker("w-a", "old")).ok());
   EXPECT_FALSE(registry_.Register(Worker("w-a", "new")).ok()) << "alive: not anyone's for the asking";
   EXPECT_FALSE(registry_.DeclareDead("w-a", "10.0.0.9:1", "elsewhere")) << "another address: not that instance";
   EXPECT_TRUE(registry_.DeclareDead("w-a", "127.0.0.1:1234", "its address refuses connections"));
@@ -90,7 +90,7 @@ TEST_F(WorkerRegistryTest, AGoneInstanceIsDeclaredDeadAndItsSuccessorTakesTheNam
 }
 
 TEST_F(WorkerRegistryTest, HeartbeatOfAnotherIncarnationIsRefused) {
-  registry_.Register(Worker("w-a", "new"));
+  ASSERT_TRUE(registry_.Register(Worker("w-a", "new")).ok());
   EXPECT_FALSE(registry_.Heartbeat("w-a", "old"));
   EXPECT_FALSE(registry_.Heartbeat("nobody", "x"));
 }
@@ -106,10 +106,10 @@ TEST_F(WorkerRegistryTest, RejectsMalformedWorkers) {
 }
 
 TEST_F(WorkerRegistryTest, EventsRecordTheLifecycle) {
-  registry_.Register(Worker("w-a"));
+  ASSERT_TRUE(registry_.Register(Worker("w-a")).ok());
   now_ += absl::Seconds(5);
   registry_.SweepDead();
-  registry_.Register(Worker("w-a", "i2"));
+  ASSERT_TRUE(registry_.Register(Worker("w-a", "i2")).ok());
   auto events = events_.After(0, absl::ZeroDuration());
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].kind(), baton::v1::Event::WORKER_REGISTERED);

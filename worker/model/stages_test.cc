@@ -355,7 +355,9 @@ TEST(StagesTest, EveryStageKindAllocatesAndCommunicatesAsTheModelDefinitionSays)
   // Every stage kind the definition has was run.
   for (int i = 0; i < baton::v1::StageKind_descriptor()->value_count(); ++i) {
     const auto kind = static_cast<baton::v1::StageKind>(baton::v1::StageKind_descriptor()->value(i)->number());
-    if (FindStage(kind) != nullptr) EXPECT_TRUE(kinds.count(kind)) << baton::v1::StageKind_Name(kind) << " was not run";
+    if (FindStage(kind) != nullptr) {
+      EXPECT_TRUE(kinds.count(kind)) << baton::v1::StageKind_Name(kind) << " was not run";
+    }
   }
 }
 
