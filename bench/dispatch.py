@@ -129,15 +129,17 @@ def run_size(bin_dir, n, steps, tmp, shared, per_call=1):
         stop_all(procs)
 
 
-# Real workers: a ~2 ms and a ~20 ms step, each run with one step per call
-# and with every step in one call.
+# Real workers: a ~2 ms and a ~20 ms step, each run with one step per call,
+# with the controller's choice, and with every step in one call; each run
+# about 2 s (a 100-step run of the ~2 ms step was 0.2 s, and one scheduling
+# hiccup of this 2-core VM moved its ratio by 0.1).
 REAL_JOBS = [
     # Sized for the issue's ~2 ms and ~20 ms steps on this 2-core machine
     # (d_model 32 had become a ~1 ms step, dim 128 x 2 layers ~13 ms, once
     # the collectives went through shared memory).
-    ("MLP d256, DDP x 2", 'model { mlp { d_model: 256 blocks: 2 } }\nmesh { name: "dp" size: 2 }\nplan { mode: DDP }\n'
+    ("MLP d256, DDP x 2", 1000, 'model { mlp { d_model: 256 blocks: 2 } }\nmesh { name: "dp" size: 2 }\nplan { mode: DDP }\n'
      'optimizer { lr: 0.01 }\ndata { synthetic {} batch_size: 16 }\n'),
-    ("decoder 128x3, FSDP x 2", 'model { decoder { vocab: 256 dim: 128 layers: 3 heads: 4 ffn_dim: 256 seq_len: 64 } }\n'
+    ("decoder 128x3, FSDP x 2", 100, 'model { decoder { vocab: 256 dim: 128 layers: 3 heads: 4 ffn_dim: 256 seq_len: 64 } }\n'
      'mesh { name: "dp" size: 2 }\nplan { mode: FSDP }\noptimizer { lr: 0.001 }\ndata { synthetic {} batch_size: 8 }\n'),
 ]
 
@@ -176,29 +178,36 @@ def stepping_ms(bin_dir, addr, job_file, per_call):
     raise RuntimeError("no stepping line")
 
 
-def real_section(bin_dir, tmp, steps, rounds=3):
+def real_section(bin_dir, tmp, scale, rounds):
     tmp = os.path.join(tmp, "real")
     os.makedirs(tmp)
     addr, procs = start_real_fleet(bin_dir, tmp)
     try:
-        print("real workers (2), %d steps per run, medians of %d interleaved rounds:" % (steps, rounds), flush=True)
-        for name, text in REAL_JOBS:
+        print("real workers (2), medians of %d interleaved rounds (K = 0: the controller's choice, a second's worth "
+              "of steps per call after the first):" % rounds, flush=True)
+        for name, steps, text in REAL_JOBS:
+            steps = max(2, int(steps * scale))
             job_file = os.path.join(tmp, "job-%d.textproto" % len(name))
             with open(job_file, "w") as f:
                 f.write('name: "k-steps"\n' + text + "steps: %d\nseed: 1\n" % steps)
-            one, all_ = [], []
-            cpu = {1: [], steps: []}  # CPU ms per step: controller, workers together
+            ks = (1, 0, steps)
+            times = {k: [] for k in ks}
+            cpu = {k: [] for k in ks}  # CPU ms per step: controller, workers together
             for _ in range(rounds):
-                for k, times in ((1, one), (steps, all_)):
+                for k in ks:
                     before = [cpu_seconds(p.pid) for p in procs]
-                    times.append(stepping_ms(bin_dir, addr, job_file, k))
+                    times[k].append(stepping_ms(bin_dir, addr, job_file, k))
                     used = [(cpu_seconds(p.pid) - b) * 1e3 / steps for p, b in zip(procs, before)]
                     cpu[k].append((used[0], sum(used[1:])))
-            a, b = pct(one, 50), pct(all_, 50)
-            print("  %-24s step through the controller: %7.3f ms with K = 1, %7.3f ms with K = %d: "
-                  "K = 1 / K = %d = %.3f" % (name, a, b, steps, steps, a / b), flush=True)
+            every = pct(times[steps], 50)
+            for k in (1, 0):
+                per_round = sorted(a / b for a, b in zip(times[k], times[steps]))
+                print("  %-24s %d steps; step through the controller: %7.3f ms with K = %d, %7.3f ms with K = %d: "
+                      "K = %d / K = %d = %.3f (rounds %.3f-%.3f)"
+                      % (name, steps, pct(times[k], 50), k, every, steps, k, steps, pct(times[k], 50) / every,
+                         per_round[0], per_round[-1]), flush=True)
             # On a small machine the round trip's cost is CPU the ranks need.
-            for k in (1, steps):
+            for k in ks:
                 print("  %-24s   CPU per step with K = %-4d controller %.3f ms, workers together %.3f ms (their loading included)"
                       % ("", k, pct([c for c, _ in cpu[k]], 50), pct([w for _, w in cpu[k]], 50)), flush=True)
     finally:
@@ -209,7 +218,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="bazel-bin")
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--real_steps", type=int, default=100)
+    ap.add_argument("--real_scale", type=float, default=1.0,
+                    help="the real jobs' steps times this (1: 1,000 of the ~2 ms step, 100 of the ~20 ms one)")
+    ap.add_argument("--real_rounds", type=int, default=5)
     ap.add_argument("--no_real", action="store_true", help="skip the real workers' section")
     ap.add_argument("sizes", type=int, nargs="*")
     args = ap.parse_args()
@@ -217,7 +228,7 @@ def main():
     rows = []
     try:
         if not args.no_real:
-            real_section(args.bin, tmp, args.real_steps)
+            real_section(args.bin, tmp, args.real_scale, args.real_rounds)
         for shared in (True, False) if args.sizes else ():
             print("%s:" % ("fake workers sharing their process's port and connection (as co-located workers do)"
                            if shared else "one port and one connection per fake worker"), flush=True)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # First, K steps per call on real workers: a controller and 2 workers run a
-# ~2 ms step (an MLP, d_model 256, DDP x 2) and a ~20 ms one (a decoder, FSDP
-# x 2) 100 steps each way, with one step per call and with all of them in one
-# (baton run --steps_per_call); printed: the step time through the
-# controller as the client sees it, and their ratio (medians of 3 rounds),
-# and the CPU the controller and the workers spend per step each way. With
+# ~2 ms step (an MLP, d_model 256, DDP x 2; 1,000 steps) and a ~20 ms one (a
+# decoder, FSDP x 2; 100 steps), about 2 s a run, with one step per call,
+# with the controller's choice (K = 0: a second's worth per call) and with
+# all of them in one (baton run --steps_per_call); printed: the step time
+# through the controller as the client sees it, each K's ratio to K = all
+# (medians of 5 interleaved rounds, and the rounds' range), and the CPU the
+# controller and the workers spend per step each way. With
 # K = 1 the controller still has the next call on the wire while one runs
 # (docs/control_plane.md), so what the ratio shows is the calls' CPU on the
 # cores the ranks compute on, not a round trip's wait.
