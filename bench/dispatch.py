@@ -54,13 +54,15 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100.0 * (len(xs) - 1))))]
 
 
-def grpc_floor(bin_dir, n, shared):
-    out = subprocess.run([os.path.join(bin_dir, "bench/grpc_floor"), "--targets=%d" % n, "--rounds=30"] +
-                         (["--shared"] if shared else []), capture_output=True, text=True, timeout=600).stdout
+def grpc_floor(bin_dir, n, shared, pause_us=0, rounds=30):
+    """{kind: (ms per round, this side's CPU ms, the echo's CPU ms)} of bench/grpc_floor."""
+    out = subprocess.run([os.path.join(bin_dir, "bench/grpc_floor"), "--targets=%d" % n, "--rounds=%d" % rounds,
+                          "--pause_us=%d" % pause_us] + (["--shared"] if shared else []),
+                         capture_output=True, text=True, timeout=600).stdout
     floor = {}
     for line in out.splitlines():
-        kind, ms, cpu = line.split()
-        floor[kind] = (float(ms), float(cpu))
+        fields = line.split()
+        floor[fields[0]] = tuple(float(x) for x in fields[1:4])
     return floor
 
 
@@ -206,6 +208,17 @@ def real_section(bin_dir, tmp, scale, rounds):
                       "K = %d / K = %d = %.3f (rounds %.3f-%.3f)"
                       % (name, steps, pct(times[k], 50), k, every, steps, k, steps, pct(times[k], 50) / every,
                          per_round[0], per_round[-1]), flush=True)
+            # What the round trips alone would cost at this step's pace, with
+            # nothing of Baton's in them: CPU at both ends per round to the
+            # 2 workers, spread over this machine's cores, over the step.
+            pause_us = int(every * 1000)
+            floor = grpc_floor(bin_dir, 2, False, pause_us, rounds=max(50, min(1000, 2000000 // (pause_us + 200))))
+            cores = os.cpu_count()
+            print("  %-24s   K = 1's floor at this pace (a round to 2 echoes every %.1f ms, CPU at both ends; the "
+                  "ratio it alone would give on %d cores): %s"
+                  % ("", every, cores, ", ".join("%s %.3f ms -> %.3f" % (kind, floor[kind][1] + floor[kind][2],
+                                                                        1 + (floor[kind][1] + floor[kind][2]) / cores / every)
+                                                  for kind in ("unary", "stream", "tcp") if kind in floor)), flush=True)
             # On a small machine the round trip's cost is CPU the ranks need.
             for k in ks:
                 print("  %-24s   CPU per step with K = %-4d controller %.3f ms, workers together %.3f ms (their loading included)"
@@ -237,9 +250,10 @@ def main():
                 floor = grpc_floor(args.bin, n, shared)
                 rows.append(r)
                 print("  %5d workers: dispatch p50 %7.2f ms  p99 %7.2f ms  step %7.2f ms  controller CPU/step %6.2f ms  "
-                      "threads %3d  (%d steps) | raw gRPC: unary %7.2f ms, streams %7.2f ms; dispatch / raw unary %.2f"
+                      "threads %3d  (%d steps) | raw gRPC: unary %7.2f ms, streams %7.2f ms; plain TCP %7.2f ms; dispatch / raw unary %.2f"
                       % (r["workers"], r["p50"], r["p99"], r["step"], r["cpu"], r["threads"], r["steps"],
-                         floor["unary"][0], floor["stream"][0], r["p50"] / floor["unary"][0]), flush=True)
+                         floor["unary"][0], floor["stream"][0], floor.get("tcp", (float("nan"),))[0],
+                         r["p50"] / floor["unary"][0]), flush=True)
         # K steps per call: one round trip to every worker runs K steps; the
         # dispatch figure per step is the call's time / K.
         k = max(1, args.steps // 4)

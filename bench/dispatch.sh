@@ -6,7 +6,11 @@
 # all of them in one (baton run --steps_per_call); printed: the step time
 # through the controller as the client sees it, each K's ratio to K = all
 # (medians of 5 interleaved rounds, and the rounds' range), and the CPU the
-# controller and the workers spend per step each way. With
+# controller and the workers spend per step each way, and K = 1's floor at
+# that pace: bench/grpc_floor's round to 2 echoes with a pause of one step
+# between rounds (gRPC unary calls as the controller sends, streams, and
+# plain TCP), its CPU at both ends and the ratio it alone would give on this
+# machine's cores. With
 # K = 1 the controller still has the next call on the wire while one runs
 # (docs/control_plane.md), so what the ratio shows is the calls' CPU on the
 # cores the ranks compute on, not a round trip's wait.

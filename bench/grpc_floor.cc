@@ -7,18 +7,29 @@
 //           gRPC's callback API
 //   cq      the same calls on a completion queue the calling thread drains
 //   stream  one message on each of N streams opened beforehand
-// over one connection per target, or one shared connection (--shared).
+//   tcp     no gRPC at all: one message on each of N plain TCP connections,
+//           written and then polled for by the calling thread, answered by a
+//           thread per connection blocked in read() (what a step channel
+//           read and written by a worker's step thread would cost)
+// over one connection per target, or one shared connection (--shared; not
+// for tcp).
 //
 //   grpc_floor --targets 1024 [--shared] [--rounds 50]
-// prints "unary MS_PER_ROUND CPU_MS_PER_ROUND", "cq ..." and "stream ..." lines.
-// With --pause_us, each round starts after a pause (not counted in
-// MS_PER_ROUND; CPU counts what the wakeups cost).
+// prints "unary MS_PER_ROUND CPU_MS_PER_ROUND SERVER_CPU_MS_PER_ROUND",
+// "cq ...", "stream ..." and "tcp ..." lines: the round's wall time, this
+// process's CPU and the echoing process's. With --pause_us, each round
+// starts after a pause (not counted in MS_PER_ROUND; CPU counts what the
+// wakeups cost).
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,7 +38,10 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -50,6 +64,71 @@ double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec / 1e6;
+}
+
+// User + system CPU seconds of process `pid` so far.
+double CpuSecondsOf(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 0; i < 13 && fields >> field; ++i) {
+    if (i >= 11) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / sysconf(_SC_CLK_TCK);
+}
+
+constexpr int kMessageBytes = 32;
+
+// Fills `buf` from `fd`; false at EOF or an error.
+bool ReadFull(int fd, char* buf, size_t n) {
+  for (size_t got = 0; got < n;) {
+    const ssize_t k = read(fd, buf + got, n - got);
+    if (k <= 0) return false;
+    got += static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// The plain-TCP echo: a thread per connection, blocked in read().
+int ServeTcpEcho() {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 1024) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return 0;
+  }
+  std::thread([listener] {
+    while (true) {
+      const int fd = accept(listener, nullptr, nullptr);
+      if (fd < 0) continue;
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      std::thread([fd] {
+        char buf[kMessageBytes];
+        while (ReadFull(fd, buf, sizeof(buf)) && write(fd, buf, sizeof(buf)) == static_cast<ssize_t>(sizeof(buf))) {
+        }
+        close(fd);
+      }).detach();
+    }
+  }).detach();
+  return ntohs(addr.sin_port);
+}
+
+int ConnectTcp(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
 }
 
 double Seconds() {
@@ -127,7 +206,7 @@ int Main(int argc, char** argv) {
   const int n = absl::GetFlag(FLAGS_targets), rounds = absl::GetFlag(FLAGS_rounds);
   const bool shared = absl::GetFlag(FLAGS_shared);
   const int listeners = shared ? 1 : n;
-  std::vector<int> ports(listeners, 0);
+  std::vector<int> ports(listeners + 1, 0);  // the gRPC listeners', then the plain echo's
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return 1;
   // The server before any gRPC thread exists here: fork first.
@@ -135,9 +214,12 @@ int Main(int argc, char** argv) {
   if (child == 0) {
     EchoService service;
     grpc::ServerBuilder builder;
-    for (int& port : ports) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    for (int i = 0; i < listeners; ++i) {
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &ports[i]);
+    }
     builder.RegisterCallbackGenericService(&service);
     auto server = builder.BuildAndStart();
+    ports[listeners] = ServeTcpEcho();
     if (write(pipe_fds[1], ports.data(), sizeof(int) * ports.size()) < 0) _exit(1);
     pause();
     _exit(0);
@@ -145,6 +227,8 @@ int Main(int argc, char** argv) {
   if (read(pipe_fds[0], ports.data(), sizeof(int) * ports.size()) != static_cast<ssize_t>(sizeof(int) * ports.size())) {
     return 1;
   }
+  const int tcp_port = ports.back();
+  ports.pop_back();
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
   for (int port : ports) {
     stubs.push_back(std::make_unique<grpc::GenericStub>(
@@ -161,15 +245,22 @@ int Main(int argc, char** argv) {
     usleep(pause_us);
     if (r >= kWarmup) paused += Seconds() - p0;
   };
+  double server0 = 0;  // the echo's CPU when the measured rounds began
   auto report = [&](const char* what, double t0, double c0) {
-    std::printf("%s %.3f %.3f\n", what, (Seconds() - t0 - paused) / rounds * 1e3, (CpuSeconds() - c0) / rounds * 1e3);
+    std::printf("%s %.3f %.3f %.3f\n", what, (Seconds() - t0 - paused) / rounds * 1e3,
+                (CpuSeconds() - c0) / rounds * 1e3, (CpuSecondsOf(child) - server0) / rounds * 1e3);
     paused = 0;
+  };
+  auto begin = [&](double* t0, double* c0) {
+    *t0 = Seconds();
+    *c0 = CpuSeconds();
+    server0 = CpuSecondsOf(child);
   };
   {
     Round round;
     double t0 = 0, c0 = 0;
     for (int r = 0; r < kWarmup + rounds; ++r) {
-      if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      if (r == kWarmup) begin(&t0, &c0);
       pause(r);
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
       std::vector<grpc::ByteBuffer> requests(n, message), responses(n);
@@ -187,7 +278,7 @@ int Main(int argc, char** argv) {
     grpc::CompletionQueue cq;
     double t0 = 0, c0 = 0;
     for (int r = 0; r < kWarmup + rounds; ++r) {
-      if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      if (r == kWarmup) begin(&t0, &c0);
       pause(r);
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
       std::vector<grpc::ByteBuffer> responses(n);
@@ -213,13 +304,39 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < n; ++i) streams.push_back(std::make_unique<EchoStream>(stub_of(i), &round));
     double t0 = 0, c0 = 0;
     for (int r = 0; r < kWarmup + rounds; ++r) {
-      if (r == kWarmup) t0 = Seconds(), c0 = CpuSeconds();
+      if (r == kWarmup) begin(&t0, &c0);
       pause(r);
       round.Start(2 * n);
       for (auto& s : streams) s->Send(message);
       round.Wait();
     }
     report("stream", t0, c0);
+  }
+  if (tcp_port != 0) {
+    std::vector<pollfd> fds(n);
+    for (int i = 0; i < n; ++i) fds[i] = pollfd{ConnectTcp(tcp_port), POLLIN, 0};
+    const std::string out(kMessageBytes, 'x');
+    char in[kMessageBytes];
+    double t0 = 0, c0 = 0;
+    bool failed = false;
+    for (int r = 0; r < kWarmup + rounds && !failed; ++r) {
+      if (r == kWarmup) begin(&t0, &c0);
+      pause(r);
+      for (auto& p : fds) {
+        failed |= p.fd < 0 || write(p.fd, out.data(), out.size()) != static_cast<ssize_t>(out.size());
+        p.events = POLLIN;
+      }
+      for (int left = n; left > 0 && !failed;) {
+        if (poll(fds.data(), fds.size(), 10000) <= 0) failed = true;
+        for (auto& p : fds) {
+          if ((p.revents & POLLIN) == 0 || p.events == 0) continue;
+          failed |= !ReadFull(p.fd, in, sizeof(in));  // 32 bytes arrive in one segment
+          p.events = 0;  // answered this round
+          --left;
+        }
+      }
+    }
+    if (!failed) report("tcp", t0, c0);
   }
   std::fflush(stdout);
   kill(child, SIGKILL);
