@@ -214,11 +214,11 @@ def real_section(bin_dir, tmp, scale, rounds):
             pause_us = int(every * 1000)
             floor = grpc_floor(bin_dir, 2, False, pause_us, rounds=max(50, min(1000, 2000000 // (pause_us + 200))))
             cores = os.cpu_count()
+            costs = [(kind, floor[kind][1] + floor[kind][2]) for kind in ("unary", "stream", "tcp") if kind in floor]
             print("  %-24s   K = 1's floor at this pace (a round to 2 echoes every %.1f ms, CPU at both ends; the "
                   "ratio it alone would give on %d cores): %s"
-                  % ("", every, cores, ", ".join("%s %.3f ms -> %.3f" % (kind, floor[kind][1] + floor[kind][2],
-                                                                        1 + (floor[kind][1] + floor[kind][2]) / cores / every)
-                                                  for kind in ("unary", "stream", "tcp") if kind in floor)), flush=True)
+                  % ("", every, cores, ", ".join("%s %.3f ms -> %.3f" % (kind, c, 1 + c / cores / every)
+                                                  for kind, c in costs)), flush=True)
             # On a small machine the round trip's cost is CPU the ranks need.
             for k in ks:
                 print("  %-24s   CPU per step with K = %-4d controller %.3f ms, workers together %.3f ms (their loading included)"

@@ -10,10 +10,9 @@
 # that pace: bench/grpc_floor's round to 2 echoes with a pause of one step
 # between rounds (gRPC unary calls as the controller sends, streams, and
 # plain TCP), its CPU at both ends and the ratio it alone would give on this
-# machine's cores. With
-# K = 1 the controller still has the next call on the wire while one runs
-# (docs/control_plane.md), so what the ratio shows is the calls' CPU on the
-# cores the ranks compute on, not a round trip's wait.
+# machine's cores. With K = 1 the controller still has the next call on the
+# wire while one runs (docs/control_plane.md), so what the ratio shows is
+# the calls' CPU on the cores the ranks compute on, not a round trip's wait.
 #
 # Then the controller's dispatch at scale: a controller driving 8, 64, 256 and
 # 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering

@@ -37,8 +37,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -91,12 +91,25 @@ bool ReadFull(int fd, char* buf, size_t n) {
   return true;
 }
 
-// The plain-TCP echo: a thread per connection, blocked in read().
-int ServeTcpEcho() {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+// 127.0.0.1:`port` (0: any free port).
+sockaddr_in LoopbackAddress(int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  return addr;
+}
+
+// Small messages leave at once, as gRPC's do.
+void NoDelay(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// The plain-TCP echo: a thread per connection, blocked in read().
+int ServeTcpEcho() {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = LoopbackAddress(0);
   socklen_t len = sizeof(addr);
   if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       listen(listener, 1024) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
@@ -106,8 +119,7 @@ int ServeTcpEcho() {
     while (true) {
       const int fd = accept(listener, nullptr, nullptr);
       if (fd < 0) continue;
-      const int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      NoDelay(fd);
       std::thread([fd] {
         char buf[kMessageBytes];
         while (ReadFull(fd, buf, sizeof(buf)) && write(fd, buf, sizeof(buf)) == static_cast<ssize_t>(sizeof(buf))) {
@@ -121,13 +133,9 @@ int ServeTcpEcho() {
 
 int ConnectTcp(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const sockaddr_in addr = LoopbackAddress(port);
+  if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  NoDelay(fd);
   return fd;
 }
 
