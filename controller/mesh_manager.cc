@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/log.h"
 #include "common/wire.h"
 #include "mesh/device_mesh.h"
 
@@ -194,12 +195,42 @@ absl::StatusOr<baton::v1::Mesh> MeshManager::Form(const std::string& owner,
   if (!Intact(mesh)) {
     return absl::UnavailableError(absl::StrCat("mesh ", mesh.mesh_id(), " was aborted while it formed"));
   }
+  const bool channels = OpenStepChannels(mesh, results);
   SetState(mesh, baton::v1::CONFIGURED);
   events_->Append(MeshEvent(baton::v1::Event::MESH_CREATED, mesh,
                             absl::StrCat(FormatMeshSpec(specs), " on [",
                                          absl::StrJoin(mesh.worker_names().begin(), mesh.worker_names().end(), ", "),
-                                         "]")));
+                                         "]", channels ? "; steps over step channels" : "")));
   return mesh;
+}
+
+bool MeshManager::OpenStepChannels(const baton::v1::Mesh& mesh,
+                                   const std::vector<CallResult<baton::v1::ConfigureResponse>>& configured) {
+  std::vector<baton::v1::ConfigureResponse> answers;
+  for (const auto& c : configured) answers.push_back(c.response);
+  // Fleets that offer none (TLS, --step_channel=false) say nothing; one
+  // that offers them and cannot be reached is worth a line.
+  if (std::none_of(answers.begin(), answers.end(), [](const auto& a) { return a.step_channel_port() > 0; })) {
+    return false;
+  }
+  auto channels = StepChannels::Open(mesh, answers);
+  if (!channels.ok()) {
+    Logf("controller: %s's steps go over gRPC: no step channel (%s)", mesh.mesh_id().c_str(),
+         channels.status().ToString().c_str());
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = formed_.find(mesh.epoch());
+  if (it == formed_.end()) return false;
+  it->second.channels = std::move(*channels);
+  return true;
+}
+
+std::shared_ptr<StepChannels> MeshManager::StepChannelsOf(const baton::v1::Mesh& mesh) const {
+  absl::MutexLock lock(&mu_);
+  auto it = formed_.find(mesh.epoch());
+  if (it == formed_.end() || it->second.channels == nullptr || it->second.channels->broken()) return nullptr;
+  return it->second.channels;
 }
 
 void MeshManager::Release(const std::string& owner, const std::string& reason, bool keep_formed) {

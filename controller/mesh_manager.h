@@ -22,6 +22,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "common/kv_store.h"
 #include "controller/dispatcher.h"
 #include "controller/event_log.h"
+#include "controller/step_channels.h"
 #include "controller/worker_registry.h"
 #include "proto/mesh.pb.h"
 
@@ -100,6 +102,10 @@ class MeshManager {
   std::vector<baton::v1::Mesh> Meshes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `mesh` is still formed (not aborted, not replaced).
   bool Intact(const baton::v1::Mesh& mesh) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The step channels to `mesh`'s ranks (controller/step_channels.h), opened
+  // when it formed; nullptr when it has none, they broke, or it is gone:
+  // its RunStep calls go over gRPC.
+  std::shared_ptr<StepChannels> StepChannelsOf(const baton::v1::Mesh& mesh) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // "" while every worker of the mesh is alive; else which one is not.
   std::string DeadWorkerIn(const baton::v1::Mesh& mesh) const;
@@ -145,6 +151,7 @@ class MeshManager {
   struct Formed {
     baton::v1::Mesh mesh;  // job_id: the owner ("" when idle)
     std::vector<std::string> incarnations;  // by rank
+    std::shared_ptr<StepChannels> channels;  // none: RunStep over gRPC
   };
   // Forgets mesh `epoch` (if formed) and returns it; epoch 0 when none.
   baton::v1::Mesh Unform(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -153,6 +160,11 @@ class MeshManager {
   void Free(const std::string& owner, const std::string& reason, bool keep_formed, bool drop_job_state)
       ABSL_LOCKS_EXCLUDED(mu_);
   int64_t NewEpoch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Connects `mesh`'s step channels when every rank's Configure answer
+  // offers one; whether it did.
+  bool OpenStepChannels(const baton::v1::Mesh& mesh,
+                        const std::vector<CallResult<baton::v1::ConfigureResponse>>& configured)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   WorkerRegistry* const registry_;
   KeyValueStore* const kv_;

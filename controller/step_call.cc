@@ -25,6 +25,12 @@ StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int firs
   const absl::Duration deadline =
       std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) * k +
       context_.meshes->options().rpc_slack;
+  // Over the mesh's step channels when it has them (no gRPC call per
+  // step: controller/step_channels.h), else gRPC.
+  if (std::shared_ptr<StepChannels> channels = context_.meshes->StepChannelsOf(mesh); channels != nullptr) {
+    channel_call_ = channels->Start(rr, deadline);
+    return;
+  }
   pending_ = context_.meshes->dispatcher()->Start<RunStepRpc>(MeshManager::Targets(mesh), [&](size_t) { return rr; },
                                                               deadline);
 }
@@ -45,7 +51,8 @@ absl::Status StepCall::Finish(absl::Time previous_end) {
   };
   fan_out.drain = &drain;
   std::string abort_reason;
-  const auto results = pending_->Wait(fan_out, &abort_reason);
+  const auto results =
+      channel_call_ != nullptr ? channel_call_->Wait(fan_out, &abort_reason) : pending_->Wait(fan_out, &abort_reason);
   ended_ = absl::Now();
   step_ms_ = absl::ToDoubleMilliseconds(ended_ - std::max(started_, previous_end)) / k_;
   if (!why_.empty()) {

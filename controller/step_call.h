@@ -25,6 +25,7 @@
 #include "controller/dispatcher.h"
 #include "controller/job.h"
 #include "controller/mesh_manager.h"
+#include "controller/step_channels.h"
 
 namespace baton {
 
@@ -80,6 +81,8 @@ class StepCall {
   // The drain's findings (it runs on the thread that finishes the call).
   std::string why_;
   std::vector<size_t> dead_;
+  // One of them: the call over the step channels, or over gRPC.
+  std::unique_ptr<StepChannels::Call> channel_call_;
   std::unique_ptr<PendingFanOut<RunStepRpc>> pending_;
   absl::Time ended_;
   double step_ms_ = 0;

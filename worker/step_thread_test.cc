@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <set>
@@ -64,6 +66,75 @@ TEST(StepThreadTest, AnExceptionReachesItsCallerAndTheThreadServesOn) {
   int ran = 0;
   steps.Run([&] { ran = 1; });
   EXPECT_EQ(ran, 1);
+}
+
+// A source whose fd is one end of a socket pair: every byte written to the
+// other end is read on the step thread.
+class PipeSource : public StepThread::Source {
+ public:
+  PipeSource() {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    read_end_ = fds[0];
+    write_end_ = fds[1];
+  }
+  ~PipeSource() override {
+    ::close(read_end_);
+    ::close(write_end_);
+  }
+  std::vector<int> fds() override { return {read_end_}; }
+  void Ready(int fd, short) override {
+    char c;
+    if (::read(fd, &c, 1) != 1) return;
+    absl::MutexLock lock(&mu_);
+    threads_.insert(std::this_thread::get_id());
+    ++bytes_;
+  }
+  void Send() { ASSERT_EQ(::write(write_end_, "x", 1), 1); }
+  int bytes() {
+    absl::MutexLock lock(&mu_);
+    return bytes_;
+  }
+  void AwaitBytes(int n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes_ >= n; };
+    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10))) << bytes_ << " of " << n;
+  }
+  std::set<std::thread::id> threads() {
+    absl::MutexLock lock(&mu_);
+    return threads_;
+  }
+
+ private:
+  int read_end_ = -1, write_end_ = -1;
+  absl::Mutex mu_;
+  int bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(StepThreadTest, ASourceIsServedOnTheThreadBetweenRuns) {
+  PipeSource source;  // outlives the thread
+  StepThread steps;
+  source.Send();  // before Serve: waits in the socket
+  steps.Serve(&source);
+  source.AwaitBytes(1);
+  constexpr int kRounds = 200;
+  for (int i = 0; i < kRounds; ++i) {
+    source.Send();
+    int ran = 0;
+    steps.Run([&] { ran = 1; });  // a Run is served while the source is too
+    EXPECT_EQ(ran, 1);
+  }
+  source.AwaitBytes(1 + kRounds);
+  const std::set<std::thread::id> on = source.threads();
+  std::printf("%d bytes read on %zu thread(s), interleaved with %d Runs\n", source.bytes(), on.size(), kRounds);
+  ASSERT_EQ(on.size(), 1u);
+  EXPECT_EQ(*on.begin(), steps.id());
+  steps.Serve(nullptr);  // no longer served
+  steps.Run([] {});
+  source.Send();
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(source.bytes(), 1 + kRounds);
 }
 
 TEST(StepThreadTest, DestroyedIdleOrUnused) {

@@ -84,6 +84,21 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
   if (!comms.ok()) return comms.status();
   state->comms = std::move(comms->comms);
   state->group_ranks = std::move(comms->group_ranks);
+  if (options_.step_channel) {
+    MeshState* served = state.get();  // its step thread, which serves the channel, goes first
+    auto channel = StepChannelServer::Listen(
+        bind_host_, m.epoch(),
+        [this, served](const baton::v1::RunStepRequest& request, const std::function<bool()>& hung_up,
+                       baton::v1::StepChannelReply* reply) { AnswerChannelStep(*served, request, hung_up, reply); });
+    if (channel.ok()) {
+      state->channel = std::move(*channel);
+      state->steps.Serve(state->channel.get());
+    } else {
+      // The controller calls RunStep over gRPC instead.
+      Logf("worker %s: mesh epoch %lld offers no step channel: %s", name().c_str(),
+           static_cast<long long>(m.epoch()), channel.status().ToString().c_str());
+    }
+  }
   return state;
 }
 
@@ -124,6 +139,10 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const baton::v1:
     current_ = *state;
     resp->set_backend(req->backend() == baton::v1::NCCL ? baton::v1::NCCL : baton::v1::GLOO);
     resp->set_rank(req->rank());
+    if (const StepChannelServer* channel = current_->channel.get(); channel != nullptr) {
+      resp->set_step_channel_port(channel->port());
+      resp->set_step_channel_secret(channel->secret());
+    }
     return grpc::Status::OK;
   });
 }

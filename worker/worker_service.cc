@@ -102,92 +102,114 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v
   });
 }
 
-std::pair<absl::Status, int64_t> WorkerService::RunSteps(MeshState& mesh, const grpc::ServerContext& ctx,
+std::pair<absl::Status, int64_t> WorkerService::RunSteps(MeshState& mesh, const std::function<bool()>& cancelled,
                                                          const baton::v1::RunStepRequest& req,
                                                          baton::v1::RunStepResponse* resp) {
   const int steps = std::max(1, req.steps());
+  for (int i = 0; i < steps; ++i) {
+    const int64_t step = req.step() + i;
+    if (i > 0 && cancelled()) {
+      return {absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps")), step};
+    }
+    auto metrics = mesh.executor->RunStep(step, Milliseconds(req.timeout_ms()));
+    if (!metrics.ok()) return {metrics.status(), step};
+    // The collectives' shared-memory segments grow only while a job
+    // starts (to its largest operation) and are shared with the peers:
+    // counted apart from the growth the plan predicts.
+    const ProcessMemory memory = ReadProcessMemory();
+    metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh.memory_baseline));
+    metrics->set_shared_memory_bytes(memory.shared);
+    *resp->add_metrics() = std::move(*metrics);
+  }
+  return {absl::OkStatus(), 0};
+}
+
+grpc::Status WorkerService::ValidateStepRequest(const baton::v1::RunStepRequest& req) {
+  if (req.timeout_ms() < 1 || req.timeout_ms() > kMaxTimeoutMs) {
+    return Invalid(absl::StrCat("timeout_ms ", req.timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
+  }
+  if (req.steps() < 0 || req.steps() > kMaxStepsPerRunStep) {
+    return Invalid(absl::StrCat("steps ", req.steps(), " outside [0, ", kMaxStepsPerRunStep, "]"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::StepOnThread(MeshState& mesh, const baton::v1::RunStepRequest& req,
+                                         const std::function<bool()>& cancelled, baton::v1::RunStepResponse* resp) {
   absl::Status failed;
   int64_t failed_step = 0;
-  // On the mesh's own thread: one thread computes every step of a job, one
-  // step per call or many (worker/step_thread.h).
-  mesh.steps.Run([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // run_mu is held by the caller, who waits
-    for (int i = 0; i < steps; ++i) {
-      failed_step = req.step() + i;
-      if (i > 0 && ctx.IsCancelled()) {
-        failed = absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps"));
-        return;
-      }
-      auto metrics = mesh.executor->RunStep(failed_step, Milliseconds(req.timeout_ms()));
-      if (!metrics.ok()) {
-        failed = metrics.status();
-        return;
-      }
-      // The collectives' shared-memory segments grow only while a job
-      // starts (to its largest operation) and are shared with the peers:
-      // counted apart from the growth the plan predicts.
-      const ProcessMemory memory = ReadProcessMemory();
-      metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh.memory_baseline));
-      metrics->set_shared_memory_bytes(memory.shared);
-      *resp->add_metrics() = std::move(*metrics);
+  {
+    absl::MutexLock lock(&mesh.run_mu);
+    if (grpc::Status missing = RequireJob(mesh, req.job_id()); !missing.ok()) return missing;
+    if (mesh.failed_step != 0) {
+      return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", mesh.failed_step, " of job ", mesh.job_id,
+                                                                  " failed on this rank before step ", req.step()));
     }
-  });
-  return {failed, failed.ok() ? 0 : failed_step};
+    if (const int64_t at = mesh.executor->step(); req.step() != at + 1) {
+      // A call out of turn (a stale or a foreign one) is refused; the job
+      // goes on.
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", mesh.job_id, " is at step ", at, " on this rank: step ", req.step(),
+                                       " is not its next"));
+    }
+    std::tie(failed, failed_step) = RunSteps(mesh, cancelled, req, resp);
+    if (!failed.ok()) mesh.failed_step = failed_step;
+  }
+  resp->set_rank(mesh.rank);
+  if (!failed.ok()) {
+    Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req.job_id().c_str(),
+         static_cast<long long>(failed_step), failed.ToString().c_str());
+    if (options_.metrics != nullptr) options_.metrics->ObserveFailedStep(req.job_id());
+    // The steps before the failed one did complete here: their metrics
+    // travel in the error's details (a RunStepResponse).
+    resp->set_failed_step(failed_step);
+    const grpc::Status status = ToGrpcStatus(failed);
+    return grpc::Status(status.error_code(), status.error_message(), resp->SerializeAsString());
+  }
+  if (options_.metrics != nullptr) {
+    for (const auto& m : resp->metrics()) options_.metrics->ObserveStep(req.job_id(), m);
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::RunStepRequest* req,
                                     baton::v1::RunStepResponse* resp) {
   if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
   return Guarded("RunStep", [&]() -> grpc::Status {
-    if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
-      return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
-    }
-    if (req->steps() < 0 || req->steps() > kMaxStepsPerRunStep) {
-      return Invalid(absl::StrCat("steps ", req->steps(), " outside [0, ", kMaxStepsPerRunStep, "]"));
-    }
+    if (grpc::Status invalid = ValidateStepRequest(*req); !invalid.ok()) return invalid;
     auto state = MeshOfEpoch(req->epoch());
     if (!state.ok()) return ToGrpcStatus(state.status());
     std::shared_ptr<MeshState> mesh = std::move(*state);
-    absl::Status failed;
-    int64_t failed_step = 0;
     {
       absl::MutexLock lock(&mesh->run_mu);
       if (grpc::Status turn = AwaitTurn(*mesh, *ctx, req->step()); !turn.ok()) return turn;
-      if (grpc::Status missing = RequireJob(*mesh, req->job_id()); !missing.ok()) return missing;
-      if (mesh->failed_step != 0) {
-        return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("step ", mesh->failed_step, " of job ", mesh->job_id,
-                                                                    " failed on this rank before step ", req->step()));
-      }
-      if (const int64_t at = mesh->executor->step(); req->step() != at + 1) {
-        // A call out of turn (a stale or a foreign one) is refused; the job
-        // goes on.
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                            absl::StrCat("job ", mesh->job_id, " is at step ", at, " on this rank: step ", req->step(),
-                                         " is not its next"));
-      }
-      std::tie(failed, failed_step) = RunSteps(*mesh, *ctx, *req, resp);
-      if (!failed.ok()) mesh->failed_step = failed_step;
     }
-    if (!failed.ok()) {
-      Logf("worker %s: job %s step %lld failed: %s", name().c_str(), req->job_id().c_str(),
-           static_cast<long long>(failed_step), failed.ToString().c_str());
-      if (options_.metrics != nullptr) options_.metrics->ObserveFailedStep(req->job_id());
-      // A failed step can leave transfers running under its aborted waits;
-      // if the mesh was dropped meanwhile, this is its last reference, and
-      // tearing it down waits for them: not before the answer goes out.
-      resp->set_rank(mesh->rank);
-      resp->set_failed_step(failed_step);
-      DropInBackground(std::move(mesh));
-      // The steps before the failed one did complete here: their metrics
-      // travel in the error's details (a RunStepResponse).
-      const grpc::Status status = ToGrpcStatus(failed);
-      return grpc::Status(status.error_code(), status.error_message(), resp->SerializeAsString());
-    }
-    resp->set_rank(mesh->rank);
-    if (options_.metrics != nullptr) {
-      for (const auto& m : resp->metrics()) options_.metrics->ObserveStep(req->job_id(), m);
-    }
-    return grpc::Status::OK;
+    // On the mesh's own thread: one thread computes every step of a job,
+    // one step per call or many, over gRPC or the step channel
+    // (worker/step_thread.h). The turn is checked again there.
+    grpc::Status status;
+    mesh->steps.Run([&] { status = StepOnThread(*mesh, *req, [ctx] { return ctx->IsCancelled(); }, resp); });
+    // A failed step can leave transfers running under its aborted waits;
+    // if the mesh was dropped meanwhile, this is its last reference, and
+    // tearing it down waits for them: not before the answer goes out.
+    if (resp->failed_step() != 0) DropInBackground(std::move(mesh));
+    return status;
   });
+}
+
+void WorkerService::AnswerChannelStep(MeshState& mesh, const baton::v1::RunStepRequest& req,
+                                      const std::function<bool()>& hung_up, baton::v1::StepChannelReply* reply) {
+  const grpc::Status status = Guarded("RunStep", [&]() -> grpc::Status {
+    if (grpc::Status invalid = ValidateStepRequest(req); !invalid.ok()) return invalid;
+    if (req.epoch() != mesh.mesh.epoch()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("the step channel of mesh epoch ", mesh.mesh.epoch(), " got a call for epoch ",
+                                       req.epoch()));
+    }
+    return StepOnThread(mesh, req, hung_up, reply->mutable_response());
+  });
+  reply->set_code(static_cast<int>(status.error_code()));
+  reply->set_message(status.error_message());
 }
 
 grpc::Status WorkerService::GetInfo(grpc::ServerContext* ctx, const baton::v1::GetInfoRequest*,

@@ -13,6 +13,7 @@
 #ifndef BATON_WORKER_WORKER_SERVICE_H_
 #define BATON_WORKER_WORKER_SERVICE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/executor.h"
 #include "worker/retained_state.h"
+#include "worker/step_channel.h"
 #include "worker/step_thread.h"
 
 namespace baton {
@@ -55,6 +57,9 @@ struct WorkerOptions {
   // The GPU every NCCL group of this worker uses (NcclOptions::device_index):
   // the worker's, never a group rank's.
   int cuda_device = 0;
+  // Offer each mesh's controller a step channel (worker/step_channel.h):
+  // plain TCP, so only where the fleet's calls are not TLS.
+  bool step_channel = true;
 };
 
 class WorkerService final : public baton::v1::Worker::Service {
@@ -127,18 +132,32 @@ class WorkerService final : public baton::v1::Worker::Service {
     int64_t memory_baseline ABSL_GUARDED_BY(run_mu) = 0;
     // At most one async save in flight; a new save waits for it.
     std::shared_ptr<PendingSave> pending_save ABSL_GUARDED_BY(run_mu);
-    // Where its steps run, whichever RPC thread asked (joined when the
-    // mesh goes: never the last reference from a step).
+    // The controller's step channel, if one was offered; served by `steps`
+    // (declared after it: the thread is joined before it goes).
+    std::unique_ptr<StepChannelServer> channel;
+    // Where its steps run, whichever RPC thread or channel asked (joined
+    // when the mesh goes: never the last reference from a step). Nobody
+    // holds run_mu while waiting for it.
     StepThread steps;
   };
 
-  // Runs `req`'s steps of the job loaded on `mesh`, in order, on the mesh's
-  // step thread, each one's metrics into `resp`; the first that fails (or a
+  // The checks of a RunStep that need no mesh.
+  static grpc::Status ValidateStepRequest(const baton::v1::RunStepRequest& req);
+  // On the mesh's step thread: whether `req` is the loaded job's next call,
+  // then its steps, each one's metrics into `resp`. A failed step's status
+  // carries `resp` (rank, failed step, the steps before it) as its details.
+  grpc::Status StepOnThread(MeshState& mesh, const baton::v1::RunStepRequest& req,
+                            const std::function<bool()>& cancelled, baton::v1::RunStepResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mesh.run_mu);
+  // Runs `req`'s steps in order on this thread; the first that fails (or a
   // call cancelled between steps) ends them: its status and step, else OK.
-  static std::pair<absl::Status, int64_t> RunSteps(MeshState& mesh, const grpc::ServerContext& ctx,
+  static std::pair<absl::Status, int64_t> RunSteps(MeshState& mesh, const std::function<bool()>& cancelled,
                                                    const baton::v1::RunStepRequest& req,
                                                    baton::v1::RunStepResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu);
+  // A call that came over `mesh`'s step channel.
+  void AnswerChannelStep(MeshState& mesh, const baton::v1::RunStepRequest& req,
+                         const std::function<bool()>& hung_up, baton::v1::StepChannelReply* reply);
   // A call for `step` waits (run_mu released meanwhile) until the step
   // before it has run here, one failed, or the job left the mesh; the most
   // it waits, and how often it looks whether its call was cancelled.

@@ -1,0 +1,119 @@
+#include "worker/step_channel.h"
+
+#include <poll.h>
+
+#include <fstream>
+
+#include <grpcpp/support/status.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace baton {
+namespace {
+
+std::string RandomSecret(size_t n) {
+  std::string secret(n, '\0');
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  urandom.read(secret.data(), static_cast<std::streamsize>(n));
+  return urandom ? secret : std::string();
+}
+
+// Compares without stopping at the first difference.
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+absl::Status WriteReply(int fd, const baton::v1::StepChannelReply& reply) {
+  return WriteFrame(fd, reply.SerializeAsString());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StepChannelServer>> StepChannelServer::Listen(const std::string& host, int64_t epoch,
+                                                                             Handler handler) {
+  auto listening = ListenTcp(host);
+  if (!listening.ok()) return listening.status();
+  std::string secret = RandomSecret(kSecretBytes);
+  if (secret.empty()) return absl::InternalError("no randomness for the step channel's secret (/dev/urandom)");
+  return std::unique_ptr<StepChannelServer>(new StepChannelServer(std::move(listening->first), listening->second,
+                                                                  epoch, std::move(secret), std::move(handler)));
+}
+
+StepChannelServer::StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret, Handler handler)
+    : listener_(std::move(listener)),
+      port_(port),
+      epoch_(epoch),
+      secret_(std::move(secret)),
+      handler_(std::move(handler)) {}
+
+std::vector<int> StepChannelServer::fds() {
+  if (conn_.valid()) return {conn_.get()};
+  if (listener_.valid()) return {listener_.get()};
+  return {};
+}
+
+void StepChannelServer::Ready(int fd, short) {
+  if (fd == listener_.get()) {
+    auto conn = AcceptTcp(fd);
+    if (!conn.ok()) return;
+    if (Admit(std::move(*conn))) listener_.reset();  // one controller per mesh
+    return;
+  }
+  if (fd == conn_.get() && !Answer()) {
+    conn_.reset();
+    attached_ = false;
+  }
+}
+
+bool StepChannelServer::Admit(ScopedFd conn) {
+  // Whoever connects holds the step thread until its hello is read.
+  SetIoTimeout(conn.get(), kHelloTimeout);
+  std::string bytes;
+  baton::v1::StepChannelHello hello;
+  if (!ReadFrame(conn.get(), &bytes, 1024).ok() || !hello.ParseFromString(bytes)) return false;
+  baton::v1::StepChannelReply reply;
+  if (hello.epoch() != epoch_ || !SameSecret(hello.secret(), secret_)) {
+    reply.set_code(static_cast<int>(grpc::StatusCode::PERMISSION_DENIED));
+    reply.set_message(absl::StrCat("not mesh epoch ", epoch_, "'s step channel secret"));
+    WriteReply(conn.get(), reply).IgnoreError();
+    Logf("step channel of mesh epoch %lld: refused a connection with a wrong epoch or secret",
+         static_cast<long long>(epoch_));
+    return false;
+  }
+  if (!WriteReply(conn.get(), reply).ok()) return false;
+  SetIoTimeout(conn.get(), kFrameTimeout);
+  conn_ = std::move(conn);
+  attached_ = true;
+  return true;
+}
+
+bool StepChannelServer::Answer() {
+  std::string bytes;
+  if (absl::Status read = ReadFrame(conn_.get(), &bytes); !read.ok()) {
+    if (!absl::StrContains(read.message(), "closed")) {
+      Logf("step channel of mesh epoch %lld dropped: %s", static_cast<long long>(epoch_), read.ToString().c_str());
+    }
+    return false;
+  }
+  baton::v1::RunStepRequest request;
+  baton::v1::StepChannelReply reply;
+  if (!request.ParseFromString(bytes)) {
+    reply.set_code(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    reply.set_message("a step channel frame that is not a RunStepRequest");
+  } else {
+    handler_(request, [this] { return HungUp(); }, &reply);
+  }
+  return WriteReply(conn_.get(), reply).ok();
+}
+
+bool StepChannelServer::HungUp() const {
+  pollfd p{conn_.get(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+}  // namespace baton
