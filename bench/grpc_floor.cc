@@ -10,7 +10,7 @@
 //   tcp     no gRPC at all: one message on each of N plain TCP connections,
 //           written and then polled for by the calling thread, answered by a
 //           thread per connection blocked in read() (what a step channel
-//           read and written by a worker's step thread would cost)
+//           costs: frames read and written by a worker's step thread)
 // over one connection per target, or one shared connection (--shared; not
 // for tcp).
 //
@@ -24,8 +24,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/async_unary_call.h>
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -46,6 +44,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/tcp.h"
 
 ABSL_FLAG(int, targets, 64, "Round trips per round (one per target).");
 ABSL_FLAG(bool, shared, false, "One connection for all targets.");
@@ -81,62 +80,23 @@ double CpuSecondsOf(pid_t pid) {
 
 constexpr int kMessageBytes = 32;
 
-// Fills `buf` from `fd`; false at EOF or an error.
-bool ReadFull(int fd, char* buf, size_t n) {
-  for (size_t got = 0; got < n;) {
-    const ssize_t k = read(fd, buf + got, n - got);
-    if (k <= 0) return false;
-    got += static_cast<size_t>(k);
-  }
-  return true;
-}
-
-// 127.0.0.1:`port` (0: any free port).
-sockaddr_in LoopbackAddress(int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  return addr;
-}
-
-// Small messages leave at once, as gRPC's do.
-void NoDelay(int fd) {
-  const int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-// The plain-TCP echo: a thread per connection, blocked in read().
+// The plain-TCP echo: a thread per connection, blocked in read(), echoing
+// frames as a step channel carries them (common/tcp.h).
 int ServeTcpEcho() {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = LoopbackAddress(0);
-  socklen_t len = sizeof(addr);
-  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(listener, 1024) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return 0;
-  }
-  std::thread([listener] {
+  auto listening = baton::ListenTcp("127.0.0.1");
+  if (!listening.ok()) return 0;
+  std::thread([listener = std::move(listening->first)] {
     while (true) {
-      const int fd = accept(listener, nullptr, nullptr);
-      if (fd < 0) continue;
-      NoDelay(fd);
-      std::thread([fd] {
-        char buf[kMessageBytes];
-        while (ReadFull(fd, buf, sizeof(buf)) && write(fd, buf, sizeof(buf)) == static_cast<ssize_t>(sizeof(buf))) {
+      auto conn = baton::AcceptTcp(listener.get());
+      if (!conn.ok()) continue;
+      std::thread([fd = std::move(*conn)] {
+        std::string frame;
+        while (baton::ReadFrame(fd.get(), &frame).ok() && baton::WriteFrame(fd.get(), frame).ok()) {
         }
-        close(fd);
       }).detach();
     }
   }).detach();
-  return ntohs(addr.sin_port);
-}
-
-int ConnectTcp(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const sockaddr_in addr = LoopbackAddress(port);
-  if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
-  NoDelay(fd);
-  return fd;
+  return listening->second;
 }
 
 double Seconds() {
@@ -321,24 +281,29 @@ int Main(int argc, char** argv) {
     report("stream", t0, c0);
   }
   if (tcp_port != 0) {
+    std::vector<baton::ScopedFd> conns;
     std::vector<pollfd> fds(n);
-    for (int i = 0; i < n; ++i) fds[i] = pollfd{ConnectTcp(tcp_port), POLLIN, 0};
+    for (int i = 0; i < n; ++i) {
+      auto conn = baton::ConnectTcp("127.0.0.1", tcp_port, absl::Seconds(10));
+      conns.push_back(conn.ok() ? std::move(*conn) : baton::ScopedFd());
+      fds[i] = pollfd{conns.back().get(), POLLIN, 0};
+    }
     const std::string out(kMessageBytes, 'x');
-    char in[kMessageBytes];
+    std::string in;
     double t0 = 0, c0 = 0;
     bool failed = false;
     for (int r = 0; r < kWarmup + rounds && !failed; ++r) {
       if (r == kWarmup) begin(&t0, &c0);
       pause(r);
       for (auto& p : fds) {
-        failed |= p.fd < 0 || write(p.fd, out.data(), out.size()) != static_cast<ssize_t>(out.size());
+        failed |= p.fd < 0 || !baton::WriteFrame(p.fd, out).ok();
         p.events = POLLIN;
       }
       for (int left = n; left > 0 && !failed;) {
         if (poll(fds.data(), fds.size(), 10000) <= 0) failed = true;
         for (auto& p : fds) {
           if ((p.revents & POLLIN) == 0 || p.events == 0) continue;
-          failed |= !ReadFull(p.fd, in, sizeof(in));  // 32 bytes arrive in one segment
+          failed |= !baton::ReadFrame(p.fd, &in).ok();  // 36 bytes arrive in one segment
           p.events = 0;  // answered this round
           --left;
         }

@@ -65,6 +65,10 @@ absl::StatusOr<ScopedFd> AcceptTcp(int fd);
 // Every read and write on `fd` gives up after `timeout` without progress.
 void SetIoTimeout(int fd, absl::Duration timeout);
 
+// The most a step channel's frame may take, either way, once its first
+// byte is there (both ends: worker/step_channel.h, controller/step_channels.h).
+inline constexpr absl::Duration kStepFrameTimeout = absl::Seconds(10);
+
 // The most a frame may carry, as gRPC's default receive limit on our
 // daemons.
 inline constexpr size_t kMaxFrameBytes = 64 << 20;

@@ -36,7 +36,7 @@ absl::StatusOr<std::shared_ptr<StepChannels>> StepChannels::Open(
     if (!host.ok()) return host.status();
     auto fd = ConnectTcp(host->first, port, kConnectTimeout);
     if (!fd.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", fd.status().message()));
-    SetIoTimeout(fd->get(), kFrameTimeout);
+    SetIoTimeout(fd->get(), kStepFrameTimeout);
     baton::v1::StepChannelHello hello;
     hello.set_epoch(mesh.epoch());
     hello.set_secret(answers[r].step_channel_secret());

@@ -38,8 +38,6 @@ namespace baton {
 class StepChannels : public std::enable_shared_from_this<StepChannels> {
  public:
   static constexpr absl::Duration kConnectTimeout = absl::Seconds(2);
-  // The most one frame may take once its first byte is there, either way.
-  static constexpr absl::Duration kFrameTimeout = absl::Seconds(10);
 
   // Connects to every rank of `mesh` at its address's host and the port in
   // `answers[rank]`, says hello with the rank's secret and waits for its

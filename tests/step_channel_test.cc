@@ -70,7 +70,6 @@ struct Rank {
     steps = std::make_unique<StepThread>();
     steps->Serve(channel.get());
   }
-  ~Rank() { steps.reset(); }
 };
 
 struct Fleet {

@@ -86,7 +86,7 @@ bool StepChannelServer::Admit(ScopedFd conn) {
     return false;
   }
   if (!WriteReply(conn.get(), reply).ok()) return false;
-  SetIoTimeout(conn.get(), kFrameTimeout);
+  SetIoTimeout(conn.get(), kStepFrameTimeout);
   conn_ = std::move(conn);
   attached_ = true;
   return true;

@@ -9,7 +9,7 @@
 // It is a StepThread::Source: everything above runs on the mesh's step
 // thread, so a call the controller sent ahead is in the socket when the
 // step before it ends and is read without waking another thread. A frame
-// is read whole within kFrameTimeout once its first byte is there; a peer
+// is read whole within kStepFrameTimeout once its first byte is there; a peer
 // that sends a bad hello, a bad frame or hangs up is dropped (and with it
 // the channel: the controller does not reconnect).
 #ifndef BATON_WORKER_STEP_CHANNEL_H_
@@ -37,7 +37,6 @@ class StepChannelServer : public StepThread::Source {
   using Handler = std::function<void(const baton::v1::RunStepRequest& request,
                                      const std::function<bool()>& hung_up, baton::v1::StepChannelReply* reply)>;
 
-  static constexpr absl::Duration kFrameTimeout = absl::Seconds(10);
   static constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
   static constexpr size_t kSecretBytes = 32;
 
