@@ -34,33 +34,32 @@ const char* CodeName(grpc::StatusCode code) {
 
 class RpcTimer : public grpc::experimental::Interceptor {
  public:
-  RpcTimer(const char* method, prometheus::Family<prometheus::Histogram>* family)
-      : method_(method == nullptr ? "" : method), family_(family), start_(std::chrono::steady_clock::now()) {}
+  RpcTimer(const char* method, RpcDurations* durations)
+      : method_(method == nullptr ? "" : method), durations_(durations), start_(std::chrono::steady_clock::now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      family_->Add({{"method", method_}, {"code", CodeName(methods->GetSendStatus().error_code())}}, DurationBuckets())
-          .Observe(seconds);
+      durations_->Observe(method_, methods->GetSendStatus().error_code(), "grpc", seconds);
     }
     methods->Proceed();
   }
 
  private:
   const std::string method_;
-  prometheus::Family<prometheus::Histogram>* const family_;
+  RpcDurations* const durations_;
   const std::chrono::steady_clock::time_point start_;
 };
 
 class RpcTimerFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit RpcTimerFactory(prometheus::Family<prometheus::Histogram>* family) : family_(family) {}
+  explicit RpcTimerFactory(prometheus::Registry& registry) : durations_(registry) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
-    return new RpcTimer(info->method(), family_);
+    return new RpcTimer(info->method(), &durations_);
   }
 
  private:
-  prometheus::Family<prometheus::Histogram>* const family_;
+  RpcDurations durations_;
 };
 
 }  // namespace
@@ -81,13 +80,23 @@ const prometheus::Histogram::BucketBoundaries& DurationBuckets() {
   return *buckets;
 }
 
+RpcDurations::RpcDurations(prometheus::Registry& registry)
+    // The registry merges a second registration of the same name into the
+    // first: the interceptor and a worker's step channel share one family.
+    : family_(prometheus::BuildHistogram()
+                  .Name("baton_rpc_duration_seconds")
+                  .Help("Time from an RPC's arrival to its status, by method, status code and transport")
+                  .Register(registry)) {}
+
+void RpcDurations::Observe(const std::string& method, grpc::StatusCode code, const std::string& transport,
+                           double seconds) {
+  family_.Add({{"method", method}, {"code", CodeName(code)}, {"transport", transport}}, DurationBuckets())
+      .Observe(seconds);
+}
+
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcLatencyInterceptor(
     prometheus::Registry& registry) {
-  auto& family = prometheus::BuildHistogram()
-                     .Name("baton_rpc_duration_seconds")
-                     .Help("Time from an RPC's arrival to its status, by method and status code")
-                     .Register(registry);
-  return std::make_unique<RpcTimerFactory>(&family);
+  return std::make_unique<RpcTimerFactory>(registry);
 }
 
 }  // namespace baton

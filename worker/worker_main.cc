@@ -60,7 +60,7 @@ ABSL_FLAG(bool, gloo_shared_memory, true,
 ABSL_FLAG(int, cuda_device, 0,
           "The GPU this worker's NCCL groups use: an index among the CUDA devices it sees, modulo their "
           "number (`baton up` numbers its workers 0, 1, ...; one GPU per pod: 0).");
-ABSL_FLAG(bool, step_channel, false,
+ABSL_FLAG(bool, step_channel, true,
           "Offer each mesh's controller a step channel: its RunStep calls over one plain TCP connection, "
           "authenticated by a secret from Configure, instead of gRPC calls (docs/control_plane.md). Never "
           "with TLS: a TLS fleet's steps stay on gRPC.");

@@ -6,7 +6,8 @@
 namespace baton {
 
 WorkerMetrics::WorkerMetrics()
-    : steps_(prometheus::BuildCounter()
+    : rpc_durations_(registry_),
+      steps_(prometheus::BuildCounter()
                  .Name("baton_worker_steps_total")
                  .Help("Training steps this worker completed, by job")
                  .Register(registry_)),
@@ -60,6 +61,10 @@ void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMet
 }
 
 void WorkerMetrics::ObserveFailedStep(const std::string& job) { failed_steps_.Add({{"job_id", job}}).Increment(); }
+
+void WorkerMetrics::ObserveStepChannelCall(grpc::StatusCode code, double seconds) {
+  rpc_durations_.Observe("/baton.v1.Worker/RunStep", code, "step_channel", seconds);
+}
 
 void WorkerMetrics::Refresh() { resident_bytes_.Add({}).Set(static_cast<double>(ReadProcessMemory().resident)); }
 

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "common/metrics.h"
+#include "grpcpp/support/status.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -23,11 +25,16 @@ class WorkerMetrics {
   // and instruction_seconds included).
   void ObserveStep(const std::string& job, const baton::v1::StepMetrics& m);
   void ObserveFailedStep(const std::string& job);
+  // A RunStep call served over the mesh's step channel, from its arrival to
+  // its answer: counted in baton_rpc_duration_seconds beside the gRPC ones
+  // (transport "step_channel").
+  void ObserveStepChannelCall(grpc::StatusCode code, double seconds);
   // Process gauges (resident memory); call before a scrape.
   void Refresh();
 
  private:
   prometheus::Registry registry_;
+  RpcDurations rpc_durations_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Counter>& failed_steps_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;

@@ -199,6 +199,7 @@ grpc::Status WorkerService::RunStep(grpc::ServerContext* ctx, const baton::v1::R
 
 void WorkerService::AnswerChannelStep(MeshState& mesh, const baton::v1::RunStepRequest& req,
                                       const std::function<bool()>& hung_up, baton::v1::StepChannelReply* reply) {
+  const absl::Time arrived = absl::Now();
   const grpc::Status status = Guarded("RunStep", [&]() -> grpc::Status {
     if (grpc::Status invalid = ValidateStepRequest(req); !invalid.ok()) return invalid;
     if (req.epoch() != mesh.mesh.epoch()) {
@@ -210,6 +211,9 @@ void WorkerService::AnswerChannelStep(MeshState& mesh, const baton::v1::RunStepR
   });
   reply->set_code(static_cast<int>(status.error_code()));
   reply->set_message(status.error_message());
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveStepChannelCall(status.error_code(), absl::ToDoubleSeconds(absl::Now() - arrived));
+  }
 }
 
 grpc::Status WorkerService::GetInfo(grpc::ServerContext* ctx, const baton::v1::GetInfoRequest*,

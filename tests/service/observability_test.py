@@ -208,8 +208,14 @@ def prometheus_part(fleet, tmp, example):
         check(bool(hist) and int(float(hist[0]["value"][1])) == step,
               "baton_step_duration_seconds_count = %s steps" % (hist[0]["value"][1] if hist else None))
         rpc = query('sum(baton_rpc_duration_seconds_count{method="/baton.v1.Worker/RunStep"})')
+        by_transport = query('sum by (transport) (baton_rpc_duration_seconds_count{method="/baton.v1.Worker/RunStep"})')
         check(bool(rpc) and int(float(rpc[0]["value"][1])) == 4 * step,
-              "RunStep RPCs timed on the workers: %s (4 x %d)" % (rpc[0]["value"][1] if rpc else None, step))
+              "RunStep calls timed on the workers: %s (4 x %d; by transport: %s)" %
+              (rpc[0]["value"][1] if rpc else None, step,
+               ", ".join("%s=%s" % (r["metric"].get("transport"), r["value"][1]) for r in by_transport)))
+        over_channel = [int(float(r["value"][1])) for r in by_transport if r["metric"].get("transport") == "step_channel"]
+        check(over_channel == [4 * step], "RunStep calls over the workers' step channels (their default without TLS): "
+              "%s of %d" % (over_channel, 4 * step))
     finally:
         stop_proc(p)
 
