@@ -152,6 +152,50 @@ TEST(JobTest, KStepsPerCallGiveTheSameStepsBitForBit) {
   StopAndExpectAllGone(*cluster);
 }
 
+// The step channel (the workers' default without TLS) and gRPC RunStep
+// carry the same steps: a fleet whose workers refuse the channel trains the
+// same job bit for bit, and only the channel fleet's meshes say they use it.
+TEST(JobTest, StepChannelAndGrpcStepsAreTheSameStepsBitForBit) {
+  const std::string file = Runfile("examples/decoder_fsdp2.textproto");
+  std::vector<std::vector<std::string>> lines;
+  for (const bool channel : {true, false}) {
+    auto cluster = channel ? StartCluster(4) : StartCluster(4, {}, {"--step_channel=false"});
+    ASSERT_NE(cluster, nullptr);
+    auto run = RunCommand({Baton(), "run", "--controller=" + cluster->controller_address(), file, "--output=json",
+                           "--steps_per_call=1"},
+                          absl::Seconds(120));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    lines.push_back(JsonLines(run.output));
+    auto watch = RunCommand({Baton(), "watch", "--controller=" + cluster->controller_address(), "--seconds=1"},
+                            absl::Seconds(20));
+    ASSERT_EQ(watch.exit_code, 0) << watch.output;
+    int created = 0, over_channel = 0;
+    for (absl::string_view line : absl::StrSplit(watch.output, '\n')) {
+      if (!absl::StrContains(line, "MESH_CREATED")) continue;
+      ++created;
+      over_channel += absl::StrContains(line, "steps over step channels");
+    }
+    std::printf("%s: %d of %d meshes created say \"steps over step channels\"\n",
+                channel ? "default workers" : "--step_channel=false", over_channel, created);
+    EXPECT_GT(created, 0) << watch.output;
+    EXPECT_EQ(over_channel, channel ? created : 0) << watch.output;
+    StopAndExpectAllGone(*cluster);
+  }
+  ASSERT_EQ(lines[0].size(), lines[1].size());
+  ASSERT_FALSE(lines[0].empty());
+  int same = 0;
+  for (size_t i = 0; i < lines[0].size(); ++i) {
+    bool equal = true;
+    for (const char* key : {"step", "loss", "grad_norm", "comm_bytes", "tokens"}) {
+      equal &= Field(lines[0][i], key) == Field(lines[1][i], key);
+    }
+    same += equal;
+    EXPECT_TRUE(equal) << lines[0][i] << "\n" << lines[1][i];
+  }
+  std::printf("%d of %zu steps identical (step, loss, grad norm, bytes, tokens) over the step channel and over gRPC\n",
+              same, lines[0].size());
+}
+
 TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
   auto cluster = StartCluster(2);
   ASSERT_NE(cluster, nullptr);
