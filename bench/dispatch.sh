@@ -13,6 +13,10 @@
 # machine's cores. With K = 1 the controller still has the next call on the
 # wire while one runs (docs/control_plane.md), so what the ratio shows is
 # the calls' CPU on the cores the ranks compute on, not a round trip's wait.
+# The workers run with their defaults, so the step calls go over the step
+# channel (plain TCP); the floor's "tcp" line is that path's own cost, and
+# "unary" what the same calls cost over gRPC (workers with
+# --step_channel=false).
 #
 # Then the controller's dispatch at scale: a controller driving 8, 64, 256 and
 # 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering

@@ -46,7 +46,10 @@ absl::Status Resolve(const std::string& host, const std::string& port, int flags
 }
 
 // Reads or writes exactly `n` bytes (the socket's timeouts bound each try).
-absl::Status Exactly(int fd, char* data, size_t n, bool write, const char* what) {
+// A read at the end of the stream before its first byte is OUT_OF_RANGE
+// when `end_may_come_first` (a peer that closed between frames), otherwise
+// UNAVAILABLE as every other failure.
+absl::Status Exactly(int fd, char* data, size_t n, bool write, const char* what, bool end_may_come_first = false) {
   size_t done = 0;
   while (done < n) {
     const ssize_t got = write ? ::send(fd, data + done, n - done, MSG_NOSIGNAL) : ::recv(fd, data + done, n - done, 0);
@@ -54,7 +57,10 @@ absl::Status Exactly(int fd, char* data, size_t n, bool write, const char* what)
       done += static_cast<size_t>(got);
       continue;
     }
-    if (got == 0) return absl::UnavailableError(absl::StrCat(what, ": the connection was closed"));
+    if (got == 0) {
+      if (done == 0 && end_may_come_first) return absl::OutOfRangeError("the peer closed the connection");
+      return absl::UnavailableError(absl::StrCat(what, ": the connection was closed"));
+    }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       return absl::UnavailableError(absl::StrCat(what, ": timed out after ", done, " of ", n, " bytes"));
@@ -153,7 +159,8 @@ absl::Status WriteFrame(int fd, const std::string& bytes) {
 
 absl::Status ReadFrame(int fd, std::string* bytes, size_t max_bytes) {
   unsigned char header[4];
-  if (absl::Status s = Exactly(fd, reinterpret_cast<char*>(header), 4, /*write=*/false, "reading a frame's length");
+  if (absl::Status s = Exactly(fd, reinterpret_cast<char*>(header), 4, /*write=*/false, "reading a frame's length",
+                               /*end_may_come_first=*/true);
       !s.ok()) {
     return s;
   }

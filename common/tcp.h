@@ -75,8 +75,10 @@ inline constexpr size_t kMaxFrameBytes = 64 << 20;
 // Writes `bytes` as one frame. UNAVAILABLE when the peer is gone or the
 // write timed out.
 absl::Status WriteFrame(int fd, const std::string& bytes);
-// Reads one frame into `bytes`: UNAVAILABLE at the end of the stream, on a
-// timeout or an error; RESOURCE_EXHAUSTED for a frame over `max_bytes`.
+// Reads one frame into `bytes`: OUT_OF_RANGE when the stream ends cleanly
+// before the frame (the peer closed between frames), UNAVAILABLE when it
+// ends inside one, on a timeout or an error; RESOURCE_EXHAUSTED for a frame
+// over `max_bytes`.
 absl::Status ReadFrame(int fd, std::string* bytes, size_t max_bytes = kMaxFrameBytes);
 
 }  // namespace baton

@@ -52,10 +52,31 @@ TEST(TcpTest, ATruncatedFrameTimesOutAndAClosedOneSaysSo) {
   std::printf("truncated: %s\n", s.ToString().c_str());
   EXPECT_TRUE(absl::IsUnavailable(s));
   EXPECT_NE(s.message().find("timed out"), std::string::npos);
-  a.reset();
-  s = ReadFrame(b.get(), &got);
-  std::printf("closed: %s\n", s.ToString().c_str());
+  // The same 2 of 10 bytes, then the end of the stream: inside the frame.
+  int more[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, more), 0);
+  ScopedFd c(more[0]), d(more[1]);
+  ASSERT_EQ(::write(c.get(), partial, sizeof(partial)), static_cast<ssize_t>(sizeof(partial)));
+  c.reset();
+  s = ReadFrame(d.get(), &got);
+  std::printf("closed inside a frame: %s\n", s.ToString().c_str());
+  EXPECT_TRUE(absl::IsUnavailable(s));
   EXPECT_NE(s.message().find("closed"), std::string::npos);
+}
+
+TEST(TcpTest, AStreamClosedBetweenFramesEndsCleanly) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  ScopedFd a(fds[0]), b(fds[1]);
+  SetIoTimeout(b.get(), absl::Milliseconds(100));
+  ASSERT_TRUE(WriteFrame(a.get(), "last").ok());
+  a.reset();
+  std::string got;
+  ASSERT_TRUE(ReadFrame(b.get(), &got).ok());
+  EXPECT_EQ(got, "last");
+  const absl::Status s = ReadFrame(b.get(), &got);
+  std::printf("closed between frames: %s\n", s.ToString().c_str());
+  EXPECT_TRUE(absl::IsOutOfRange(s)) << s;
 }
 
 TEST(TcpTest, ARefusedConnectionIsToldApart) {
