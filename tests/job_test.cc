@@ -38,6 +38,23 @@ std::string Baton() { return testing::BatonBinary(); }
 using testing::Field;
 using testing::JsonLines;
 
+// Two runs' step lines (`baton run --output=json`) agree bit for bit on
+// what the run computed (step, loss, gradient norm, bytes, tokens).
+void ExpectSameSteps(const std::vector<std::string>& a, const std::vector<std::string>& b, const std::string& how) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  int same = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    bool equal = true;
+    for (const char* key : {"step", "loss", "grad_norm", "comm_bytes", "tokens"}) {
+      equal &= Field(a[i], key) == Field(b[i], key);
+    }
+    same += equal;
+    EXPECT_TRUE(equal) << a[i] << "\n" << b[i];
+  }
+  std::printf("%d of %zu steps identical (step, loss, grad norm, bytes, tokens) %s\n", same, a.size(), how.c_str());
+}
+
 TEST(JobTest, RunThroughTheControllerMatchesTheReference) {
   auto cluster = StartCluster(4);
   ASSERT_NE(cluster, nullptr);
@@ -136,18 +153,7 @@ TEST(JobTest, KStepsPerCallGiveTheSameStepsBitForBit) {
       ASSERT_EQ(run.exit_code, 0) << run.output;
       lines.push_back(JsonLines(run.output));
     }
-    ASSERT_EQ(lines[0].size(), lines[1].size());
-    int same = 0;
-    for (size_t i = 0; i < lines[0].size(); ++i) {
-      bool equal = true;
-      for (const char* key : {"step", "loss", "grad_norm", "comm_bytes", "tokens"}) {
-        equal &= Field(lines[0][i], key) == Field(lines[1][i], key);
-      }
-      same += equal;
-      EXPECT_TRUE(equal) << lines[0][i] << "\n" << lines[1][i];
-    }
-    std::printf("%s: %d of %zu steps identical (step, loss, grad norm, bytes, tokens) with 4 steps per call\n", example,
-                same, lines[0].size());
+    ExpectSameSteps(lines[0], lines[1], absl::StrCat(example, ", with 4 steps per call"));
   }
   StopAndExpectAllGone(*cluster);
 }
@@ -181,19 +187,7 @@ TEST(JobTest, StepChannelAndGrpcStepsAreTheSameStepsBitForBit) {
     EXPECT_EQ(over_channel, channel ? created : 0) << watch.output;
     StopAndExpectAllGone(*cluster);
   }
-  ASSERT_EQ(lines[0].size(), lines[1].size());
-  ASSERT_FALSE(lines[0].empty());
-  int same = 0;
-  for (size_t i = 0; i < lines[0].size(); ++i) {
-    bool equal = true;
-    for (const char* key : {"step", "loss", "grad_norm", "comm_bytes", "tokens"}) {
-      equal &= Field(lines[0][i], key) == Field(lines[1][i], key);
-    }
-    same += equal;
-    EXPECT_TRUE(equal) << lines[0][i] << "\n" << lines[1][i];
-  }
-  std::printf("%d of %zu steps identical (step, loss, grad norm, bytes, tokens) over the step channel and over gRPC\n",
-              same, lines[0].size());
+  ExpectSameSteps(lines[0], lines[1], "over the step channel and over gRPC");
 }
 
 TEST(JobTest, BadJobFilesFailBeforeAnyWorkerIsTouched) {
