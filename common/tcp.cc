@@ -38,9 +38,12 @@ struct AddrInfo {
 absl::Status Resolve(const std::string& host, const std::string& port, int flags, AddrInfo* out) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | flags;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &out->found) != 0 || out->found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("not a numeric address: ", host, ":", port));
+  // A name as well as an address: a worker's --host may be either.
+  hints.ai_flags = AI_NUMERICSERV | flags;
+  if (const int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &out->found);
+      error != 0 || out->found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve ", host, ":", port, ": ", error != 0 ? gai_strerror(error) : "no address"));
   }
   return absl::OkStatus();
 }

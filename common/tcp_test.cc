@@ -29,6 +29,22 @@ TEST(TcpTest, FramesCrossAConnectionWhole) {
   }
 }
 
+// A worker's --host may be a name (/etc/hosts, DNS) as well as an address.
+TEST(TcpTest, AHostNameListensAndConnects) {
+  auto listening = ListenTcp("localhost");
+  ASSERT_TRUE(listening.ok()) << listening.status();
+  auto client = ConnectTcp("localhost", listening->second, absl::Seconds(2));
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto server = AcceptTcp(listening->first.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  SetIoTimeout(server->get(), absl::Seconds(2));
+  ASSERT_TRUE(WriteFrame(client->get(), "by name").ok());
+  std::string got;
+  ASSERT_TRUE(ReadFrame(server->get(), &got).ok());
+  std::printf("localhost:%d carried \"%s\"\n", listening->second, got.c_str());
+  EXPECT_EQ(got, "by name");
+}
+
 TEST(TcpTest, AnOversizedFrameIsRefusedBeforeItsBody) {
   int fds[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
