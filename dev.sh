@@ -30,7 +30,8 @@ cd "$(dirname "$0")"
 # reference BLAS runs matrix products 15-20x slower. python3-torch and
 # python3-numpy: the independent PyTorch-Python oracle (tests/oracle/) and
 # the benchmark's PyTorch peer. libdeflate-dev: checkpoint checksums.
-# openssl: the mTLS test's certificates. clang: libFuzzer (bench/fuzz.sh).
+# openssl: the mTLS test's certificates; libssl-dev: TLS on the step
+# channels of a fleet with mTLS (common/frame_conn.cc). clang: libFuzzer (bench/fuzz.sh).
 # prometheus-cpp-dev and libmicrohttpd-dev: the daemons' /metrics and status
 # page; prometheus: the real server that scrapes them in a test; chromium:
 # the status page's browser test; python3-yaml: reading rendered manifests;
@@ -41,7 +42,7 @@ cd "$(dirname "$0")"
 PACKAGES=(
   bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev openssl clang
+  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev openssl libssl-dev clang
   prometheus-cpp-dev libmicrohttpd-dev prometheus chromium python3-yaml python3-grpcio iproute2
 )
 if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi

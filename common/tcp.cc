@@ -48,14 +48,14 @@ absl::Status Resolve(const std::string& host, const std::string& port, int flags
   return absl::OkStatus();
 }
 
-// Reads or writes exactly `n` bytes (the socket's timeouts bound each try).
-// A read at the end of the stream before its first byte is OUT_OF_RANGE
-// when `end_may_come_first` (a peer that closed between frames), otherwise
+// Moves exactly `n` bytes through `io` (the socket's timeouts bound each
+// try). The end of the stream before the first byte is OUT_OF_RANGE when
+// `end_may_come_first` (a peer that closed between frames), otherwise
 // UNAVAILABLE as every other failure.
-absl::Status Exactly(int fd, char* data, size_t n, bool write, const char* what, bool end_may_come_first = false) {
+absl::Status Exactly(ByteIo io, char* data, size_t n, const char* what, bool end_may_come_first = false) {
   size_t done = 0;
   while (done < n) {
-    const ssize_t got = write ? ::send(fd, data + done, n - done, MSG_NOSIGNAL) : ::recv(fd, data + done, n - done, 0);
+    const ssize_t got = io(data + done, n - done);
     if (got > 0) {
       done += static_cast<size_t>(got);
       continue;
@@ -148,21 +148,22 @@ void SetIoTimeout(int fd, absl::Duration timeout) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-absl::Status WriteFrame(int fd, const std::string& bytes) {
+absl::Status WriteFrame(ByteIo send, const std::string& bytes) {
   if (bytes.size() > kMaxFrameBytes) {
     return absl::ResourceExhaustedError(absl::StrCat("frame of ", bytes.size(), " bytes over the ", kMaxFrameBytes, " limit"));
   }
-  // One send for header and body: one segment for a small frame.
+  // One send for header and body: one segment (or TLS record) for a small
+  // frame.
   std::string frame(4, '\0');
   const uint32_t n = static_cast<uint32_t>(bytes.size());
   for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
   frame += bytes;
-  return Exactly(fd, frame.data(), frame.size(), /*write=*/true, "writing a frame");
+  return Exactly(send, frame.data(), frame.size(), "writing a frame");
 }
 
-absl::Status ReadFrame(int fd, std::string* bytes, size_t max_bytes) {
+absl::Status ReadFrame(ByteIo recv, std::string* bytes, size_t max_bytes) {
   unsigned char header[4];
-  if (absl::Status s = Exactly(fd, reinterpret_cast<char*>(header), 4, /*write=*/false, "reading a frame's length",
+  if (absl::Status s = Exactly(recv, reinterpret_cast<char*>(header), 4, "reading a frame's length",
                                /*end_may_come_first=*/true);
       !s.ok()) {
     return s;
@@ -172,7 +173,15 @@ absl::Status ReadFrame(int fd, std::string* bytes, size_t max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("frame of ", n, " bytes over the ", max_bytes, " limit"));
   }
   bytes->resize(n);
-  return Exactly(fd, bytes->data(), n, /*write=*/false, "reading a frame");
+  return Exactly(recv, bytes->data(), n, "reading a frame");
+}
+
+absl::Status WriteFrame(int fd, const std::string& bytes) {
+  return WriteFrame([fd](char* data, size_t n) { return ::send(fd, data, n, MSG_NOSIGNAL); }, bytes);
+}
+
+absl::Status ReadFrame(int fd, std::string* bytes, size_t max_bytes) {
+  return ReadFrame([fd](char* data, size_t n) { return ::recv(fd, data, n, 0); }, bytes, max_bytes);
 }
 
 }  // namespace baton

@@ -1,7 +1,6 @@
 // Plain TCP for the few paths that must not pay gRPC's per-message costs (a
 // mesh's step channel: docs/control_plane.md): a file descriptor that closes
-// itself, connecting and listening on numeric addresses, and
-// length-prefixed frames.
+// itself, connecting and listening, and length-prefixed frames.
 //
 // A frame is a 4-byte little-endian length and that many bytes. Every read
 // and write is bounded: a socket gets send and receive timeouts
@@ -10,10 +9,13 @@
 #ifndef BATON_COMMON_TCP_H_
 #define BATON_COMMON_TCP_H_
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <string>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -49,14 +51,14 @@ class ScopedFd {
 // INVALID_ARGUMENT when there is no port.
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address);
 
-// A TCP connection to numeric `host` and `port`, made within `timeout`,
+// A TCP connection to `host` (an address or a name) and `port`, made within `timeout`,
 // with TCP_NODELAY. The error says why (refused, timed out, unreachable).
 absl::StatusOr<ScopedFd> ConnectTcp(const std::string& host, int port, absl::Duration timeout);
 // Whether connecting to `host`:`port` was refused (nothing listens there):
 // the one error that says a process is gone.
 bool IsConnectionRefused(const absl::Status& status);
 
-// A socket listening on numeric `host`, port chosen by the system, and
+// A socket listening on `host` (an address or a name), port chosen by the system, and
 // that port.
 absl::StatusOr<std::pair<ScopedFd, int>> ListenTcp(const std::string& host);
 // Takes one pending connection of listening `fd` (TCP_NODELAY set).
@@ -80,6 +82,13 @@ absl::Status WriteFrame(int fd, const std::string& bytes);
 // ends inside one, on a timeout or an error; RESOURCE_EXHAUSTED for a frame
 // over `max_bytes`.
 absl::Status ReadFrame(int fd, std::string* bytes, size_t max_bytes = kMaxFrameBytes);
+
+// The same framing over another byte stream (TLS: common/frame_conn.h).
+// `io` moves up to `n` bytes as recv and send do: how many (> 0), 0 at the
+// end of the stream, or -1 with errno set (EAGAIN: the socket's timeout).
+using ByteIo = absl::FunctionRef<ssize_t(char* data, size_t n)>;
+absl::Status WriteFrame(ByteIo send, const std::string& bytes);
+absl::Status ReadFrame(ByteIo recv, std::string* bytes, size_t max_bytes = kMaxFrameBytes);
 
 }  // namespace baton
 

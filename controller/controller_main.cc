@@ -135,6 +135,7 @@ int Main(int argc, char** argv) {
   mesh_options.rendezvous_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rendezvous_timeout_ms));
   mesh_options.default_backend = default_backend;
   mesh_options.next_epoch = [&store] { return store->NewEpoch(); };
+  mesh_options.step_channel_tls = *credentials;
   MeshManager meshes(&registry, &kv, &events, &dispatcher, mesh_options);
   JobManagerOptions job_options;
   job_options.checkpoints.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));

@@ -213,7 +213,7 @@ bool MeshManager::OpenStepChannels(const baton::v1::Mesh& mesh,
   if (std::none_of(answers.begin(), answers.end(), [](const auto& a) { return a.step_channel_port() > 0; })) {
     return false;
   }
-  auto channels = StepChannels::Open(mesh, answers);
+  auto channels = StepChannels::Open(mesh, answers, options_.step_channel_tls);
   if (!channels.ok()) {
     Logf("controller: %s's steps go over gRPC: no step channel (%s)", mesh.mesh_id().c_str(),
          channels.status().ToString().c_str());

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/kv_store.h"
+#include "common/security.h"
 #include "controller/dispatcher.h"
 #include "controller/event_log.h"
 #include "controller/step_channels.h"
@@ -51,6 +52,9 @@ struct MeshOptions {
   // A new epoch for every mesh (the job store persists the counter, so
   // epochs stay unique across controller restarts); default: counts from 1.
   std::function<int64_t()> next_epoch;
+  // The fleet's TLS for the meshes' step channels (controller/step_channels.h):
+  // with a CA, certificate and key they are TLS, as the fleet's gRPC calls.
+  Credentials step_channel_tls;
 };
 
 class MeshManager {

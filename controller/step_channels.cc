@@ -24,10 +24,10 @@ grpc::Status ReplyStatus(const baton::v1::StepChannelReply& reply) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<StepChannels>> StepChannels::Open(
-    const baton::v1::Mesh& mesh, const std::vector<baton::v1::ConfigureResponse>& answers) {
+    const baton::v1::Mesh& mesh, const std::vector<baton::v1::ConfigureResponse>& answers, const Credentials& tls) {
   const size_t n = static_cast<size_t>(mesh.worker_addresses_size());
   if (answers.size() != n) return absl::InvalidArgumentError("one ConfigureResponse per rank");
-  std::vector<ScopedFd> ranks;
+  std::vector<std::unique_ptr<FrameConn>> ranks;
   for (size_t r = 0; r < n; ++r) {
     const std::string& address = mesh.worker_addresses(static_cast<int>(r));
     const int port = answers[r].step_channel_port();
@@ -37,19 +37,27 @@ absl::StatusOr<std::shared_ptr<StepChannels>> StepChannels::Open(
     auto fd = ConnectTcp(host->first, port, kConnectTimeout);
     if (!fd.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", fd.status().message()));
     SetIoTimeout(fd->get(), kStepFrameTimeout);
+    std::unique_ptr<FrameConn> conn;
+    if (tls.tls()) {
+      auto secured = FrameConn::TlsClient(std::move(*fd), host->first, tls);
+      if (!secured.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", secured.status().message()));
+      conn = std::move(*secured);
+    } else {
+      conn = std::make_unique<FrameConn>(std::move(*fd));
+    }
     baton::v1::StepChannelHello hello;
     hello.set_epoch(mesh.epoch());
     hello.set_secret(answers[r].step_channel_secret());
-    if (absl::Status s = WriteFrame(fd->get(), hello.SerializeAsString()); !s.ok()) {
+    if (absl::Status s = conn->Write(hello.SerializeAsString()); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("rank ", r, ": ", s.message()));
     }
-    ranks.push_back(std::move(*fd));
+    ranks.push_back(std::move(conn));
   }
   // Every hello is out before the first answer is waited for.
   for (size_t r = 0; r < n; ++r) {
     std::string bytes;
     baton::v1::StepChannelReply reply;
-    if (absl::Status s = ReadFrame(ranks[r].get(), &bytes); !s.ok()) {
+    if (absl::Status s = ranks[r]->Read(&bytes); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("rank ", r, "'s answer to hello: ", s.message()));
     }
     if (!reply.ParseFromString(bytes) || reply.code() != grpc::StatusCode::OK) {
@@ -61,7 +69,7 @@ absl::StatusOr<std::shared_ptr<StepChannels>> StepChannels::Open(
 
 void StepChannels::Break() {
   if (broken_.exchange(true)) return;
-  for (const ScopedFd& fd : ranks_) ::shutdown(fd.get(), SHUT_RDWR);
+  for (const auto& conn : ranks_) conn->Shutdown();
 }
 
 std::unique_ptr<StepChannels::Call> StepChannels::Start(const baton::v1::RunStepRequest& request,
@@ -70,7 +78,7 @@ std::unique_ptr<StepChannels::Call> StepChannels::Start(const baton::v1::RunStep
   const std::string bytes = request.SerializeAsString();
   for (size_t r = 0; r < ranks_.size(); ++r) {
     absl::Status sent = broken() ? absl::UnavailableError("the step channels were broken by an earlier call")
-                                 : WriteFrame(ranks_[r].get(), bytes);
+                                 : ranks_[r]->Write(bytes);
     if (!sent.ok()) {
       call->results_[r].status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                               absl::StrCat("step channel: ", sent.message()));
@@ -97,7 +105,7 @@ void StepChannels::Call::Read(size_t r) {
   std::string bytes;
   baton::v1::StepChannelReply reply;
   grpc::Status status;
-  if (absl::Status read = ReadFrame(channels_->ranks_[r].get(), &bytes); !read.ok()) {
+  if (absl::Status read = channels_->ranks_[r]->Read(&bytes); !read.ok()) {
     status = grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("step channel: ", read.message()));
   } else if (!reply.ParseFromString(bytes)) {
     status = grpc::Status(grpc::StatusCode::INTERNAL, "step channel: a reply that is not a StepChannelReply");
@@ -164,7 +172,7 @@ std::vector<CallResult<baton::v1::RunStepResponse>> StepChannels::Call::Wait(con
     waiting.clear();
     for (size_t r = 0; r < n; ++r) {
       if (done_[r]) continue;
-      waits.push_back(pollfd{channels_->ranks_[r].get(), POLLIN, 0});
+      waits.push_back(pollfd{channels_->ranks_[r]->fd(), POLLIN, 0});
       waiting.push_back(r);
     }
     const absl::Time wake = stopping ? cancel_at : std::min(next_poll, end_);

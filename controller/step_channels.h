@@ -1,6 +1,6 @@
 // StepChannels: the controller's ends of a mesh's step channels
-// (docs/control_plane.md, "Step channel"), one plain TCP connection per
-// rank, opened once the mesh is configured (the ports and one-time secrets
+// (docs/control_plane.md, "Step channel"), one TCP connection per rank (TLS
+// in a fleet with mutual TLS), opened once the mesh is configured (the ports and one-time secrets
 // come in the ranks' ConfigureResponses) and closed with the mesh. A job's
 // RunStep calls go over them instead of gRPC: a request frame to every rank,
 // one reply frame back from each, in order, so a call sent ahead of the one
@@ -28,7 +28,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/tcp.h"
+#include "common/frame_conn.h"
+#include "common/security.h"
 #include "controller/dispatcher.h"
 #include "proto/mesh.pb.h"
 #include "proto/worker.pb.h"
@@ -40,11 +41,12 @@ class StepChannels : public std::enable_shared_from_this<StepChannels> {
   static constexpr absl::Duration kConnectTimeout = absl::Seconds(2);
 
   // Connects to every rank of `mesh` at its address's host and the port in
-  // `answers[rank]`, says hello with the rank's secret and waits for its
-  // answer. An error when a rank offered none, could not be reached or
+  // `answers[rank]` (inside TLS when `tls` has the fleet's certificates:
+  // common/frame_conn.h), says hello with the rank's secret and waits for
+  // its answer. An error when a rank offered none, could not be reached or
   // refused: the mesh's steps then go over gRPC.
   static absl::StatusOr<std::shared_ptr<StepChannels>> Open(
-      const baton::v1::Mesh& mesh, const std::vector<baton::v1::ConfigureResponse>& answers);
+      const baton::v1::Mesh& mesh, const std::vector<baton::v1::ConfigureResponse>& answers, const Credentials& tls);
 
   class Call;
   // Sends `request` to every rank now; `deadline` from now.
@@ -54,11 +56,11 @@ class StepChannels : public std::enable_shared_from_this<StepChannels> {
   bool broken() const { return broken_.load(); }
 
  private:
-  explicit StepChannels(std::vector<ScopedFd> ranks) : ranks_(std::move(ranks)) {}
+  explicit StepChannels(std::vector<std::unique_ptr<FrameConn>> ranks) : ranks_(std::move(ranks)) {}
   // Shuts every connection down (the workers see the end of the stream).
   void Break();
 
-  const std::vector<ScopedFd> ranks_;
+  const std::vector<std::unique_ptr<FrameConn>> ranks_;
   std::atomic<bool> broken_{false};
 };
 

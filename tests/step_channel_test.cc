@@ -3,8 +3,11 @@
 // (controller/step_channels.h), with scripted steps. What a call over it
 // must keep from a gRPC RunStep: answers in order to calls sent ahead,
 // errors with what completed, the drain on a failure, dead ranks not waited
-// for, a cancelled call stopping between steps, a gone worker seen at once.
+// for, a cancelled call stopping between steps, a gone worker seen at once;
+// and inside TLS in a fleet with mutual TLS (certificates made with the
+// openssl command).
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -16,9 +19,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/security.h"
 #include "common/tcp.h"
 #include "controller/step_channels.h"
 #include "gtest/gtest.h"
+#include "tests/process_util.h"
 #include "worker/step_channel.h"
 #include "worker/step_thread.h"
 
@@ -38,9 +43,9 @@ struct Rank {
   std::atomic<int> steps_run{0};
   std::atomic<bool> off_thread{false};  // a step ran on another thread
 
-  Rank(int rank, const StepFn& step_fn) {
+  Rank(int rank, const StepFn& step_fn, const Credentials& tls) {
     auto listening = StepChannelServer::Listen(
-        "127.0.0.1", kEpoch,
+        "127.0.0.1", kEpoch, tls,
         [this, rank, step_fn](const baton::v1::RunStepRequest& req, const std::function<bool()>& hung_up,
                               baton::v1::StepChannelReply* reply) {
           if (std::this_thread::get_id() != steps->id()) off_thread = true;
@@ -76,11 +81,12 @@ struct Fleet {
   std::vector<std::unique_ptr<Rank>> ranks;
   baton::v1::Mesh mesh;
   std::vector<baton::v1::ConfigureResponse> answers;
+  Credentials tls;  // the workers' and the controller's (none: in the clear)
 
-  Fleet(int n, const StepFn& step_fn) {
+  Fleet(int n, const StepFn& step_fn, Credentials fleet_tls = {}) : tls(std::move(fleet_tls)) {
     mesh.set_epoch(kEpoch);
     for (int r = 0; r < n; ++r) {
-      ranks.push_back(std::make_unique<Rank>(r, step_fn));
+      ranks.push_back(std::make_unique<Rank>(r, step_fn, tls));
       mesh.add_worker_names(absl::StrCat("worker-", r));
       mesh.add_worker_addresses("127.0.0.1:1");  // the gRPC address: only its host is used
       baton::v1::ConfigureResponse a;
@@ -90,7 +96,7 @@ struct Fleet {
     }
   }
   std::shared_ptr<StepChannels> Open() {
-    auto channels = StepChannels::Open(mesh, answers);
+    auto channels = StepChannels::Open(mesh, answers, tls);
     EXPECT_TRUE(channels.ok()) << channels.status();
     return channels.ok() ? *channels : nullptr;
   }
@@ -139,24 +145,24 @@ TEST(StepChannelTest, AWrongSecretOrEpochIsRefusedAndTheRightOneStillAdmitted) {
   Fleet fleet(1, Ok);
   std::vector<baton::v1::ConfigureResponse> bad = fleet.answers;
   bad[0].set_step_channel_secret(std::string(StepChannelServer::kSecretBytes, 'x'));
-  auto refused = StepChannels::Open(fleet.mesh, bad);
+  auto refused = StepChannels::Open(fleet.mesh, bad, {});
   ASSERT_FALSE(refused.ok());
   std::printf("wrong secret: %s\n", refused.status().ToString().c_str());
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "refused the hello"));
   baton::v1::Mesh other_epoch = fleet.mesh;
   other_epoch.set_epoch(kEpoch + 1);
-  refused = StepChannels::Open(other_epoch, fleet.answers);
+  refused = StepChannels::Open(other_epoch, fleet.answers, {});
   std::printf("wrong epoch: %s\n", refused.status().ToString().c_str());
   EXPECT_FALSE(refused.ok());
   baton::v1::ConfigureResponse none;  // a worker that offers no channel
-  refused = StepChannels::Open(fleet.mesh, {none});
+  refused = StepChannels::Open(fleet.mesh, {none}, {});
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "offers no step channel")) << refused.status();
   auto channels = fleet.Open();
   ASSERT_NE(channels, nullptr);
   const auto results = channels->Start(Request(1), absl::Seconds(10))->Wait(FanOut{});
   EXPECT_TRUE(results[0].status.ok());
   // Once one controller is in, nobody else connects.
-  EXPECT_FALSE(StepChannels::Open(fleet.mesh, fleet.answers).ok());
+  EXPECT_FALSE(StepChannels::Open(fleet.mesh, fleet.answers, {}).ok());
 }
 
 TEST(StepChannelTest, AFrameThatIsNotARequestIsRefusedAndTheChannelServesOn) {
@@ -316,6 +322,81 @@ TEST(StepChannelTest, ACallPastItsDeadlineFails) {
   EXPECT_EQ(results[0].status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_LT(waited, 3.0);
   EXPECT_TRUE(channels->broken());
+}
+
+// Certificates made with openssl: CA "good" signs "good" (named 127.0.0.1
+// and localhost) and "elsewhere" (named only elsewhere.example); CA "other"
+// signs "other". Loaded as a daemon loads its --tls_* files.
+Credentials MakeTls(const std::string& dir, const std::string& ca, const std::string& name, const std::string& san) {
+  auto sh = [](const std::string& script) {
+    auto r = testing::RunCommand({"/bin/sh", "-c", script}, absl::Seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << script << "\n" << r.output;
+  };
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  sh(absl::StrCat("cd ", dir, " && [ -e ", ca, "-ca.pem ] || openssl req -x509 ", ec, " -days 2 -subj /CN=", ca,
+                  "-ca -keyout ", ca, "-ca.key -out ", ca, "-ca.pem 2>&1"));
+  sh(absl::StrCat("cd ", dir, " && printf 'subjectAltName=", san, "' > ", name, ".ext && openssl req ", ec,
+                  " -subj /CN=", name, " -keyout ", name, ".key -out ", name, ".csr 2>&1 && openssl x509 -req -in ",
+                  name, ".csr -CA ", ca, "-ca.pem -CAkey ", ca, "-ca.key -CAcreateserial -days 2 -extfile ", name,
+                  ".ext -out ", name, ".pem 2>&1 && chmod 600 ", name, ".key"));
+  Credentials tls;
+  EXPECT_TRUE(LoadTls(dir + "/" + ca + "-ca.pem", dir + "/" + name + ".pem", dir + "/" + name + ".key", &tls).ok());
+  return tls;
+}
+
+TEST(StepChannelTest, AnMtlsFleetsChannelIsTlsAndRefusesWhomItsCaDidNotSign) {
+  signal(SIGPIPE, SIG_IGN);  // as the daemons: a peer gone mid-write is an error, not a signal
+  const std::string dir = testing::TempDir("step_channel_tls");
+  const Credentials good = MakeTls(dir, "good", "good", "IP:127.0.0.1,DNS:localhost");
+  const Credentials other = MakeTls(dir, "other", "other", "IP:127.0.0.1,DNS:localhost");
+  Credentials plain;
+  Fleet fleet(2, Ok, good);
+  // A controller in the clear, and one whose certificate another CA signed:
+  // no hello gets through, and the workers go on listening.
+  auto refused = StepChannels::Open(fleet.mesh, fleet.answers, plain);
+  std::printf("controller in the clear: %s\n", refused.status().ToString().c_str());
+  EXPECT_FALSE(refused.ok());
+  refused = StepChannels::Open(fleet.mesh, fleet.answers, other);
+  std::printf("controller that trusts another CA: %s\n", refused.status().ToString().c_str());
+  EXPECT_FALSE(refused.ok());
+  // Trusting the fleet's CA, presenting a certificate the other signed:
+  // the workers refuse it.
+  Credentials impostor = other;
+  impostor.tls_ca = good.tls_ca;
+  refused = StepChannels::Open(fleet.mesh, fleet.answers, impostor);
+  std::printf("controller certified by another CA: %s\n", refused.status().ToString().c_str());
+  EXPECT_FALSE(refused.ok());
+  for (const auto& r : fleet.ranks) EXPECT_FALSE(r->channel->attached());
+  // The fleet's own controller: calls sent ahead, answered in order.
+  auto channels = fleet.Open();
+  ASSERT_NE(channels, nullptr);
+  auto call = channels->Start(Request(1), absl::Seconds(10));
+  constexpr int kCalls = 50;
+  int answered = 0;
+  for (int step = 1; step <= kCalls; ++step) {
+    auto next = step < kCalls ? channels->Start(Request(step + 1), absl::Seconds(10)) : nullptr;
+    const auto results = call->Wait(FanOut{});
+    bool all = true;
+    for (const auto& r : results) all &= r.status.ok() && r.response.metrics_size() == 1 && r.response.metrics(0).step() == step;
+    answered += all;
+    call = std::move(next);
+  }
+  std::printf("over TLS: %d of %d calls sent one ahead answered in order by both ranks\n", answered, kCalls);
+  EXPECT_EQ(answered, kCalls);
+  EXPECT_FALSE(channels->broken());
+}
+
+TEST(StepChannelTest, TheControllerRefusesAWorkerWhoseCertificateNamesAnotherHost) {
+  signal(SIGPIPE, SIG_IGN);
+  const std::string dir = testing::TempDir("step_channel_tls_host");
+  const Credentials good = MakeTls(dir, "good", "good", "IP:127.0.0.1,DNS:localhost");
+  const Credentials elsewhere = MakeTls(dir, "good", "elsewhere", "DNS:elsewhere.example");
+  Fleet fleet(1, Ok, elsewhere);  // dialled at 127.0.0.1
+  auto refused = StepChannels::Open(fleet.mesh, fleet.answers, good);
+  std::printf("worker certified for elsewhere.example, dialled at 127.0.0.1: %s\n",
+              refused.status().ToString().c_str());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "mismatch")) << refused.status();
 }
 
 }  // namespace

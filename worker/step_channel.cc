@@ -27,31 +27,33 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-absl::Status WriteReply(int fd, const baton::v1::StepChannelReply& reply) {
-  return WriteFrame(fd, reply.SerializeAsString());
+absl::Status WriteReply(FrameConn& conn, const baton::v1::StepChannelReply& reply) {
+  return conn.Write(reply.SerializeAsString());
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StepChannelServer>> StepChannelServer::Listen(const std::string& host, int64_t epoch,
-                                                                             Handler handler) {
+                                                                             const Credentials& tls, Handler handler) {
   auto listening = ListenTcp(host);
   if (!listening.ok()) return listening.status();
   std::string secret = RandomSecret(kSecretBytes);
   if (secret.empty()) return absl::InternalError("no randomness for the step channel's secret (/dev/urandom)");
-  return std::unique_ptr<StepChannelServer>(new StepChannelServer(std::move(listening->first), listening->second,
-                                                                  epoch, std::move(secret), std::move(handler)));
+  return std::unique_ptr<StepChannelServer>(new StepChannelServer(
+      std::move(listening->first), listening->second, epoch, std::move(secret), tls, std::move(handler)));
 }
 
-StepChannelServer::StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret, Handler handler)
+StepChannelServer::StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret,
+                                     const Credentials& tls, Handler handler)
     : listener_(std::move(listener)),
       port_(port),
       epoch_(epoch),
       secret_(std::move(secret)),
+      tls_(tls),
       handler_(std::move(handler)) {}
 
 std::vector<int> StepChannelServer::fds() {
-  if (conn_.valid()) return {conn_.get()};
+  if (conn_ != nullptr) return {conn_->fd()};
   if (listener_.valid()) return {listener_.get()};
   return {};
 }
@@ -63,29 +65,42 @@ void StepChannelServer::Ready(int fd, short) {
     if (Admit(std::move(*conn))) listener_.reset();  // one controller per mesh
     return;
   }
-  if (fd == conn_.get() && !Answer()) {
+  if (conn_ != nullptr && fd == conn_->fd() && !Answer()) {
     conn_.reset();
     attached_ = false;
   }
 }
 
-bool StepChannelServer::Admit(ScopedFd conn) {
-  // Whoever connects holds the step thread until its hello is read.
-  SetIoTimeout(conn.get(), kHelloTimeout);
+bool StepChannelServer::Admit(ScopedFd fd) {
+  // Whoever connects holds the step thread until its hello is read (its
+  // TLS handshake included).
+  SetIoTimeout(fd.get(), kHelloTimeout);
+  std::unique_ptr<FrameConn> conn;
+  if (tls_.tls()) {
+    auto secured = FrameConn::TlsServer(std::move(fd), tls_);
+    if (!secured.ok()) {
+      Logf("step channel of mesh epoch %lld: refused a connection: %s", static_cast<long long>(epoch_),
+           secured.status().ToString().c_str());
+      return false;
+    }
+    conn = std::move(*secured);
+  } else {
+    conn = std::make_unique<FrameConn>(std::move(fd));
+  }
   std::string bytes;
   baton::v1::StepChannelHello hello;
-  if (!ReadFrame(conn.get(), &bytes, 1024).ok() || !hello.ParseFromString(bytes)) return false;
+  if (!conn->Read(&bytes, 1024).ok() || !hello.ParseFromString(bytes)) return false;
   baton::v1::StepChannelReply reply;
   if (hello.epoch() != epoch_ || !SameSecret(hello.secret(), secret_)) {
     reply.set_code(static_cast<int>(grpc::StatusCode::PERMISSION_DENIED));
     reply.set_message(absl::StrCat("not mesh epoch ", epoch_, "'s step channel secret"));
-    WriteReply(conn.get(), reply).IgnoreError();
+    WriteReply(*conn, reply).IgnoreError();
     Logf("step channel of mesh epoch %lld: refused a connection with a wrong epoch or secret",
          static_cast<long long>(epoch_));
     return false;
   }
-  if (!WriteReply(conn.get(), reply).ok()) return false;
-  SetIoTimeout(conn.get(), kStepFrameTimeout);
+  if (!WriteReply(*conn, reply).ok()) return false;
+  SetIoTimeout(conn->fd(), kStepFrameTimeout);
   conn_ = std::move(conn);
   attached_ = true;
   return true;
@@ -93,7 +108,7 @@ bool StepChannelServer::Admit(ScopedFd conn) {
 
 bool StepChannelServer::Answer() {
   std::string bytes;
-  if (absl::Status read = ReadFrame(conn_.get(), &bytes); !read.ok()) {
+  if (absl::Status read = conn_->Read(&bytes); !read.ok()) {
     if (!absl::IsOutOfRange(read)) {  // not a controller that closed between calls
       Logf("step channel of mesh epoch %lld dropped: %s", static_cast<long long>(epoch_), read.ToString().c_str());
     }
@@ -107,11 +122,11 @@ bool StepChannelServer::Answer() {
   } else {
     handler_(request, [this] { return HungUp(); }, &reply);
   }
-  return WriteReply(conn_.get(), reply).ok();
+  return WriteReply(*conn_, reply).ok();
 }
 
 bool StepChannelServer::HungUp() const {
-  pollfd p{conn_.get(), POLLRDHUP, 0};
+  pollfd p{conn_->fd(), POLLRDHUP, 0};
   return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 

@@ -6,6 +6,9 @@
 // every frame is a RunStepRequest handed to the handler and answered with a
 // StepChannelReply, in order.
 //
+// In a fleet with mutual TLS the connection is TLS (common/frame_conn.h):
+// the controller's certificate is checked before its hello is read.
+//
 // It is a StepThread::Source: everything above runs on the mesh's step
 // thread, so a call the controller sent ahead is in the socket when the
 // step before it ends and is read without waking another thread. A frame
@@ -23,6 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/frame_conn.h"
+#include "common/security.h"
 #include "common/tcp.h"
 #include "proto/worker.pb.h"
 #include "worker/step_thread.h"
@@ -40,9 +45,11 @@ class StepChannelServer : public StepThread::Source {
   static constexpr absl::Duration kHelloTimeout = absl::Seconds(2);
   static constexpr size_t kSecretBytes = 32;
 
-  // Listens on `host` for mesh `epoch`'s controller.
+  // Listens on `host` for mesh `epoch`'s controller; over TLS when `tls`
+  // has the fleet's certificates (common/frame_conn.h), the controller's
+  // certificate then checked before its hello is read.
   static absl::StatusOr<std::unique_ptr<StepChannelServer>> Listen(const std::string& host, int64_t epoch,
-                                                                   Handler handler);
+                                                                   const Credentials& tls, Handler handler);
 
   int port() const { return port_; }
   const std::string& secret() const { return secret_; }
@@ -53,9 +60,10 @@ class StepChannelServer : public StepThread::Source {
   void Ready(int fd, short revents) override;
 
  private:
-  StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret, Handler handler);
-  // A connection on the listener: its hello, answered; true when it is the
-  // controller's.
+  StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret, const Credentials& tls,
+                    Handler handler);
+  // A connection on the listener: its TLS handshake if any, its hello,
+  // answered; true when it is the controller's (then conn_).
   bool Admit(ScopedFd conn);
   // One request from the attached connection, answered; false when the
   // connection is to be dropped.
@@ -63,10 +71,11 @@ class StepChannelServer : public StepThread::Source {
   bool HungUp() const;
 
   ScopedFd listener_;
-  ScopedFd conn_;
+  std::unique_ptr<FrameConn> conn_;
   const int port_;
   const int64_t epoch_;
   const std::string secret_;
+  const Credentials tls_;
   const Handler handler_;
   std::atomic<bool> attached_{false};
 };

@@ -61,9 +61,9 @@ ABSL_FLAG(int, cuda_device, 0,
           "The GPU this worker's NCCL groups use: an index among the CUDA devices it sees, modulo their "
           "number (`baton up` numbers its workers 0, 1, ...; one GPU per pod: 0).");
 ABSL_FLAG(bool, step_channel, true,
-          "Offer each mesh's controller a step channel: its RunStep calls over one plain TCP connection, "
-          "authenticated by a secret from Configure, instead of gRPC calls (docs/control_plane.md). Never "
-          "with TLS: a TLS fleet's steps stay on gRPC.");
+          "Offer each mesh's controller a step channel: its RunStep calls over one TCP connection, "
+          "authenticated by a secret from Configure, instead of gRPC calls (docs/control_plane.md); inside "
+          "TLS with the fleet's certificates when --tls_* are given.");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
@@ -209,7 +209,7 @@ int Main(int argc, char** argv) {
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
   options.gloo_shared_memory = absl::GetFlag(FLAGS_gloo_shared_memory);
   options.cuda_device = cuda_device;
-  options.step_channel = absl::GetFlag(FLAGS_step_channel) && !credentials->tls();
+  options.step_channel = absl::GetFlag(FLAGS_step_channel);
   options.auth = Authenticator("", credentials->token);
   options.metrics = &metrics;
   // Peers read each other's retained state (recovery, rescale) as the fleet.

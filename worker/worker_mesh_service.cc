@@ -87,7 +87,7 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
   if (options_.step_channel) {
     MeshState* served = state.get();  // its step thread, which serves the channel, goes first
     auto channel = StepChannelServer::Listen(
-        bind_host_, m.epoch(),
+        bind_host_, m.epoch(), options_.fleet_credentials,
         [this, served](const baton::v1::RunStepRequest& request, const std::function<bool()>& hung_up,
                        baton::v1::StepChannelReply* reply) { AnswerChannelStep(*served, request, hung_up, reply); });
     if (channel.ok()) {

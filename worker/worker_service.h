@@ -49,7 +49,8 @@ struct WorkerOptions {
   // piece a save writes.
   int64_t testing_write_delay_ms = 0;
   // What this worker presents to its peers when it reads their retained
-  // state: the fleet's worker token and TLS (none: plaintext, no token).
+  // state, and its step channels' TLS: the fleet's worker token and TLS
+  // (none: plaintext, no token).
   Credentials fleet_credentials;
   // gloo groups whose ranks share this host move all-reduce, all-gather
   // and reduce-scatter through shared memory (GlooOptions::shared_memory).
@@ -57,8 +58,8 @@ struct WorkerOptions {
   // The GPU every NCCL group of this worker uses (NcclOptions::device_index):
   // the worker's, never a group rank's.
   int cuda_device = 0;
-  // Offer each mesh's controller a step channel (worker/step_channel.h):
-  // plain TCP, so only where the fleet's calls are not TLS.
+  // Offer each mesh's controller a step channel (worker/step_channel.h),
+  // inside TLS when fleet_credentials have it.
   bool step_channel = true;
 };
 
