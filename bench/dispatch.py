@@ -146,18 +146,19 @@ REAL_JOBS = [
 ]
 
 
-def start_real_fleet(bin_dir, tmp, workers=2):
+def start_real_fleet(bin_dir, tmp, workers=2, both_args=(), worker_args=()):
     procs = []
     port_file = os.path.join(tmp, "controller.addr")
     ctl = subprocess.Popen([os.path.join(bin_dir, "controller/baton-controller"), "--port=0", "--port_file=" + port_file,
-                            "--checkpoint_root=" + tmp, "--state_dir=" + os.path.join(tmp, "state")],
+                            "--checkpoint_root=" + tmp, "--state_dir=" + os.path.join(tmp, "state")] + list(both_args),
                            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "ctl.log"), "w"))
     procs.append(ctl)
     addr = wait_file(port_file, ctl, "baton-controller")
     for i in range(workers):
         wf = os.path.join(tmp, "worker-%d.addr" % i)
         w = subprocess.Popen([os.path.join(bin_dir, "worker/baton-worker"), "--controller=" + addr, "--port=0",
-                              "--name=worker-%d" % i, "--port_file=" + wf, "--data_root=" + tmp],
+                              "--name=worker-%d" % i, "--port_file=" + wf, "--data_root=" + tmp] + list(both_args)
+                             + list(worker_args),
                              stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "worker-%d.log" % i), "w"))
         procs.append(w)
         wait_file(wf, w, "baton-worker")
@@ -165,9 +166,10 @@ def start_real_fleet(bin_dir, tmp, workers=2):
     return addr, procs
 
 
-def stepping_ms(bin_dir, addr, job_file, per_call):
+def stepping_ms(bin_dir, addr, job_file, per_call, extra_env=None):
     env = dict(os.environ)
     env.pop("BATON_TOKEN_FILE", None)
+    env.update(extra_env or {})
     out = subprocess.run([os.path.join(bin_dir, "client/baton"), "run", "--controller=" + addr, job_file,
                           "--output=json", "--steps_per_call=%d" % per_call], capture_output=True, text=True,
                          timeout=600, env=env)
@@ -180,6 +182,57 @@ def stepping_ms(bin_dir, addr, job_file, per_call):
     raise RuntimeError("no stepping line")
 
 
+def write_job(tmp, name, steps, text, scale):
+    """(steps, path) of REAL_JOBS' `name` scaled to `scale` of its steps."""
+    steps = max(2, int(steps * scale))
+    job_file = os.path.join(tmp, "job-%d.textproto" % len(name))
+    with open(job_file, "w") as f:
+        f.write('name: "k-steps"\n' + text + "steps: %d\nseed: 1\n" % steps)
+    return steps, job_file
+
+
+def tls_section(bin_dir, tmp, scale, rounds):
+    """K = 1 / K = all in two fleets with mutual TLS: steps over the step
+    channel inside TLS (the default), and over gRPC (--step_channel=false)."""
+    tmp = os.path.join(tmp, "tls")
+    os.makedirs(tmp)
+    ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    subprocess.run("cd %s && openssl req -x509 %s -days 2 -subj /CN=ca -keyout ca.key -out ca.pem && "
+                   "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost' > san.ext && "
+                   "openssl req %s -subj /CN=peer -keyout peer.key -out peer.csr && "
+                   "openssl x509 -req -in peer.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile san.ext "
+                   "-out peer.pem && chmod 600 *.key" % (tmp, ec, ec), shell=True, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tls = ["--tls_ca=%s/ca.pem" % tmp, "--tls_cert=%s/peer.pem" % tmp, "--tls_key=%s/peer.key" % tmp]
+    client_env = {"BATON_TLS_CA": tmp + "/ca.pem", "BATON_TLS_CERT": tmp + "/peer.pem", "BATON_TLS_KEY": tmp + "/peer.key"}
+    fleets, procs = [], []
+    try:
+        for label, worker_args in (("step channel in TLS", ()), ("gRPC over TLS", ("--step_channel=false",))):
+            ftmp = os.path.join(tmp, "fleet-%d" % len(fleets))
+            os.makedirs(ftmp)
+            addr, fleet_procs = start_real_fleet(bin_dir, ftmp, both_args=tls, worker_args=worker_args)
+            procs += fleet_procs
+            fleets.append((label, addr, fleet_procs[0], ftmp))
+        print("mutual TLS fleets, medians of %d interleaved rounds: K = 1 / K = all, steps over the step channel "
+              "(inside TLS) and over gRPC (workers with --step_channel=false):" % rounds, flush=True)
+        for name, steps, text in REAL_JOBS:
+            line = []
+            for label, addr, ctl, ftmp in fleets:
+                steps_now, job_file = write_job(ftmp, name, steps, text, scale)
+                ratios, cpu = [], []
+                for _ in range(rounds):
+                    before = cpu_seconds(ctl.pid)
+                    one = stepping_ms(bin_dir, addr, job_file, 1, client_env)
+                    cpu.append((cpu_seconds(ctl.pid) - before) * 1e3 / steps_now)
+                    ratios.append(one / stepping_ms(bin_dir, addr, job_file, steps_now, client_env))
+                ratios.sort()
+                line.append("%s %.3f (rounds %.3f-%.3f; controller CPU per K = 1 step %.3f ms)"
+                            % (label, pct(ratios, 50), ratios[0], ratios[-1], pct(cpu, 50)))
+            print("  %-24s %s" % (name, "; ".join(line)), flush=True)
+    finally:
+        stop_all(procs)
+
+
 def real_section(bin_dir, tmp, scale, rounds):
     tmp = os.path.join(tmp, "real")
     os.makedirs(tmp)
@@ -188,10 +241,7 @@ def real_section(bin_dir, tmp, scale, rounds):
         print("real workers (2), medians of %d interleaved rounds (K = 0: the controller's choice, a second's worth "
               "of steps per call after the first):" % rounds, flush=True)
         for name, steps, text in REAL_JOBS:
-            steps = max(2, int(steps * scale))
-            job_file = os.path.join(tmp, "job-%d.textproto" % len(name))
-            with open(job_file, "w") as f:
-                f.write('name: "k-steps"\n' + text + "steps: %d\nseed: 1\n" % steps)
+            steps, job_file = write_job(tmp, name, steps, text, scale)
             ks = (1, 0, steps)
             times = {k: [] for k in ks}
             cpu = {k: [] for k in ks}  # CPU ms per step: controller, workers together
@@ -242,6 +292,7 @@ def main():
     try:
         if not args.no_real:
             real_section(args.bin, tmp, args.real_scale, args.real_rounds)
+            tls_section(args.bin, tmp, args.real_scale, args.real_rounds)
         for shared in (True, False) if args.sizes else ():
             print("%s:" % ("fake workers sharing their process's port and connection (as co-located workers do)"
                            if shared else "one port and one connection per fake worker"), flush=True)

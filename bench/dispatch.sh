@@ -18,6 +18,11 @@
 # "unary" what the same calls cost over gRPC (workers with
 # --step_channel=false).
 #
+# Then the same two jobs in two fleets with mutual TLS (certificates made
+# with openssl): K = 1 / K = all with the steps over the step channel inside
+# TLS (the default) and over gRPC (--step_channel=false), with the
+# controller's CPU per K = 1 step.
+#
 # Then the controller's dispatch at scale: a controller driving 8, 64, 256 and
 # 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering
 # LoadProgram and RunStep at once, so only the controller's own work is
