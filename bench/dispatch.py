@@ -204,7 +204,8 @@ def tls_section(bin_dir, tmp, scale, rounds):
                    "-out peer.pem && chmod 600 *.key" % (tmp, ec, ec), shell=True, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tls = ["--tls_ca=%s/ca.pem" % tmp, "--tls_cert=%s/peer.pem" % tmp, "--tls_key=%s/peer.key" % tmp]
-    client_env = {"BATON_TLS_CA": tmp + "/ca.pem", "BATON_TLS_CERT": tmp + "/peer.pem", "BATON_TLS_KEY": tmp + "/peer.key"}
+    client_env = {"BATON_TLS_CA": tmp + "/ca.pem", "BATON_TLS_CERT": tmp + "/peer.pem",
+                  "BATON_TLS_KEY": tmp + "/peer.key"}
     fleets, procs = [], []
     try:
         for label, worker_args in (("step channel in TLS", ()), ("gRPC over TLS", ("--step_channel=false",))):

@@ -33,7 +33,6 @@ BioPtr PemBio(const std::string& pem) { return BioPtr(BIO_new_mem_buf(pem.data()
 
 // A context with `tls`'s certificate, key and CA, verifying the peer.
 absl::StatusOr<SSL_CTX*> MakeContext(const Credentials& tls, bool server) {
-  if (!tls.tls()) return absl::FailedPreconditionError("no TLS certificate, key and CA");
   SSL_CTX* ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
   if (ctx == nullptr) return absl::InternalError(TakeSslError("SSL_CTX_new"));
   auto fail = [ctx](const std::string& what) {
@@ -120,7 +119,8 @@ FrameConn::FrameConn(ScopedFd fd, std::unique_ptr<Tls> tls) : fd_(std::move(fd))
 
 FrameConn::~FrameConn() = default;
 
-absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::TlsServer(ScopedFd fd, const Credentials& tls) {
+absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Server(ScopedFd fd, const Credentials& tls) {
+  if (!tls.tls()) return std::make_unique<FrameConn>(std::move(fd));
   auto ctx = MakeContext(tls, /*server=*/true);
   if (!ctx.ok()) return ctx.status();
   auto state = std::make_unique<Tls>();
@@ -136,8 +136,9 @@ absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::TlsServer(ScopedFd fd, con
   return std::unique_ptr<FrameConn>(new FrameConn(std::move(fd), std::move(state)));
 }
 
-absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::TlsClient(ScopedFd fd, const std::string& host,
-                                                                const Credentials& tls) {
+absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Client(ScopedFd fd, const std::string& host,
+                                                             const Credentials& tls) {
+  if (!tls.tls()) return std::make_unique<FrameConn>(std::move(fd));
   auto ctx = MakeContext(tls, /*server=*/false);
   if (!ctx.ok()) return ctx.status();
   auto state = std::make_unique<Tls>();

@@ -36,13 +36,15 @@ class FrameConn {
   FrameConn(const FrameConn&) = delete;
   FrameConn& operator=(const FrameConn&) = delete;
 
-  // TLS over `fd` as the server, handshaken now; the client must present a
-  // certificate signed by `tls`'s CA.
-  static absl::StatusOr<std::unique_ptr<FrameConn>> TlsServer(ScopedFd fd, const Credentials& tls);
-  // TLS over `fd` as the client, handshaken now; the server's certificate
-  // must be signed by `tls`'s CA and name `host` (an address or a name).
-  static absl::StatusOr<std::unique_ptr<FrameConn>> TlsClient(ScopedFd fd, const std::string& host,
-                                                              const Credentials& tls);
+  // The accepting end of `fd`: TLS when `tls` has a CA, certificate and key
+  // (handshaken now; the client must present a certificate signed by that
+  // CA), else in the clear.
+  static absl::StatusOr<std::unique_ptr<FrameConn>> Server(ScopedFd fd, const Credentials& tls);
+  // The connecting end of `fd`, dialled at `host`: TLS when `tls` has them
+  // (handshaken now; the server's certificate must be signed by the CA and
+  // name `host`, an address or a name), else in the clear.
+  static absl::StatusOr<std::unique_ptr<FrameConn>> Client(ScopedFd fd, const std::string& host,
+                                                           const Credentials& tls);
 
   int fd() const { return fd_.get(); }
   bool tls() const { return tls_ != nullptr; }

@@ -37,21 +37,15 @@ absl::StatusOr<std::shared_ptr<StepChannels>> StepChannels::Open(
     auto fd = ConnectTcp(host->first, port, kConnectTimeout);
     if (!fd.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", fd.status().message()));
     SetIoTimeout(fd->get(), kStepFrameTimeout);
-    std::unique_ptr<FrameConn> conn;
-    if (tls.tls()) {
-      auto secured = FrameConn::TlsClient(std::move(*fd), host->first, tls);
-      if (!secured.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", secured.status().message()));
-      conn = std::move(*secured);
-    } else {
-      conn = std::make_unique<FrameConn>(std::move(*fd));
-    }
+    auto conn = FrameConn::Client(std::move(*fd), host->first, tls);
+    if (!conn.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", conn.status().message()));
     baton::v1::StepChannelHello hello;
     hello.set_epoch(mesh.epoch());
     hello.set_secret(answers[r].step_channel_secret());
-    if (absl::Status s = conn->Write(hello.SerializeAsString()); !s.ok()) {
+    if (absl::Status s = (*conn)->Write(hello.SerializeAsString()); !s.ok()) {
       return absl::UnavailableError(absl::StrCat("rank ", r, ": ", s.message()));
     }
-    ranks.push_back(std::move(conn));
+    ranks.push_back(std::move(*conn));
   }
   // Every hello is out before the first answer is waited for.
   for (size_t r = 0; r < n; ++r) {

@@ -1,12 +1,13 @@
 // StepChannels: the controller's ends of a mesh's step channels
 // (docs/control_plane.md, "Step channel"), one TCP connection per rank (TLS
-// in a fleet with mutual TLS), opened once the mesh is configured (the ports and one-time secrets
-// come in the ranks' ConfigureResponses) and closed with the mesh. A job's
-// RunStep calls go over them instead of gRPC: a request frame to every rank,
-// one reply frame back from each, in order, so a call sent ahead of the one
-// running is answered after it. No gRPC completion queue, thread pool or
-// HTTP/2 framing on either side: on a 2-core machine that is what a step
-// per call cost beyond the step (bench/dispatch).
+// in a fleet with mutual TLS), opened once the mesh is configured (the
+// ports and one-time secrets come in the ranks' ConfigureResponses) and
+// closed with the mesh. A job's RunStep calls go over them instead of gRPC:
+// a request frame to every rank, one reply frame back from each, in order,
+// so a call sent ahead of the one running is answered after it. No gRPC
+// completion queue, thread pool or HTTP/2 framing on either side: on a
+// 2-core machine that is what a step per call cost beyond the step
+// (bench/dispatch).
 //
 // A call is waited for as the dispatcher waits for a fan-out
 // (PendingFanOut::Wait): a deadline, `should_abort` polled every

@@ -377,7 +377,9 @@ TEST(StepChannelTest, AnMtlsFleetsChannelIsTlsAndRefusesWhomItsCaDidNotSign) {
     auto next = step < kCalls ? channels->Start(Request(step + 1), absl::Seconds(10)) : nullptr;
     const auto results = call->Wait(FanOut{});
     bool all = true;
-    for (const auto& r : results) all &= r.status.ok() && r.response.metrics_size() == 1 && r.response.metrics(0).step() == step;
+    for (const auto& r : results) {
+      all &= r.status.ok() && r.response.metrics_size() == 1 && r.response.metrics(0).step() == step;
+    }
     answered += all;
     call = std::move(next);
   }

@@ -75,18 +75,13 @@ bool StepChannelServer::Admit(ScopedFd fd) {
   // Whoever connects holds the step thread until its hello is read (its
   // TLS handshake included).
   SetIoTimeout(fd.get(), kHelloTimeout);
-  std::unique_ptr<FrameConn> conn;
-  if (tls_.tls()) {
-    auto secured = FrameConn::TlsServer(std::move(fd), tls_);
-    if (!secured.ok()) {
-      Logf("step channel of mesh epoch %lld: refused a connection: %s", static_cast<long long>(epoch_),
-           secured.status().ToString().c_str());
-      return false;
-    }
-    conn = std::move(*secured);
-  } else {
-    conn = std::make_unique<FrameConn>(std::move(fd));
+  auto accepted = FrameConn::Server(std::move(fd), tls_);
+  if (!accepted.ok()) {
+    Logf("step channel of mesh epoch %lld: refused a connection: %s", static_cast<long long>(epoch_),
+         accepted.status().ToString().c_str());
+    return false;
   }
+  std::unique_ptr<FrameConn> conn = std::move(*accepted);
   std::string bytes;
   baton::v1::StepChannelHello hello;
   if (!conn->Read(&bytes, 1024).ok() || !hello.ParseFromString(bytes)) return false;

@@ -213,7 +213,8 @@ def prometheus_part(fleet, tmp, example):
               "RunStep calls timed on the workers: %s (4 x %d; by transport: %s)" %
               (rpc[0]["value"][1] if rpc else None, step,
                ", ".join("%s=%s" % (r["metric"].get("transport"), r["value"][1]) for r in by_transport)))
-        over_channel = [int(float(r["value"][1])) for r in by_transport if r["metric"].get("transport") == "step_channel"]
+        over_channel = [int(float(r["value"][1])) for r in by_transport
+                        if r["metric"].get("transport") == "step_channel"]
         check(over_channel == [4 * step], "RunStep calls over the workers' step channels (their default without TLS): "
               "%s of %d" % (over_channel, 4 * step))
     finally:
