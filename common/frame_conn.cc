@@ -84,6 +84,16 @@ struct FrameConn::Tls {
     SSL_free(ssl);
     SSL_CTX_free(ctx);
   }
+  // A session over `fd` with `tls`'s certificates, not yet handshaken.
+  static absl::StatusOr<std::unique_ptr<Tls>> Over(int fd, const Credentials& tls, bool server) {
+    auto ctx = MakeContext(tls, server);
+    if (!ctx.ok()) return ctx.status();
+    auto state = std::make_unique<Tls>();
+    state->ctx = *ctx;
+    state->ssl = SSL_new(state->ctx);
+    if (state->ssl == nullptr || SSL_set_fd(state->ssl, fd) != 1) return absl::InternalError(TakeSslError("SSL_new"));
+    return state;
+  }
   // Moves bytes as recv and send do (common/tcp.h's ByteIo).
   ssize_t Io(char* data, size_t n, bool write) {
     size_t moved = 0;
@@ -121,32 +131,21 @@ FrameConn::~FrameConn() = default;
 
 absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Server(ScopedFd fd, const Credentials& tls) {
   if (!tls.tls()) return std::make_unique<FrameConn>(std::move(fd));
-  auto ctx = MakeContext(tls, /*server=*/true);
-  if (!ctx.ok()) return ctx.status();
-  auto state = std::make_unique<Tls>();
-  state->ctx = *ctx;
-  state->ssl = SSL_new(state->ctx);
-  if (state->ssl == nullptr || SSL_set_fd(state->ssl, fd.get()) != 1) {
-    return absl::InternalError(TakeSslError("SSL_new"));
-  }
+  auto state = Tls::Over(fd.get(), tls, /*server=*/true);
+  if (!state.ok()) return state.status();
   errno = 0;
-  if (SSL_accept(state->ssl) != 1) {
+  if (SSL_accept((*state)->ssl) != 1) {
     return absl::PermissionDeniedError(absl::StrCat("step channel TLS handshake: ", TakeSslError("no handshake")));
   }
-  return std::unique_ptr<FrameConn>(new FrameConn(std::move(fd), std::move(state)));
+  return std::unique_ptr<FrameConn>(new FrameConn(std::move(fd), std::move(*state)));
 }
 
 absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Client(ScopedFd fd, const std::string& host,
                                                              const Credentials& tls) {
   if (!tls.tls()) return std::make_unique<FrameConn>(std::move(fd));
-  auto ctx = MakeContext(tls, /*server=*/false);
-  if (!ctx.ok()) return ctx.status();
-  auto state = std::make_unique<Tls>();
-  state->ctx = *ctx;
-  state->ssl = SSL_new(state->ctx);
-  if (state->ssl == nullptr || SSL_set_fd(state->ssl, fd.get()) != 1) {
-    return absl::InternalError(TakeSslError("SSL_new"));
-  }
+  auto made = Tls::Over(fd.get(), tls, /*server=*/false);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<Tls> state = std::move(*made);
   // The worker's certificate must name the host dialled: an IP address
   // among its IP names, a name among its DNS names.
   unsigned char ip[16];
