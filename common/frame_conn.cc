@@ -77,20 +77,22 @@ absl::StatusOr<SSL_CTX*> MakeContext(const Credentials& tls, bool server) {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Make(const Credentials& tls, Side side) {
+  if (!tls.tls()) return nullptr;
+  auto ctx = MakeContext(tls, side == Side::kServer);
+  if (!ctx.ok()) return ctx.status();
+  return std::shared_ptr<const TlsContext>(new TlsContext(*ctx));
+}
+
+TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }
+
 struct FrameConn::Tls {
-  SSL_CTX* ctx = nullptr;
-  SSL* ssl = nullptr;
-  ~Tls() {
-    SSL_free(ssl);
-    SSL_CTX_free(ctx);
-  }
-  // A session over `fd` with `tls`'s certificates, not yet handshaken.
-  static absl::StatusOr<std::unique_ptr<Tls>> Over(int fd, const Credentials& tls, bool server) {
-    auto ctx = MakeContext(tls, server);
-    if (!ctx.ok()) return ctx.status();
+  SSL* ssl = nullptr;  // holds a reference to its context
+  ~Tls() { SSL_free(ssl); }
+  // A session over `fd` in `context`, not yet handshaken.
+  static absl::StatusOr<std::unique_ptr<Tls>> Over(int fd, SSL_CTX* context) {
     auto state = std::make_unique<Tls>();
-    state->ctx = *ctx;
-    state->ssl = SSL_new(state->ctx);
+    state->ssl = SSL_new(context);
     if (state->ssl == nullptr || SSL_set_fd(state->ssl, fd) != 1) return absl::InternalError(TakeSslError("SSL_new"));
     return state;
   }
@@ -129,9 +131,9 @@ FrameConn::FrameConn(ScopedFd fd, std::unique_ptr<Tls> tls) : fd_(std::move(fd))
 
 FrameConn::~FrameConn() = default;
 
-absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Server(ScopedFd fd, const Credentials& tls) {
-  if (!tls.tls()) return std::make_unique<FrameConn>(std::move(fd));
-  auto state = Tls::Over(fd.get(), tls, /*server=*/true);
+absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Server(ScopedFd fd, const TlsContext* tls) {
+  if (tls == nullptr) return std::make_unique<FrameConn>(std::move(fd));
+  auto state = Tls::Over(fd.get(), tls->ctx_);
   if (!state.ok()) return state.status();
   errno = 0;
   if (SSL_accept((*state)->ssl) != 1) {
@@ -141,9 +143,9 @@ absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Server(ScopedFd fd, const 
 }
 
 absl::StatusOr<std::unique_ptr<FrameConn>> FrameConn::Client(ScopedFd fd, const std::string& host,
-                                                             const Credentials& tls) {
-  if (!tls.tls()) return std::make_unique<FrameConn>(std::move(fd));
-  auto made = Tls::Over(fd.get(), tls, /*server=*/false);
+                                                             const TlsContext* tls) {
+  if (tls == nullptr) return std::make_unique<FrameConn>(std::move(fd));
+  auto made = Tls::Over(fd.get(), tls->ctx_);
   if (!made.ok()) return made.status();
   std::unique_ptr<Tls> state = std::move(*made);
   // The worker's certificate must name the host dialled: an IP address

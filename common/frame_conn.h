@@ -26,7 +26,27 @@
 #include "common/security.h"
 #include "common/tcp.h"
 
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
+
 namespace baton {
+
+// One end's TLS settings (certificate, key, the CA it verifies its peer
+// against), read from the PEM texts once and shared by its connections.
+class TlsContext {
+ public:
+  enum class Side { kServer, kClient };
+  // nullptr (and no error) when `tls` has no CA, certificate and key: that
+  // end's connections are in the clear.
+  static absl::StatusOr<std::shared_ptr<const TlsContext>> Make(const Credentials& tls, Side side);
+  ~TlsContext();
+  TlsContext(const TlsContext&) = delete;
+  TlsContext& operator=(const TlsContext&) = delete;
+
+ private:
+  friend class FrameConn;
+  explicit TlsContext(ssl_ctx_st* ctx) : ctx_(ctx) {}
+  ssl_ctx_st* const ctx_;
+};
 
 class FrameConn {
  public:
@@ -36,15 +56,15 @@ class FrameConn {
   FrameConn(const FrameConn&) = delete;
   FrameConn& operator=(const FrameConn&) = delete;
 
-  // The accepting end of `fd`: TLS when `tls` has a CA, certificate and key
-  // (handshaken now; the client must present a certificate signed by that
-  // CA), else in the clear.
-  static absl::StatusOr<std::unique_ptr<FrameConn>> Server(ScopedFd fd, const Credentials& tls);
-  // The connecting end of `fd`, dialled at `host`: TLS when `tls` has them
-  // (handshaken now; the server's certificate must be signed by the CA and
-  // name `host`, an address or a name), else in the clear.
+  // The accepting end of `fd`: TLS with `tls` (a kServer context;
+  // handshaken now, the client must present a certificate signed by its
+  // CA), in the clear when it is null.
+  static absl::StatusOr<std::unique_ptr<FrameConn>> Server(ScopedFd fd, const TlsContext* tls);
+  // The connecting end of `fd`, dialled at `host`: TLS with `tls` (a kClient
+  // context; handshaken now, the server's certificate must be signed by its
+  // CA and name `host`, an address or a name), in the clear when it is null.
   static absl::StatusOr<std::unique_ptr<FrameConn>> Client(ScopedFd fd, const std::string& host,
-                                                           const Credentials& tls);
+                                                           const TlsContext* tls);
 
   int fd() const { return fd_.get(); }
   bool tls() const { return tls_ != nullptr; }

@@ -13,14 +13,20 @@
 #include <cstdint>
 #include <cstring>
 
-#include "absl/strings/match.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace baton {
 namespace {
 
+// The errno a failed call set, carried with the status (IsConnectionRefused).
+constexpr char kErrnoPayload[] = "baton.dev/errno";
+
 absl::Status Errno(const std::string& what) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+  const int error = errno;
+  absl::Status status = absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(error)));
+  status.SetPayload(kErrnoPayload, absl::Cord(std::to_string(error)));
+  return status;
 }
 
 void NoDelay(int fd) {
@@ -117,7 +123,8 @@ absl::StatusOr<ScopedFd> ConnectTcp(const std::string& host, int port, absl::Dur
 }
 
 bool IsConnectionRefused(const absl::Status& status) {
-  return absl::IsUnavailable(status) && absl::StrContains(status.message(), std::strerror(ECONNREFUSED));
+  const auto error = status.GetPayload(kErrnoPayload);
+  return error.has_value() && *error == std::to_string(ECONNREFUSED);
 }
 
 absl::StatusOr<std::pair<ScopedFd, int>> ListenTcp(const std::string& host) {

@@ -208,7 +208,7 @@ bool MeshManager::OpenStepChannels(const baton::v1::Mesh& mesh,
                                    const std::vector<CallResult<baton::v1::ConfigureResponse>>& configured) {
   std::vector<baton::v1::ConfigureResponse> answers;
   for (const auto& c : configured) answers.push_back(c.response);
-  // Fleets that offer none (TLS, --step_channel=false) say nothing; one
+  // Fleets that offer none (--step_channel=false) say nothing; one
   // that offers them and cannot be reached is worth a line.
   if (std::none_of(answers.begin(), answers.end(), [](const auto& a) { return a.step_channel_port() > 0; })) {
     return false;

@@ -27,6 +27,8 @@ absl::StatusOr<std::shared_ptr<StepChannels>> StepChannels::Open(
     const baton::v1::Mesh& mesh, const std::vector<baton::v1::ConfigureResponse>& answers, const Credentials& tls) {
   const size_t n = static_cast<size_t>(mesh.worker_addresses_size());
   if (answers.size() != n) return absl::InvalidArgumentError("one ConfigureResponse per rank");
+  auto context = TlsContext::Make(tls, TlsContext::Side::kClient);  // one for every rank
+  if (!context.ok()) return context.status();
   std::vector<std::unique_ptr<FrameConn>> ranks;
   for (size_t r = 0; r < n; ++r) {
     const std::string& address = mesh.worker_addresses(static_cast<int>(r));
@@ -37,7 +39,7 @@ absl::StatusOr<std::shared_ptr<StepChannels>> StepChannels::Open(
     auto fd = ConnectTcp(host->first, port, kConnectTimeout);
     if (!fd.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", fd.status().message()));
     SetIoTimeout(fd->get(), kStepFrameTimeout);
-    auto conn = FrameConn::Client(std::move(*fd), host->first, tls);
+    auto conn = FrameConn::Client(std::move(*fd), host->first, context->get());
     if (!conn.ok()) return absl::UnavailableError(absl::StrCat("rank ", r, ": ", conn.status().message()));
     baton::v1::StepChannelHello hello;
     hello.set_epoch(mesh.epoch());

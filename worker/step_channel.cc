@@ -39,17 +39,20 @@ absl::StatusOr<std::unique_ptr<StepChannelServer>> StepChannelServer::Listen(con
   if (!listening.ok()) return listening.status();
   std::string secret = RandomSecret(kSecretBytes);
   if (secret.empty()) return absl::InternalError("no randomness for the step channel's secret (/dev/urandom)");
-  return std::unique_ptr<StepChannelServer>(new StepChannelServer(
-      std::move(listening->first), listening->second, epoch, std::move(secret), tls, std::move(handler)));
+  auto context = TlsContext::Make(tls, TlsContext::Side::kServer);
+  if (!context.ok()) return context.status();
+  return std::unique_ptr<StepChannelServer>(new StepChannelServer(std::move(listening->first), listening->second,
+                                                                  epoch, std::move(secret), std::move(*context),
+                                                                  std::move(handler)));
 }
 
 StepChannelServer::StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret,
-                                     const Credentials& tls, Handler handler)
+                                     std::shared_ptr<const TlsContext> tls, Handler handler)
     : listener_(std::move(listener)),
       port_(port),
       epoch_(epoch),
       secret_(std::move(secret)),
-      tls_(tls),
+      tls_(std::move(tls)),
       handler_(std::move(handler)) {}
 
 std::vector<int> StepChannelServer::fds() {
@@ -75,7 +78,7 @@ bool StepChannelServer::Admit(ScopedFd fd) {
   // Whoever connects holds the step thread until its hello is read (its
   // TLS handshake included).
   SetIoTimeout(fd.get(), kHelloTimeout);
-  auto accepted = FrameConn::Server(std::move(fd), tls_);
+  auto accepted = FrameConn::Server(std::move(fd), tls_.get());
   if (!accepted.ok()) {
     Logf("step channel of mesh epoch %lld: refused a connection: %s", static_cast<long long>(epoch_),
          accepted.status().ToString().c_str());

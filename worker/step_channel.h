@@ -12,9 +12,12 @@
 // It is a StepThread::Source: everything above runs on the mesh's step
 // thread, so a call the controller sent ahead is in the socket when the
 // step before it ends and is read without waking another thread. A frame
-// is read whole within kStepFrameTimeout once its first byte is there; a peer
-// that sends a bad hello, a bad frame or hangs up is dropped (and with it
-// the channel: the controller does not reconnect).
+// is read whole within kStepFrameTimeout once its first byte is there. A
+// connection whose handshake or hello fails is closed and the worker goes on
+// listening; once attached, a frame that is not a RunStepRequest is
+// answered INVALID_ARGUMENT, and a controller that hangs up (or a frame that
+// does not arrive whole) ends the channel: the controller does not
+// reconnect.
 #ifndef BATON_WORKER_STEP_CHANNEL_H_
 #define BATON_WORKER_STEP_CHANNEL_H_
 
@@ -60,8 +63,8 @@ class StepChannelServer : public StepThread::Source {
   void Ready(int fd, short revents) override;
 
  private:
-  StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret, const Credentials& tls,
-                    Handler handler);
+  StepChannelServer(ScopedFd listener, int port, int64_t epoch, std::string secret,
+                    std::shared_ptr<const TlsContext> tls, Handler handler);
   // A connection on the listener: its TLS handshake if any, its hello,
   // answered; true when it is the controller's (then conn_).
   bool Admit(ScopedFd conn);
@@ -75,7 +78,7 @@ class StepChannelServer : public StepThread::Source {
   const int port_;
   const int64_t epoch_;
   const std::string secret_;
-  const Credentials tls_;
+  const std::shared_ptr<const TlsContext> tls_;  // null: in the clear
   const Handler handler_;
   std::atomic<bool> attached_{false};
 };
