@@ -119,6 +119,14 @@ std::pair<absl::Status, int64_t> WorkerService::RunSteps(MeshState& mesh, const 
     const ProcessMemory memory = ReadProcessMemory();
     metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh.memory_baseline));
     metrics->set_shared_memory_bytes(memory.shared);
+    // The figures by collective and by instruction are this worker's own
+    // (its metrics): the controller's merged metrics have no place for
+    // them, so they are counted here as each step ends and do not travel.
+    // Kept in the answer, a call of K steps would hold K copies of them in
+    // small blocks until it ended, among its steps' own allocations.
+    if (options_.metrics != nullptr) options_.metrics->ObserveStep(req.job_id(), *metrics);
+    metrics->clear_comm_bytes_by_collective();
+    metrics->clear_instruction_seconds();
     *resp->add_metrics() = std::move(*metrics);
   }
   return {absl::OkStatus(), 0};
@@ -165,9 +173,6 @@ grpc::Status WorkerService::StepOnThread(MeshState& mesh, const baton::v1::RunSt
     resp->set_failed_step(failed_step);
     const grpc::Status status = ToGrpcStatus(failed);
     return grpc::Status(status.error_code(), status.error_message(), resp->SerializeAsString());
-  }
-  if (options_.metrics != nullptr) {
-    for (const auto& m : resp->metrics()) options_.metrics->ObserveStep(req.job_id(), m);
   }
   return grpc::Status::OK;
 }

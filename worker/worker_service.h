@@ -150,11 +150,11 @@ class WorkerService final : public baton::v1::Worker::Service {
   grpc::Status StepOnThread(MeshState& mesh, const baton::v1::RunStepRequest& req,
                             const std::function<bool()>& cancelled, baton::v1::RunStepResponse* resp)
       ABSL_LOCKS_EXCLUDED(mesh.run_mu);
-  // Runs `req`'s steps in order on this thread; the first that fails (or a
-  // call cancelled between steps) ends them: its status and step, else OK.
-  static std::pair<absl::Status, int64_t> RunSteps(MeshState& mesh, const std::function<bool()>& cancelled,
-                                                   const baton::v1::RunStepRequest& req,
-                                                   baton::v1::RunStepResponse* resp)
+  // Runs `req`'s steps in order on this thread, each counted in this
+  // worker's metrics as it ends; the first that fails (or a call cancelled
+  // between steps) ends them: its status and step, else OK.
+  std::pair<absl::Status, int64_t> RunSteps(MeshState& mesh, const std::function<bool()>& cancelled,
+                                            const baton::v1::RunStepRequest& req, baton::v1::RunStepResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mesh.run_mu);
   // A call that came over `mesh`'s step channel.
   void AnswerChannelStep(MeshState& mesh, const baton::v1::RunStepRequest& req,
