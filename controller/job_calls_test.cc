@@ -288,7 +288,8 @@ TEST(JobManagerTest, ARankFailingAtACallsFirstStepCountsNoneOfItsSteps) {
 
 TEST(JobManagerTest, AStreamedStepReportsEachCallAsItSettles) {
   ControllerHarness h(CheckpointingHarnessOptions());
-  SlowSteps(h, absl::Milliseconds(30));
+  // A call per part interval: each can settle in a part of its own.
+  SlowSteps(h, JobManager::kStepPartInterval);
   auto job = h.jobs().Create(MlpJob("streamed", 100, "mesh { name: \"dp\" size: 2 } plan { mode: FSDP } "
                                                      "checkpoint { dir: \"ckpt\" every_n_steps: 4 }"),
                              absl::Now() + absl::Seconds(5));

@@ -62,12 +62,13 @@ class JobManager {
   static constexpr int64_t kRestartBackoffMs = 1000;
   // StopJob waits this long for a running job to reach STOPPED.
   static constexpr absl::Duration kStopWait = absl::Seconds(15);
-  // A streamed Step answers at most this often (a progress bar's pace):
-  // steps that settle sooner travel together in the next part. A part per
-  // ~1 ms step cost the client and the controller ~0.15 ms of CPU a step,
-  // and at 25 ms a ~20 ms step still got a part of its own (0.5 ms of CPU
-  // a step, bench/dispatch.sh), on the cores the workers need.
-  static constexpr absl::Duration kStepPartInterval = absl::Milliseconds(100);
+  // A streamed Step answers at most this often (a progress bar's pace, four
+  // a second): steps that settle sooner travel together in the next part.
+  // A part per ~1 ms step cost the client and the controller ~0.15 ms of
+  // CPU a step, and at 25 ms a ~20 ms step still got a part of its own (0.5
+  // ms of CPU a step, bench/dispatch.sh), on the cores the workers need;
+  // each part wakes a thread or two at both ends.
+  static constexpr absl::Duration kStepPartInterval = absl::Milliseconds(250);
 
   JobManager(MeshManager* meshes, EventLog* events, ControllerMetrics* metrics, JobStore* store,
              JobManagerOptions options);
