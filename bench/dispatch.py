@@ -131,19 +131,41 @@ def run_size(bin_dir, n, steps, tmp, shared, per_call=1):
         stop_all(procs)
 
 
-# Real workers: a ~2 ms and a ~20 ms step, each run with one step per call,
-# with the controller's choice, and with every step in one call; each run
-# about 2 s (a 100-step run of the ~2 ms step was 0.2 s, and one scheduling
-# hiccup of this 2-core VM moved its ratio by 0.1).
+# Real workers: a ~2 ms and a ~20 ms step, stepped by bench/k_steps in
+# segments of about half a second each, with one step per call, with the
+# controller's choice and with the whole segment in one call, the three
+# interleaved within one job (whole runs of each K a few seconds apart
+# differed by up to 25 % on this 2-core VM, from one run to the next).
+# (name, the step time it is sized for in ms, segment, job text, first batch):
+# its batch is sized on the machine at hand (sized_jobs), since a machine's
+# speed (and this VM's from one day to the next) moves a fixed job's step.
 REAL_JOBS = [
-    # Sized for the issue's ~2 ms and ~20 ms steps on this 2-core machine
-    # (d_model 32 had become a ~1 ms step, dim 128 x 2 layers ~13 ms, once
-    # the collectives went through shared memory).
-    ("MLP d256, DDP x 2", 1000, 'model { mlp { d_model: 256 blocks: 2 } }\nmesh { name: "dp" size: 2 }\nplan { mode: DDP }\n'
-     'optimizer { lr: 0.01 }\ndata { synthetic {} batch_size: 16 }\n'),
-    ("decoder 128x3, FSDP x 2", 100, 'model { decoder { vocab: 256 dim: 128 layers: 3 heads: 4 ffn_dim: 256 seq_len: 64 } }\n'
-     'mesh { name: "dp" size: 2 }\nplan { mode: FSDP }\noptimizer { lr: 0.001 }\ndata { synthetic {} batch_size: 8 }\n'),
+    ("MLP d256, DDP x 2", 2.0, 250, 'model { mlp { d_model: 256 blocks: 2 } }\nmesh { name: "dp" size: 2 }\n'
+     'plan { mode: DDP }\noptimizer { lr: 0.01 }\ndata { synthetic {} batch_size: {batch} }\n', 16),
+    ("decoder 128x3, FSDP x 2", 20.0, 25, 'model { decoder { vocab: 256 dim: 128 layers: 3 heads: 4 ffn_dim: 256 '
+     'seq_len: 64 } }\nmesh { name: "dp" size: 2 }\nplan { mode: FSDP }\noptimizer { lr: 0.001 }\n'
+     'data { synthetic {} batch_size: {batch} }\n', 8),
 ]
+
+
+def sized_jobs(bin_dir, addr, tmp):
+    """REAL_JOBS as (name, segment, job text), each batch (even: 2 ranks)
+    sized so that a step with the whole segment in one call takes about the
+    job's step time here: the batch scaled by target / measured, up to 4
+    times, until within 10 %."""
+    jobs = []
+    for name, target, segment, text, batch in REAL_JOBS:
+        for _ in range(4):
+            job = (name, segment, text.replace("{batch}", str(batch)))
+            ms = k_steps(bin_dir, addr, tmp, job, 1, [0], [])["all"]["ms"]
+            scaled = max(2, int(round(batch * target / ms / 2)) * 2)
+            if abs(ms / target - 1) <= 0.10 or scaled == batch:
+                break
+            batch = scaled
+        print("  %-24s batch %d: %.2f ms a step with K = %d (sized for ~%g ms)" % (name, batch, ms, segment, target),
+              flush=True)
+        jobs.append(("%s, batch %d" % (name, batch), segment, job[2]))
+    return jobs
 
 
 def start_real_fleet(bin_dir, tmp, workers=2, both_args=(), worker_args=()):
@@ -166,32 +188,25 @@ def start_real_fleet(bin_dir, tmp, workers=2, both_args=(), worker_args=()):
     return addr, procs
 
 
-def stepping_ms(bin_dir, addr, job_file, per_call, extra_env=None):
+def k_steps(bin_dir, addr, tmp, job, rounds, ks, pids, extra_env=None):
+    """bench/k_steps on `job` (name, segment, job text): its JSON (see k_steps.cc)."""
+    name, segment, text = job
+    job_file = os.path.join(tmp, "job-%d.textproto" % len(name))
+    with open(job_file, "w") as f:
+        f.write('name: "k-steps"\n' + text + "steps: 1\nseed: 1\n")  # k_steps sets the steps
     env = dict(os.environ)
     env.pop("BATON_TOKEN_FILE", None)
     env.update(extra_env or {})
-    out = subprocess.run([os.path.join(bin_dir, "client/baton"), "run", "--controller=" + addr, job_file,
-                          "--output=json", "--steps_per_call=%d" % per_call], capture_output=True, text=True,
-                         timeout=600, env=env)
+    out = subprocess.run([os.path.join(bin_dir, "bench/k_steps"), "--controller=" + addr, "--segment=%d" % segment,
+                          "--rounds=%d" % rounds, "--ks=" + ",".join(str(k) for k in ks),
+                          "--cpu_pids=" + ",".join(str(p) for p in pids), job_file],
+                         capture_output=True, text=True, timeout=1800, env=env)
     if out.returncode != 0:
-        raise RuntimeError("baton run exited %s: %s" % (out.returncode, out.stderr[-2000:]))
-    for line in out.stdout.splitlines():
-        if line.startswith('{"stepping":'):
-            s = json.loads(line)["stepping"]
-            return s["wall_ms"] / s["steps"]
-    raise RuntimeError("no stepping line")
+        raise RuntimeError("k_steps exited %s: %s" % (out.returncode, out.stderr[-2000:]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def write_job(tmp, name, steps, text, scale):
-    """(steps, path) of REAL_JOBS' `name` scaled to `scale` of its steps."""
-    steps = max(2, int(steps * scale))
-    job_file = os.path.join(tmp, "job-%d.textproto" % len(name))
-    with open(job_file, "w") as f:
-        f.write('name: "k-steps"\n' + text + "steps: %d\nseed: 1\n" % steps)
-    return steps, job_file
-
-
-def tls_section(bin_dir, tmp, scale, rounds):
+def tls_section(bin_dir, tmp, rounds, jobs):
     """K = 1 / K = all in two fleets with mutual TLS: steps over the step
     channel inside TLS (the default), and over gRPC (--step_channel=false)."""
     tmp = os.path.join(tmp, "tls")
@@ -214,51 +229,40 @@ def tls_section(bin_dir, tmp, scale, rounds):
             addr, fleet_procs = start_real_fleet(bin_dir, ftmp, both_args=tls, worker_args=worker_args)
             procs += fleet_procs
             fleets.append((label, addr, fleet_procs[0], ftmp))
-        print("mutual TLS fleets, medians of %d interleaved rounds: K = 1 / K = all, steps over the step channel "
+        print("mutual TLS fleets, %d rounds of segments: K = 1 / K = the segment, steps over the step channel "
               "(inside TLS) and over gRPC (workers with --step_channel=false):" % rounds, flush=True)
-        for name, steps, text in REAL_JOBS:
+        for job in jobs:
             line = []
             for label, addr, ctl, ftmp in fleets:
-                steps_now, job_file = write_job(ftmp, name, steps, text, scale)
-                ratios, cpu = [], []
-                for _ in range(rounds):
-                    before = cpu_seconds(ctl.pid)
-                    one = stepping_ms(bin_dir, addr, job_file, 1, client_env)
-                    cpu.append((cpu_seconds(ctl.pid) - before) * 1e3 / steps_now)
-                    ratios.append(one / stepping_ms(bin_dir, addr, job_file, steps_now, client_env))
-                ratios.sort()
-                line.append("%s %.3f (rounds %.3f-%.3f; controller CPU per K = 1 step %.3f ms)"
-                            % (label, pct(ratios, 50), ratios[0], ratios[-1], pct(cpu, 50)))
-            print("  %-24s %s" % (name, "; ".join(line)), flush=True)
+                r = k_steps(bin_dir, addr, ftmp, job, rounds, [1], [ctl.pid], client_env)
+                one = r["ks"][0]
+                line.append("%s %.3f (rounds %.3f-%.3f; controller CPU per K = 1 step %.3f ms, K = %d %.3f ms)"
+                            % (label, one["ratio"], one["low"], one["high"], one["cpu_ms"][0], r["segment"],
+                               r["all"]["cpu_ms"][0]))
+            print("  %-24s %s" % (job[0], "; ".join(line)), flush=True)
     finally:
         stop_all(procs)
 
 
-def real_section(bin_dir, tmp, scale, rounds):
+def real_section(bin_dir, tmp, rounds):
+    """Prints the section; the jobs it sized."""
     tmp = os.path.join(tmp, "real")
     os.makedirs(tmp)
     addr, procs = start_real_fleet(bin_dir, tmp)
     try:
-        print("real workers (2), medians of %d interleaved rounds (K = 0: the controller's choice, a second's worth "
-              "of steps per call after the first):" % rounds, flush=True)
-        for name, steps, text in REAL_JOBS:
-            steps, job_file = write_job(tmp, name, steps, text, scale)
-            ks = (1, 0, steps)
-            times = {k: [] for k in ks}
-            cpu = {k: [] for k in ks}  # CPU ms per step: controller, workers together
-            for _ in range(rounds):
-                for k in ks:
-                    before = [cpu_seconds(p.pid) for p in procs]
-                    times[k].append(stepping_ms(bin_dir, addr, job_file, k))
-                    used = [(cpu_seconds(p.pid) - b) * 1e3 / steps for p, b in zip(procs, before)]
-                    cpu[k].append((used[0], sum(used[1:])))
-            every = pct(times[steps], 50)
-            for k in (1, 0):
-                per_round = sorted(a / b for a, b in zip(times[k], times[steps]))
-                print("  %-24s %d steps; step through the controller: %7.3f ms with K = %d, %7.3f ms with K = %d: "
-                      "K = %d / K = %d = %.3f (rounds %.3f-%.3f)"
-                      % (name, steps, pct(times[k], 50), k, every, steps, k, steps, pct(times[k], 50) / every,
-                         per_round[0], per_round[-1]), flush=True)
+        print("real workers (2): the jobs sized for this machine (a batch even for 2 ranks):", flush=True)
+        jobs = sized_jobs(bin_dir, addr, tmp)
+        print("real workers (2), %d rounds of segments interleaved in one job (K = 0: the controller's choice, a "
+              "second's worth of steps per call after the first; the ratios are medians over the rounds):" % rounds,
+              flush=True)
+        for job in jobs:
+            r = k_steps(bin_dir, addr, tmp, job, rounds, [1, 0], [p.pid for p in procs])
+            every, segment = r["all"]["ms"], r["segment"]
+            for one in r["ks"]:
+                print("  %-24s segments of %d steps; step through the controller: %7.3f ms with K = %d, %7.3f ms "
+                      "with K = %d: K = %d / K = %d = %.3f (rounds %.3f-%.3f)"
+                      % (job[0], segment, one["ms"], one["k"], every, segment, one["k"], segment, one["ratio"],
+                         one["low"], one["high"]), flush=True)
             # What the round trips alone would cost at this step's pace, with
             # nothing of Baton's in them: CPU at both ends per round to the
             # 2 workers, spread over this machine's cores, over the step.
@@ -271,20 +275,21 @@ def real_section(bin_dir, tmp, scale, rounds):
                   % ("", every, cores, ", ".join("%s %.3f ms -> %.3f" % (kind, c, 1 + c / cores / every)
                                                   for kind, c in costs)), flush=True)
             # On a small machine the round trip's cost is CPU the ranks need.
-            for k in ks:
-                print("  %-24s   CPU per step with K = %-4d controller %.3f ms, workers together %.3f ms (their loading included)"
-                      % ("", k, pct([c for c, _ in cpu[k]], 50), pct([w for _, w in cpu[k]], 50)), flush=True)
+            for k, cpu in [(one["k"], one["cpu_ms"]) for one in r["ks"]] + [(segment, r["all"]["cpu_ms"])]:
+                print("  %-24s   CPU per step with K = %-4d controller %.3f ms, workers together %.3f ms"
+                      % ("", k, cpu[0], sum(cpu[1:])), flush=True)
     finally:
         stop_all(procs)
+    return jobs
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="bazel-bin")
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--real_scale", type=float, default=1.0,
-                    help="the real jobs' steps times this (1: 1,000 of the ~2 ms step, 100 of the ~20 ms one)")
-    ap.add_argument("--real_rounds", type=int, default=5)
+    ap.add_argument("--real_rounds", type=int, default=60,
+                    help="rounds of segments (a segment of each K, about half a second each) per real job; "
+                         "a third of them in the mutual TLS section")
     ap.add_argument("--no_real", action="store_true", help="skip the real workers' section")
     ap.add_argument("sizes", type=int, nargs="*")
     args = ap.parse_args()
@@ -292,8 +297,8 @@ def main():
     rows = []
     try:
         if not args.no_real:
-            real_section(args.bin, tmp, args.real_scale, args.real_rounds)
-            tls_section(args.bin, tmp, args.real_scale, args.real_rounds)
+            jobs = real_section(args.bin, tmp, args.real_rounds)
+            tls_section(args.bin, tmp, max(5, args.real_rounds // 3), jobs)
         for shared in (True, False) if args.sizes else ():
             print("%s:" % ("fake workers sharing their process's port and connection (as co-located workers do)"
                            if shared else "one port and one connection per fake worker"), flush=True)

@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # First, K steps per call on real workers: a controller and 2 workers run a
-# ~2 ms step (an MLP, d_model 256, DDP x 2; 1,000 steps) and a ~20 ms one (a
-# decoder, FSDP x 2; 100 steps), about 2 s a run, with one step per call,
-# with the controller's choice (K = 0: a second's worth per call) and with
-# all of them in one (baton run --steps_per_call); printed: the step time
-# through the controller as the client sees it, each K's ratio to K = all
-# (medians of 5 interleaved rounds, and the rounds' range), and the CPU the
-# controller and the workers spend per step each way, and K = 1's floor at
-# that pace: bench/grpc_floor's round to 2 echoes with a pause of one step
-# between rounds (gRPC unary calls as the controller sends, streams, and
-# plain TCP), its CPU at both ends and the ratio it alone would give on this
-# machine's cores. With K = 1 the controller still has the next call on the
-# wire while one runs (docs/control_plane.md), so what the ratio shows is
-# the calls' CPU on the cores the ranks compute on, not a round trip's wait.
+# ~2 ms step (an MLP, d_model 256, DDP x 2) and a ~20 ms one (a decoder,
+# FSDP x 2), each job's batch sized first so that its step takes that long
+# on the machine at hand (printed), through bench/k_steps: one job each, stepped in segments of
+# about half a second (250 and 25 steps) with one step per call, with the
+# controller's choice (K = 0: a second's worth per call) and with the whole
+# segment in one call, the three in turn, 60 rounds (REAL_ROUNDS=N in the
+# environment for another number); printed:
+# the step time through the controller as the client sees it (the median
+# segment), each K's ratio to K = the segment (the median over the rounds,
+# and their range), the CPU the controller and the workers spend per step
+# each way, and K = 1's floor at that pace: bench/grpc_floor's round to 2
+# echoes with a pause of one step between rounds (gRPC unary calls as the
+# controller sends, streams, and plain TCP), its CPU at both ends and the
+# ratio it alone would give on this machine's cores. With K = 1 the
+# controller still has the next call on the wire while one runs
+# (docs/control_plane.md), so what the ratio shows is the calls' CPU on the
+# cores the ranks compute on, not a round trip's wait.
 # The workers run with their defaults, so the step calls go over the step
 # channel (plain TCP); the floor's "tcp" line is that path's own cost, and
 # "unary" what the same calls cost over gRPC (workers with
 # --step_channel=false).
 #
 # Then the same two jobs in two fleets with mutual TLS (certificates made
-# with openssl): K = 1 / K = all with the steps over the step channel inside
-# TLS (the default) and over gRPC (--step_channel=false), with the
-# controller's CPU per K = 1 step.
+# with openssl): K = 1 / K = the segment (a third of the rounds) with the
+# steps over the step channel inside TLS (the default) and over gRPC
+# (--step_channel=false), with the controller's CPU per step each way.
 #
 # Then the controller's dispatch at scale: a controller driving 8, 64, 256 and
 # 1,024 fake workers (bench/fake_worker_fleet.cc: many per process, answering
@@ -54,6 +58,6 @@ STEPS=${1:-40}
 shift || true
 SIZES=("$@")
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(8 64 256 1024)
-targets=(//client:baton //controller:baton-controller //worker:baton-worker //bench:fake_worker_fleet //bench:grpc_floor)
+targets=(//client:baton //controller:baton-controller //worker:baton-worker //bench:fake_worker_fleet //bench:grpc_floor //bench:k_steps)
 bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
-exec /usr/bin/python3 bench/dispatch.py --bin bazel-bin --steps "$STEPS" "${SIZES[@]}"
+exec /usr/bin/python3 bench/dispatch.py --bin bazel-bin --steps "$STEPS" --real_rounds "${REAL_ROUNDS:-60}" "${SIZES[@]}"
