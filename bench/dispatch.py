@@ -136,35 +136,46 @@ def run_size(bin_dir, n, steps, tmp, shared, per_call=1):
 # controller's choice and with the whole segment in one call, the three
 # interleaved within one job (whole runs of each K a few seconds apart
 # differed by up to 25 % on this 2-core VM, from one run to the next).
-# (name, the step time it is sized for in ms, segment, job text, first batch):
-# its batch is sized on the machine at hand (sized_jobs), since a machine's
-# speed (and this VM's from one day to the next) moves a fixed job's step.
+# (name, the step time it is sized for in ms, segment, job text, its knob,
+# the knob's first value and multiple): the knob (the MLP's batch, the
+# decoder's sequence length) is sized on the machine at hand (sized_jobs),
+# since a machine's speed (and this VM's from one day to the next) moves a
+# fixed job's step.
 REAL_JOBS = [
-    ("MLP d256, DDP x 2", 2.0, 250, 'model { mlp { d_model: 256 blocks: 2 } }\nmesh { name: "dp" size: 2 }\n'
-     'plan { mode: DDP }\noptimizer { lr: 0.01 }\ndata { synthetic {} batch_size: {batch} }\n', 16),
-    ("decoder 128x3, FSDP x 2", 20.0, 25, 'model { decoder { vocab: 256 dim: 128 layers: 3 heads: 4 ffn_dim: 256 '
-     'seq_len: 64 } }\nmesh { name: "dp" size: 2 }\nplan { mode: FSDP }\noptimizer { lr: 0.001 }\n'
-     'data { synthetic {} batch_size: {batch} }\n', 8),
+    ("MLP d128, DDP x 2", 2.0, 250, 'model { mlp { d_model: 128 blocks: 2 } }\nmesh { name: "dp" size: 2 }\n'
+     'plan { mode: DDP }\noptimizer { lr: 0.01 }\ndata { synthetic {} batch_size: {knob} }\n', "batch", 16, 2),
+    ("decoder 128x2, FSDP x 2", 20.0, 25, 'model { decoder { vocab: 256 dim: 128 layers: 2 heads: 4 ffn_dim: 256 '
+     'seq_len: {knob} } }\nmesh { name: "dp" size: 2 }\nplan { mode: FSDP }\noptimizer { lr: 0.001 }\n'
+     'data { synthetic {} batch_size: 4 }\n', "seq", 64, 8),
 ]
 
 
 def sized_jobs(bin_dir, addr, tmp):
-    """REAL_JOBS as (name, segment, job text), each batch (even: 2 ranks)
-    sized so that a step with the whole segment in one call takes about the
-    job's step time here: the batch scaled by target / measured, up to 4
-    times, until within 10 %."""
+    """REAL_JOBS as (name, segment, job text), each knob sized so that a
+    step with the whole segment in one call takes about the job's step time
+    here: up to 5 tries, the next value on the line through the last two
+    (proportional after the first), until one is within 10 %; the closest
+    tried is taken."""
     jobs = []
-    for name, target, segment, text, batch in REAL_JOBS:
-        for _ in range(4):
-            job = (name, segment, text.replace("{batch}", str(batch)))
-            ms = k_steps(bin_dir, addr, tmp, job, 1, [0], [])["all"]["ms"]
-            scaled = max(2, int(round(batch * target / ms / 2)) * 2)
-            if abs(ms / target - 1) <= 0.10 or scaled == batch:
+    for name, target, segment, text, knob, value, multiple in REAL_JOBS:
+        tried = {}  # knob value -> ms per step
+        for _ in range(5):
+            job = (name, segment, text.replace("{knob}", str(value)))
+            tried[value] = k_steps(bin_dir, addr, tmp, job, 1, [0], [])["all"]["ms"]
+            if abs(tried[value] / target - 1) <= 0.10:
                 break
-            batch = scaled
-        print("  %-24s batch %d: %.2f ms a step with K = %d (sized for ~%g ms)" % (name, batch, ms, segment, target),
-              flush=True)
-        jobs.append(("%s, batch %d" % (name, batch), segment, job[2]))
+            points = list(tried.items())[-2:]
+            slope = (points[1][1] - points[0][1]) / (points[1][0] - points[0][0]) if len(points) == 2 else 0
+            nxt = value + (target - tried[value]) / slope if slope > 0 else value * target / tried[value]
+            nxt = max(multiple, int(round(nxt / multiple)) * multiple)
+            if nxt in tried:
+                break
+            value = nxt
+        value = min(tried, key=lambda v: abs(tried[v] / target - 1))
+        print("  %-24s %s %d: %.2f ms a step with K = %d (sized for ~%g ms; tried %s)"
+              % (name, knob, value, tried[value], segment, target,
+                 ", ".join("%d: %.2f" % (v, ms) for v, ms in tried.items())), flush=True)
+        jobs.append(("%s, %s %d" % (name, knob, value), segment, text.replace("{knob}", str(value))))
     return jobs
 
 
@@ -250,7 +261,7 @@ def real_section(bin_dir, tmp, rounds):
     os.makedirs(tmp)
     addr, procs = start_real_fleet(bin_dir, tmp)
     try:
-        print("real workers (2): the jobs sized for this machine (a batch even for 2 ranks):", flush=True)
+        print("real workers (2): the jobs sized for this machine:", flush=True)
         jobs = sized_jobs(bin_dir, addr, tmp)
         print("real workers (2), %d rounds of segments interleaved in one job (K = 0: the controller's choice, a "
               "second's worth of steps per call after the first; the ratios are medians over the rounds):" % rounds,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # First, K steps per call on real workers: a controller and 2 workers run a
-# ~2 ms step (an MLP, d_model 256, DDP x 2) and a ~20 ms one (a decoder,
-# FSDP x 2), each job's batch sized first so that its step takes that long
-# on the machine at hand (printed), through bench/k_steps: one job each, stepped in segments of
+# ~2 ms step (an MLP, d_model 128, DDP x 2) and a ~20 ms one (a decoder,
+# FSDP x 2), sized first so that the step takes that long on the machine at
+# hand (the MLP's batch, the decoder's sequence length; printed), through
+# bench/k_steps: one job each, stepped in segments of
 # about half a second (250 and 25 steps) with one step per call, with the
 # controller's choice (K = 0: a second's worth per call) and with the whole
 # segment in one call, the three in turn, 60 rounds (REAL_ROUNDS=N in the
