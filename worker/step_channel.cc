@@ -97,10 +97,15 @@ bool StepChannelServer::Admit(ScopedFd fd) {
          static_cast<long long>(epoch_));
     return false;
   }
-  if (!WriteReply(*conn, reply).ok()) return false;
+  // Attached before the answer goes: a controller that has read it finds
+  // the channel attached (tests/step_channel_test asks at once).
+  attached_ = true;
+  if (!WriteReply(*conn, reply).ok()) {
+    attached_ = false;
+    return false;
+  }
   SetIoTimeout(conn->fd(), kStepFrameTimeout);
   conn_ = std::move(conn);
-  attached_ = true;
   return true;
 }
 
