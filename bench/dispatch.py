@@ -203,8 +203,8 @@ def start_real_fleet(bin_dir, tmp, workers=2, both_args=(), worker_args=()):
 
 def k_steps(bin_dir, addr, tmp, job, rounds, ks, pids, extra_env=None):
     """bench/k_steps on `job` (name, segment, job text, ...): its JSON (see k_steps.cc)."""
-    name, segment, text = job[:3]
-    job_file = os.path.join(tmp, "job-%d.textproto" % len(name))
+    segment, text = job[1:3]
+    job_file = os.path.join(tmp, "k_steps.textproto")  # written and read by this call alone
     with open(job_file, "w") as f:
         f.write('name: "k-steps"\n' + text + "steps: 1\nseed: 1\n")  # k_steps sets the steps
     env = dict(os.environ)

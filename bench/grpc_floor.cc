@@ -35,15 +35,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <memory>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "bench/proc_stats.h"
 #include "common/tcp.h"
 
 ABSL_FLAG(int, targets, 64, "Round trips per round (one per target).");
@@ -56,6 +55,8 @@ ABSL_FLAG(int, pause_us, 0,
 namespace baton {
 namespace {
 
+using bench::CpuSecondsOf;
+
 constexpr int kWarmup = 5;
 constexpr char kMethod[] = "/baton.bench.Echo/Echo";
 
@@ -63,19 +64,6 @@ double CpuSeconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec / 1e6;
-}
-
-// User + system CPU seconds of process `pid` so far.
-double CpuSecondsOf(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 0; i < 13 && fields >> field; ++i) {
-    if (i >= 11) ticks += std::stod(field);  // utime, stime
-  }
-  return ticks / sysconf(_SC_CLK_TCK);
 }
 
 constexpr int kMessageBytes = 32;

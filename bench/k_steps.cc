@@ -22,12 +22,8 @@
 // on the same machine), its user + system CPU per step over that K's
 // segments. The job file's own step count is ignored: the job runs one
 // warm-up round (not counted) and R rounds.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/proc_stats.h"
 #include "client/client.h"
 #include "client/job_file.h"
 
@@ -50,27 +47,8 @@ ABSL_FLAG(std::string, cpu_pids, "", "processes whose CPU per step to print for 
 
 namespace {
 
-double Median(std::vector<double> xs) {
-  std::sort(xs.begin(), xs.end());
-  const size_t n = xs.size();
-  return n % 2 == 1 ? xs[n / 2] : (xs[n / 2 - 1] + xs[n / 2]) / 2;
-}
-
-// User + system CPU seconds of process `pid` so far (/proc/PID/stat).
-double CpuSeconds(int pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  std::getline(in, line);
-  const size_t paren = line.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::istringstream fields(line.substr(paren + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; fields >> field && i <= 15; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
+using baton::bench::CpuSecondsOf;
+using baton::bench::Median;
 
 int Fail(const std::string& what, const absl::Status& s) {
   std::fprintf(stderr, "k_steps: %s: %s\n", what.c_str(), s.ToString().c_str());
@@ -133,7 +111,7 @@ int main(int argc, char** argv) {
     req.set_steps_per_call(s.k);
     int settled = 0;
     std::vector<double> cpu_before;
-    for (int pid : pids) cpu_before.push_back(CpuSeconds(pid));
+    for (int pid : pids) cpu_before.push_back(CpuSecondsOf(pid));
     const absl::Time start = absl::Now();
     absl::Status streamed = (*client)->StepStream(req, [&](const baton::v1::StepResponse& part) {
       settled += part.metrics_size();
@@ -144,7 +122,7 @@ int main(int argc, char** argv) {
     if (settled != segment) return absl::InternalError(absl::StrCat("a segment settled ", settled, " steps"));
     if (!count) return absl::OkStatus();
     s.ms.push_back(ms / segment);
-    for (size_t i = 0; i < pids.size(); ++i) s.cpu_ms[i] += (CpuSeconds(pids[i]) - cpu_before[i]) * 1e3;
+    for (size_t i = 0; i < pids.size(); ++i) s.cpu_ms[i] += (CpuSecondsOf(pids[i]) - cpu_before[i]) * 1e3;
     return absl::OkStatus();
   };
   absl::Status failed;
