@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "client/job_file.h"
 #include "client/step_output.h"
+#include "common/blas_kernels.h"
 #include "common/process.h"
 #include "worker/caching_allocator.h"
 #include "reference/reference_trainer.h"
@@ -25,6 +26,7 @@ namespace baton {
 namespace {
 
 int Main(int argc, char** argv) {
+  ExecWithFullBlasKernels(argv);  // first, as the workers do: the same kernels as theirs
   absl::SetProgramUsageMessage("baton-reference JOBFILE [--output=text|json]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const std::string output = absl::GetFlag(FLAGS_output);

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/blas_kernels.h"
 #include "common/daemon_flags.h"
 #include "common/daemon_server.h"
 #include "common/http_server.h"
@@ -129,11 +130,14 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
 }
 
 int Main(int argc, char** argv) {
+  ExecWithFullBlasKernels(argv);  // first: it may start this process again
   absl::ParseCommandLine(argc, argv);
   if (auto s = InitDaemonLogging("worker"); !s.ok()) {
     Logf("baton-worker: %s", s.ToString().c_str());
     return 2;
   }
+  const std::string blas = BlasKernelsLine();
+  if (!blas.empty()) Logf("baton-worker: %s", blas.c_str());
   const std::string controller = absl::GetFlag(FLAGS_controller);
   if (controller.empty()) {
     Logf("baton-worker: --controller HOST:PORT is required");
@@ -179,7 +183,8 @@ int Main(int argc, char** argv) {
   info.set_memory_bytes(AvailableMemoryBytes());
   auto* cpu = info.add_devices();
   cpu->set_kind("cpu");
-  cpu->set_description(absl::StrCat(std::thread::hardware_concurrency(), " cores"));
+  cpu->set_description(absl::StrCat(std::thread::hardware_concurrency(), " cores",
+                                    blas.empty() ? "" : absl::StrCat(", ", OpenBlasCore(), " BLAS kernels")));
   const int cuda_device = absl::GetFlag(FLAGS_cuda_device);
   if (cuda_device < 0) {
     std::fprintf(stderr, "baton-worker: --cuda_device must be >= 0 (got %d)\n", cuda_device);
