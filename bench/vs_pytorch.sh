@@ -62,7 +62,10 @@ med = lambda k: statistics.median(r.get(k, 0.0) for r in timed)
 print("%.1f %.3f %.3f" % (tps, med("comm_wait_ms"), med("comm_ms")))
 PYEOF
 }
-torch_tps() { sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' "$1"; }
+torch_tps() {  # and keeps the peer's BLAS kernels for the summary
+  sed -n 's/.*blas=\([^ ]*\).*/\1/p' "$1" > "$dir/torch_blas"
+  sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' "$1"
+}
 
 run_config() {  # prints tokens/s of one configuration (and Baton's communication figures)
   local kind=${1%_*} w=${1##*_}
@@ -90,6 +93,10 @@ for ((round = 0; round < ROUNDS; round++)); do
   done
 done
 
+# Both sides pick OpenBLAS's kernels by the same rule (common/blas_kernels.h).
+echo
+echo "BLAS: Baton's workers: $(grep -m1 -o 'OpenBLAS .*' "$dir/up.log" || echo 'not logged')"
+echo "BLAS: PyTorch peer:    OpenBLAS $(cat "$dir/torch_blas")"
 $PY - "$results" "$WORLDS" <<'PYEOF'
 import collections, statistics, sys
 runs = collections.defaultdict(list)
@@ -98,7 +105,7 @@ for line in open(sys.argv[1]):
     runs[name].append([float(x) for x in figures])
 med = {n: [statistics.median(col) for col in zip(*v)] for n, v in runs.items()}
 tps = lambda n: med[n][0]
-print("\nmedian over rounds (decoder dim 128, 4 layers, seq 64, batch 8/rank, 1 thread/rank)")
+print("median over rounds (decoder dim 128, 4 layers, seq 64, batch 8/rank, 1 thread/rank)")
 print("  %-15s %10.0f tokens/s" % ("baton_single", tps("baton_single_1")))
 print("  %-15s %10.0f tokens/s" % ("torch_single", tps("torch_single_1")))
 for w in sys.argv[2].split():
