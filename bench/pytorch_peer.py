@@ -11,7 +11,7 @@ and this one did not.
 
   RESULT mode=<mode> world=<world> params=<n> tokens_per_s=<f> step_ms=<f> loss=<f> blas=<core>
 
-OpenBLAS's kernels follow the rule of Baton's workers (see exec_with_full_blas_kernels).
+blas: the OpenBLAS kernels it ran (bench/vs_pytorch.sh sets OPENBLAS_CORETYPE to the workers').
 
 Modes:
   single  one process, no torch.distributed
@@ -51,32 +51,6 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 # ------------------------------------------------------------------ BLAS ----
 
-# OpenBLAS core names by the widest vectors their kernels use (1 SSE, 2 AVX,
-# 3 AVX2+FMA, 4 AVX-512), and the core to ask for at each CPU level: the rule
-# Baton's workers follow (common/blas_kernels.h), so that both sides of the
-# benchmark run the same matrix-product kernels.
-CORE_LEVELS = {**dict.fromkeys(("katmai", "coppermine", "northwood", "prescott", "banias", "atom", "core2",
-                                "penryn", "dunnington", "nehalem", "athlon", "opteron", "opteron(sse3)",
-                                "barcelona", "nano", "bobcat"), 1),
-               **dict.fromkeys(("sandybridge", "bulldozer", "piledriver", "steamroller"), 2),
-               **dict.fromkeys(("haswell", "excavator", "zen"), 3),
-               **dict.fromkeys(("skylakex", "cooperlake", "sapphirerapids"), 4)}
-CORE_FOR_LEVEL = {2: "Sandybridge", 3: "Haswell", 4: "SkylakeX"}
-
-
-def cpu_level():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
-    except OSError:
-        return 0
-    if all(f in flags for f in ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")):
-        return 4
-    if "avx2" in flags and "fma" in flags:
-        return 3
-    return 2 if "avx" in flags else (1 if "pni" in flags else 0)
-
-
 def blas_core():
     """The core OpenBLAS runs in this process (loaded with torch), or "none"."""
     try:
@@ -85,18 +59,6 @@ def blas_core():
         return "none"
     get.restype = ctypes.c_char_p
     return get().decode()
-
-
-def exec_with_full_blas_kernels():
-    """Starts this process again with OPENBLAS_CORETYPE set when OpenBLAS's own
-    choice is narrower than the CPU (and nobody set it)."""
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return
-    chosen, cpu = CORE_LEVELS.get(blas_core().lower(), 0), cpu_level()
-    if chosen and cpu > chosen and cpu in CORE_FOR_LEVEL:
-        os.environ["OPENBLAS_CORETYPE"] = CORE_FOR_LEVEL[cpu]
-        sys.stdout.flush()
-        os.execv(sys.executable, [sys.executable] + sys.argv)
 
 
 # ----------------------------------------------------------------- model ----
@@ -360,7 +322,6 @@ def parse_args(argv=None):
 
 def main():
     a = parse_args()
-    exec_with_full_blas_kernels()
     if a.mode != "single":
         return launch(a)
     arm_deadline(a.timeout_s - (time.monotonic() - START))

@@ -31,6 +31,11 @@ fi
 max_world=$(echo $WORLDS | tr ' ' '\n' | sort -n | tail -1)
 . bench/fleet.sh
 bench_fleet "$max_world"
+# The PyTorch peer runs the OpenBLAS kernels the workers run (they pick them by
+# common/blas_kernels.h and log them), so both sides do the same matrix products.
+for _ in $(seq 100); do grep -q 'BLAS kernels: OpenBLAS' "$dir/up.log" && break; sleep 0.1; done
+worker_blas=$(sed -n 's/.*BLAS kernels: OpenBLAS \([A-Za-z0-9]*\).*/\1/p' "$dir/up.log" | head -1)
+if [ -n "$worker_blas" ]; then export OPENBLAS_CORETYPE=$worker_blas; fi
 
 job() {  # job NAME MODE MESH_SIZE GLOBAL_BATCH
   cat > "$dir/$1.textproto" <<JOB
@@ -93,7 +98,6 @@ for ((round = 0; round < ROUNDS; round++)); do
   done
 done
 
-# Both sides pick OpenBLAS's kernels by the same rule (common/blas_kernels.h).
 echo
 echo "BLAS: Baton's workers: $(grep -m1 -o 'OpenBLAS .*' "$dir/up.log" || echo 'not logged')"
 echo "BLAS: PyTorch peer:    OpenBLAS $(cat "$dir/torch_blas")"
