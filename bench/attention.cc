@@ -11,7 +11,6 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include <limits>
 #include <vector>
 
+#include "bench/proc_stats.h"
 #include "worker/model/batched_matmul.h"
 
 namespace {
@@ -38,11 +38,6 @@ Result Core(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, co
   at::Tensor out = product(probs, vh);
   out.backward(grad);
   return {out.detach(), q.grad(), k.grad(), v.grad()};
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -74,7 +69,7 @@ int main(int argc, char** argv) {
       if (i >= 20) (first ? ms_torch : ms_batched).push_back(ms);
     }
   }
-  const double mt = Median(ms_torch), mb = Median(ms_batched);
+  const double mt = baton::bench::Median(ms_torch), mb = baton::bench::Median(ms_batched);
   std::printf("attention core [%lld, %lld, %lld, %lld], forward + backward, median of %d alternating iterations:\n",
               static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(t),
               static_cast<long long>(d), iterations);

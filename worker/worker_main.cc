@@ -136,8 +136,8 @@ int Main(int argc, char** argv) {
     Logf("baton-worker: %s", s.ToString().c_str());
     return 2;
   }
-  const std::string blas = BlasKernelsLine();
-  if (!blas.empty()) Logf("baton-worker: %s", blas.c_str());
+  const std::string blas_core = OpenBlasCore();  // "" without OpenBLAS
+  if (!blas_core.empty()) Logf("baton-worker: %s", BlasKernelsLine().c_str());
   const std::string controller = absl::GetFlag(FLAGS_controller);
   if (controller.empty()) {
     Logf("baton-worker: --controller HOST:PORT is required");
@@ -184,7 +184,7 @@ int Main(int argc, char** argv) {
   auto* cpu = info.add_devices();
   cpu->set_kind("cpu");
   cpu->set_description(absl::StrCat(std::thread::hardware_concurrency(), " cores",
-                                    blas.empty() ? "" : absl::StrCat(", ", OpenBlasCore(), " BLAS kernels")));
+                                    blas_core.empty() ? "" : absl::StrCat(", ", blas_core, " BLAS kernels")));
   const int cuda_device = absl::GetFlag(FLAGS_cuda_device);
   if (cuda_device < 0) {
     std::fprintf(stderr, "baton-worker: --cuda_device must be >= 0 (got %d)\n", cuda_device);
