@@ -32,6 +32,7 @@
 #include "proto/registry.grpc.pb.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/caching_allocator.h"
+#include "worker/model/linear.h"
 #include "worker/grpc_rendezvous.h"
 #include "worker/worker_metrics.h"
 #include "common/file_root.h"
@@ -149,6 +150,7 @@ int Main(int argc, char** argv) {
   UseCachingAllocation();  // the heap, for what is not a tensor
   // Tensors (worker/caching_allocator.h), unless a benchmark compares.
   InstallTensorAllocatorFromEnvironment();
+  Logf("baton-worker: %s", WarmLinear().c_str());
   // Abseil's lock-cycle detection (on in Debian's build of it) walks a graph
   // on every lock: a fifth of the controller's time at a thousand workers.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
