@@ -11,14 +11,13 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <vector>
 
 #include "bench/proc_stats.h"
+#include "common/blas_kernels.h"
 #include "worker/model/batched_matmul.h"
 
 namespace {
@@ -43,6 +42,7 @@ Result Core(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, co
 }  // namespace
 
 int main(int argc, char** argv) {
+  baton::ExecWithFullBlasKernels(argv);  // the kernels the workers run
   const int64_t b = argc > 1 ? std::atoll(argv[1]) : 8, h = argc > 2 ? std::atoll(argv[2]) : 4;
   const int64_t t = argc > 3 ? std::atoll(argv[3]) : 64, d = argc > 4 ? std::atoll(argv[4]) : 32;
   const int iterations = argc > 5 ? std::atoi(argv[5]) : 400;
@@ -55,21 +55,8 @@ int main(int argc, char** argv) {
   auto batched = [](const at::Tensor& x, const at::Tensor& y) { return baton::BatchedMatmul(x, y); };
   const Result a = Core(q, k, v, mask, grad, torch_product), c = Core(q, k, v, mask, grad, batched);
   const bool same = a.out.equal(c.out) && a.dq.equal(c.dq) && a.dk.equal(c.dk) && a.dv.equal(c.dv);
-  std::vector<double> ms_torch, ms_batched;
-  for (int i = 0; i < iterations + 20; ++i) {
-    for (int which = 0; which < 2; ++which) {
-      const bool first = (which == 0) == (i % 2 == 0);  // alternate which goes first
-      const auto start = std::chrono::steady_clock::now();
-      if (first) {
-        Core(q, k, v, mask, grad, torch_product);
-      } else {
-        Core(q, k, v, mask, grad, batched);
-      }
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      if (i >= 20) (first ? ms_torch : ms_batched).push_back(ms);
-    }
-  }
-  const double mt = baton::bench::Median(ms_torch), mb = baton::bench::Median(ms_batched);
+  const auto [mt, mb] = baton::bench::AlternatingMedians(
+      iterations, 20, [&] { Core(q, k, v, mask, grad, torch_product); }, [&] { Core(q, k, v, mask, grad, batched); });
   std::printf("attention core [%lld, %lld, %lld, %lld], forward + backward, median of %d alternating iterations:\n",
               static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(t),
               static_cast<long long>(d), iterations);

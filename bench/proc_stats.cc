@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -29,6 +30,21 @@ double Median(std::vector<double> xs) {
   std::sort(xs.begin(), xs.end());
   const size_t n = xs.size();
   return n % 2 == 1 ? xs[n / 2] : (xs[n / 2 - 1] + xs[n / 2]) / 2;
+}
+
+std::pair<double, double> AlternatingMedians(int iterations, int warmup, const std::function<void()>& a,
+                                             const std::function<void()>& b) {
+  std::vector<double> ms_a, ms_b;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    for (int which = 0; which < 2; ++which) {
+      const bool first = (which == 0) == (i % 2 == 0);
+      const auto start = std::chrono::steady_clock::now();
+      (first ? a : b)();
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      if (i >= warmup) (first ? ms_a : ms_b).push_back(ms);
+    }
+  }
+  return {Median(ms_a), Median(ms_b)};
 }
 
 }  // namespace baton::bench
