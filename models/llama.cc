@@ -27,6 +27,15 @@ int64_t RankSeq(const StageShape& s) { return s.model->decoder().seq_len() / s.c
 // under sequence parallelism), dim].
 int64_t LocalSeq(const StageShape& s) { return s.sequence_parallel ? RankSeq(s) / s.tp : RankSeq(s); }
 
+// Activations an RMSNorm leaves for backward, beside its rsqrt vector (its
+// input is the residual stream, kept anyway). In fp32 the worker's own
+// kernel (worker/model/rms_norm.h) keeps nothing else; other dtypes go
+// through LibTorch's operators, which keep the input's square and the
+// normalised input. Its output is kept by the projections it feeds, unless
+// sequence parallelism gathers it first (the gather is kept instead).
+int64_t NormKept(const StageShape& s, bool gathered) { return (s.elem == 4 ? 0 : 2) + (gathered ? 0 : 1); }
+int64_t NormKept(const StageShape& s) { return NormKept(s, s.sequence_parallel); }
+
 StageDef Embedding() {
   StageDef def;
   def.kind = baton::v1::EMBEDDING;
@@ -132,13 +141,9 @@ StageDef Block(bool parallel) {
     const int64_t mlp = (SwiGlu(m) ? 4 : 2) * rows * seq * ffn * elem;
     StageFootprint f;
     f.output = activation;
-    // RMSNorm keeps its input's square (for the mean), the normalised input
-    // and its output, and the rsqrt vector, all in the compute dtype.
     f.saved = {
-        // Under sequence parallelism a norm's output is gathered before use:
-        // the gather is kept, not the output.
-        {"the RMSNorms' squares and normalised inputs, and (unless gathered) outputs",
-         norms * (s.sequence_parallel ? 2 : 3) * activation},
+        {"the RMSNorms' outputs (unless gathered) and, by operators, squares and normalised inputs",
+         norms * NormKept(s) * activation},
         {"the residual stream after attention", parallel ? 0 : activation},
         {"the norms' rsqrt vectors", norms * rows * LocalSeq(s) * elem},
         {"the sequence-parallel gathers into attention and the MLP", s.sequence_parallel ? 2 * gathered : 0},
@@ -238,8 +243,8 @@ StageDef HeadCrossEntropy() {
     StageFootprint f;
     f.output = 4;
     const bool gathered = vocab_split && s.sequence_parallel;
-    f.saved = {{"the norm's square, normalised input and (unless gathered) output",
-                (gathered ? 2 : 3) * s.rows * LocalSeq(s) * m.dim() * elem},
+    f.saved = {{"the norm's output (unless gathered) and, by operators, square and normalised input",
+                NormKept(s, gathered) * s.rows * LocalSeq(s) * m.dim() * elem},
                {"the norm's rsqrt vector", s.rows * LocalSeq(s) * elem},
                {"the sequence-parallel gather into the head",
                 gathered ? tokens * m.dim() * elem : 0}};

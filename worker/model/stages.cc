@@ -22,16 +22,12 @@
 #include "absl/strings/str_cat.h"
 #include "worker/model/batched_matmul.h"
 #include "worker/model/linear.h"
+#include "worker/model/rms_norm.h"
 
 namespace baton {
 namespace {
 
 using baton::v1::Stage;
-
-// y = x / sqrt(mean(x^2) + eps) * weight, over the last dimension.
-at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return x.mul(x.pow(2).mean({-1}, /*keepdim=*/true).add(eps).rsqrt()).mul(weight);
-}
 
 at::Tensor CausalMask(int64_t t, at::ScalarType dtype) {
   return at::full({t, t}, -std::numeric_limits<float>::infinity(), at::kFloat).triu(1).to(dtype);
