@@ -101,6 +101,8 @@ done
 echo
 echo "BLAS: Baton's workers: $(grep -m1 -o 'OpenBLAS .*' "$dir/up.log" || echo 'not logged')"
 echo "BLAS: PyTorch peer:    OpenBLAS $(cat "$dir/torch_blas")"
+# The projections' products: Baton's Linear runs oneDNN's sgemm (worker/model/linear.h), PyTorch's at::linear OpenBLAS.
+echo "$(grep -m1 -o 'GEMM: .*' "$dir/up.log" || echo 'GEMM: not logged') (Baton's workers; the PyTorch peer: OpenBLAS)"
 $PY - "$results" "$WORLDS" <<'PYEOF'
 import collections, statistics, sys
 runs = collections.defaultdict(list)

@@ -1,0 +1,132 @@
+// The model's own kernels against the LibTorch operators they replace, each
+// forward and backward at the shapes of one decoder, alternating iteration by
+// iteration in one process so that the machine's drift falls on both alike:
+//   - attention's two products: at::matmul / BatchedMatmul (one sgemm per matrix)
+//   - a block's projections and the head: at::linear / Linear (oneDNN's sgemm)
+//   - RMSNorm: six operators / RmsNorm (one pass per row)
+// Both BLAS run the kernels the workers run (ExecWithFullBlasKernels). Prints
+// the median milliseconds of each, their ratio, and how far apart their
+// results are (outputs and gradients, relative to each one's largest value).
+// Exits non-zero when a pair disagrees beyond fp32 rounding.
+//
+//   bazel run -c opt //bench:kernels [BATCH SEQ DIM HEADS FFN_DIM VOCAB ITERATIONS]
+//   (defaults 8 64 128 4 512 256 200: bench/vs_pytorch.sh's decoder)
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "bench/proc_stats.h"
+#include "common/blas_kernels.h"
+#include "worker/model/batched_matmul.h"
+#include "worker/model/linear.h"
+#include "worker/model/rms_norm.h"
+
+namespace {
+
+// A forward and backward from fresh leaves: the output, then each leaf's gradient.
+using Pass = std::function<std::vector<at::Tensor>()>;
+
+std::vector<at::Tensor> Leaves(const std::vector<at::Tensor>& values) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& v : values) leaves.push_back(v.detach().requires_grad_());
+  return leaves;
+}
+
+std::vector<at::Tensor> Finish(const at::Tensor& out, const std::vector<at::Tensor>& leaves) {
+  out.backward(at::ones_like(out));
+  std::vector<at::Tensor> r{out.detach()};
+  for (const at::Tensor& l : leaves) r.push_back(l.grad());
+  return r;
+}
+
+double RelativeDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = std::max(b[i].abs().max().item<double>(), 1e-30);
+    worst = std::max(worst, a[i].sub(b[i]).abs().max().item<double>() / scale);
+  }
+  return worst;
+}
+
+// Prints one line; returns whether the two agree within fp32 rounding.
+bool Compare(const char* name, const char* ops_name, const Pass& ops, const char* ours_name, const Pass& ours,
+             int iterations) {
+  const double diff = RelativeDifference(ours(), ops());
+  const auto [mo, mk] = baton::bench::AlternatingMedians(iterations, 20, [&] { ops(); }, [&] { ours(); });
+  std::printf("  %-26s %-14s %8.3f ms   %-14s %8.3f ms   ratio %.3f   difference %.1e\n", name, ops_name, mo,
+              ours_name, mk, mk / mo, diff);
+  return diff < 1e-5;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  baton::ExecWithFullBlasKernels(argv);  // the kernels the workers run
+  auto arg = [&](int i, int64_t fallback) { return argc > i ? std::atoll(argv[i]) : fallback; };
+  const int64_t b = arg(1, 8), t = arg(2, 64), d = arg(3, 128), h = arg(4, 4), ffn = arg(5, 512), vocab = arg(6, 256);
+  const int iterations = static_cast<int>(arg(7, 200));
+  const int64_t hd = d / h;
+  at::set_num_threads(1);
+  at::manual_seed(0);
+  std::printf("%s\n%s\n", baton::BlasKernelsLine().c_str(), baton::WarmLinear().c_str());
+  std::printf("decoder batch %lld, seq %lld, dim %lld, heads %lld, ffn %lld, vocab %lld; forward + backward, median of"
+              " %d alternating iterations:\n",
+              static_cast<long long>(b), static_cast<long long>(t), static_cast<long long>(d),
+              static_cast<long long>(h), static_cast<long long>(ffn), static_cast<long long>(vocab), iterations);
+  bool agree = true;
+
+  // Attention's core as the model lays it out: [b, t, h, hd] memory seen as [b, h, t, hd].
+  const at::Tensor q = at::randn({b, t, h, hd}), k = at::randn({b, t, h, hd}), v = at::randn({b, t, h, hd});
+  const at::Tensor mask = at::full({t, t}, -std::numeric_limits<float>::infinity()).triu(1);
+  auto attention = [&](bool ours) {
+    return [&, ours]() {
+      const auto l = Leaves({q, k, v});
+      auto product = [ours](const at::Tensor& x, const at::Tensor& y) {
+        return ours ? baton::BatchedMatmul(x, y) : at::matmul(x, y);
+      };
+      const at::Tensor qh = l[0].transpose(1, 2), kh = l[1].transpose(1, 2), vh = l[2].transpose(1, 2);
+      const at::Tensor scores = product(qh, kh.transpose(-2, -1)).mul(1.0 / std::sqrt(static_cast<double>(hd)));
+      return Finish(product(at::softmax(scores.add(mask), -1), vh), l);
+    };
+  };
+  agree &= Compare("attention's products", "at::matmul", attention(false), "BatchedMatmul", attention(true),
+                   iterations);
+
+  // The projections in the model's order, each fed the previous output.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const at::Tensor x = at::randn({b, t, d});
+  std::vector<at::Tensor> weights{x};
+  for (int i = 0; i < 4; ++i) weights.push_back(at::randn({d, d}).mul(scale));
+  weights.push_back(at::randn({ffn, d}).mul(scale));
+  weights.push_back(at::randn({d, ffn}).mul(1.0 / std::sqrt(static_cast<double>(ffn))));
+  weights.push_back(at::randn({vocab, d}).mul(scale));
+  auto projections = [&](bool ours) {
+    return [&, ours]() {
+      const auto l = Leaves(weights);
+      auto project = [ours](const at::Tensor& in, const at::Tensor& w) {
+        return ours ? baton::Linear(in, w) : at::linear(in, w);
+      };
+      const at::Tensor mixed = project(l[0], l[1]).add(project(l[0], l[2])).add(project(l[0], l[3]));
+      const at::Tensor hidden = project(project(mixed, l[4]), l[5]);
+      return Finish(project(project(hidden, l[6]), l[7]), l);
+    };
+  };
+  agree &= Compare("projections and the head", "at::linear", projections(false), "Linear", projections(true),
+                   iterations);
+
+  const at::Tensor norm_weight = at::randn({d});
+  auto norm = [&](bool ours) {
+    return [&, ours]() {
+      const auto l = Leaves({x, norm_weight});
+      return Finish(ours ? baton::RmsNorm(l[0], l[1], 1e-5) : baton::RmsNormByOperators(l[0], l[1], 1e-5), l);
+    };
+  };
+  agree &= Compare("RMSNorm", "operators", norm(false), "RmsNorm", norm(true), iterations);
+  return agree ? 0 : 1;
+}
