@@ -4,6 +4,7 @@
 //   - attention's two products: at::matmul / BatchedMatmul (one sgemm per matrix)
 //   - a block's projections and the head: at::linear / Linear (oneDNN's sgemm)
 //   - RMSNorm: six operators / RmsNorm (one pass per row)
+//   - rotary positions on q: a flip, two products and a sum / Rotate (one pass)
 // Both BLAS run the kernels the workers run (ExecWithFullBlasKernels). Prints
 // the median milliseconds of each, their ratio, and how far apart their
 // results are (outputs and gradients, relative to each one's largest value).
@@ -26,6 +27,7 @@
 #include "worker/model/batched_matmul.h"
 #include "worker/model/linear.h"
 #include "worker/model/rms_norm.h"
+#include "worker/model/rotary.h"
 
 namespace {
 
@@ -128,5 +130,15 @@ int main(int argc, char** argv) {
     };
   };
   agree &= Compare("RMSNorm", "operators", norm(false), "RmsNorm", norm(true), iterations);
+
+  const auto [cos, sin] = baton::RotaryTables(at::arange(t, at::kLong), hd, 10000.0);
+  auto rotate = [&](bool ours) {
+    return [&, ours]() {
+      const auto l = Leaves({q});
+      const at::Tensor qh = l[0].transpose(1, 2);
+      return Finish(ours ? baton::Rotate(qh, cos, sin) : baton::RotateByOperators(qh, cos, sin), l);
+    };
+  };
+  agree &= Compare("rotary positions on q", "operators", rotate(false), "Rotate", rotate(true), iterations);
   return agree ? 0 : 1;
 }

@@ -150,9 +150,13 @@ StageDef Block(bool parallel) {
         {"the MLP's hidden activations", mlp},
         {"the rotary tables' cos and sin (fp32, interleaved)", 2 * seq * 2 * (hd / 2) * 4},
     };
-    // Rotating q (k is no larger): its fp32 copy, the swapped pairs, both
-    // products and their sum, its cast back.
-    const Bytes rotating{"rotating q", rows * seq * heads * hd * (4 * 4 + (elem == 4 ? 0 : 4 + elem))};
+    // Rotating q (k is no larger): in fp32 with an even head_dim the
+    // worker's own kernel (worker/model/rotary.h) makes only the rotated q;
+    // by operators, the swapped pairs, both products and their sum, and
+    // outside fp32 also its fp32 copy and its cast back.
+    const bool rotary_kernel = elem == 4 && hd % 2 == 0;
+    const Bytes rotating{"rotating q",
+                         rows * seq * heads * hd * (rotary_kernel ? 4 : 4 * 4 + (elem == 4 ? 0 : 4 + elem))};
     f.forward = {rotating};
     // Backward frees what it has used as it goes: its worst point is the
     // MLP's (a hidden gradient beside everything saved) or attention's.

@@ -88,10 +88,10 @@ bool LinearUsesOneDnn() {
 }
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const bool plain = LinearUsesOneDnn() && !bias.defined() && x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
-                     x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && x.device().is_cpu() &&
-                     weight.device().is_cpu() && weight.numel() > 0 &&
-                     x.numel() / std::max<int64_t>(x.size(-1), 1) >= kMinRows;
+  const bool plain = LinearUsesOneDnn() && !bias.defined() && x.dim() >= 1 && weight.dim() == 2 &&
+                     x.size(-1) == weight.size(1) && x.scalar_type() == at::kFloat &&
+                     weight.scalar_type() == at::kFloat && x.device().is_cpu() && weight.device().is_cpu() &&
+                     weight.numel() > 0 && x.numel() / std::max<int64_t>(x.size(-1), 1) >= kMinRows;
   if (!plain) return at::linear(x, weight, bias);
   return LinearFunction::apply(x, weight);
 }

@@ -7,8 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
+
+#include "worker/model/vec.h"
 
 namespace baton {
 namespace {
@@ -19,44 +20,14 @@ using torch::autograd::tensor_list;
 // Rows per task when a rank runs more than one thread.
 constexpr int64_t kGrain = 64;
 
-// Sixteen floats, for GCC's and Clang's vector extensions: the loops below
-// are written lane-wise, so each runs as vector instructions (at -O2 GCC left
-// them scalar) in the same order of operations on every machine. Each comes
-// in AVX-512, AVX2 and baseline (SSE2) builds, chosen when the process loads
-// (target_clones); none of them fuses a multiply and an add, so all three
-// give the same bits.
-using Vec = float __attribute__((vector_size(64)));
-constexpr int64_t kLanes = sizeof(Vec) / sizeof(float);
-#define BATON_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+using vec::AddLanes;
+using vec::kLanes;
+using vec::Load;
+using vec::Store;
+using vec::Vec;
 
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"  // Vec never crosses a call: Load and Store are inlined
-[[gnu::always_inline]] inline Vec Load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-[[gnu::always_inline]] inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
-
-// The lanes of `v` added pairwise (lane k plus lane k + half, halving), in
-// registers: through memory, a wide store read back one float at a time
-// stalls on every read.
-using Vec8 = float __attribute__((vector_size(32)));
-using Vec4 = float __attribute__((vector_size(16)));
-
-[[gnu::always_inline]] inline float AddLanes(Vec v) {
-  Vec8 lo8, hi8;
-  std::memcpy(&lo8, &v, sizeof lo8);
-  std::memcpy(&hi8, reinterpret_cast<const char*>(&v) + sizeof lo8, sizeof hi8);
-  const Vec8 eight = lo8 + hi8;
-  Vec4 lo4, hi4;
-  std::memcpy(&lo4, &eight, sizeof lo4);
-  std::memcpy(&hi4, reinterpret_cast<const char*>(&eight) + sizeof lo4, sizeof hi4);
-  const Vec4 four = lo4 + hi4;
-  return (four[0] + four[2]) + (four[1] + four[3]);
-}
-
+#pragma GCC diagnostic ignored "-Wpsabi"  // a Vec never crosses a call: the helpers are inlined
 // sum of a[j] * b[j] (* c[j] when c is given): a vector of partial sums over
 // the row, the tail added to its first lanes, then its lanes added pairwise:
 // a fixed order.
@@ -76,8 +47,8 @@ using Vec4 = float __attribute__((vector_size(16)));
 // the baseline's SSE code row by row stalled on every switch).
 
 // Rows [begin, end): r = 1 / sqrt(mean(x^2) + eps), y = (x r) weight.
-BATON_CLONES void ForwardRows(const float* x, const float* weight, float eps, int64_t n, int64_t begin, int64_t end,
-                              float* y, float* r) {
+BATON_VECTOR_CLONES void ForwardRows(const float* x, const float* weight, float eps, int64_t n, int64_t begin,
+                                     int64_t end, float* y, float* r) {
   for (int64_t i = begin; i < end; ++i) {
     const float* row = x + i * n;
     const float ri = 1.0f / std::sqrt(Dot(row, row, nullptr, n) / static_cast<float>(n) + eps);
@@ -90,8 +61,8 @@ BATON_CLONES void ForwardRows(const float* x, const float* weight, float eps, in
 }
 
 // Rows [begin, end) of dx = r (g weight) - x c, c = r^3 mean(g weight x).
-BATON_CLONES void InputGradientRows(const float* g, const float* weight, const float* x, const float* r, int64_t n,
-                                    int64_t begin, int64_t end, float* dx) {
+BATON_VECTOR_CLONES void InputGradientRows(const float* g, const float* weight, const float* x, const float* r,
+                                           int64_t n, int64_t begin, int64_t end, float* dx) {
   for (int64_t i = begin; i < end; ++i) {
     const float* grow = g + i * n;
     const float* row = x + i * n;
@@ -106,8 +77,8 @@ BATON_CLONES void InputGradientRows(const float* g, const float* weight, const f
 
 // Rows [begin, end) of the weight's gradient, sum over rows of (g r) x,
 // added to `sum` in row order (a block's worth; WeightGradient adds blocks up).
-BATON_CLONES void AddWeightGradientRows(const float* g, const float* x, const float* r, int64_t n, int64_t begin,
-                                        int64_t end, float* sum) {
+BATON_VECTOR_CLONES void AddWeightGradientRows(const float* g, const float* x, const float* r, int64_t n,
+                                               int64_t begin, int64_t end, float* sum) {
   for (int64_t i = begin; i < end; ++i) {
     const float* grow = g + i * n;
     const float* row = x + i * n;
@@ -118,7 +89,6 @@ BATON_CLONES void AddWeightGradientRows(const float* g, const float* x, const fl
   }
 }
 #pragma GCC diagnostic pop
-#undef BATON_CLONES
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:

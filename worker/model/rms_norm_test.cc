@@ -44,7 +44,8 @@ void ExpectClose(const char* name, const at::Tensor& x, const View& view, const 
                ew = RelativeError(got.dw, want.dw);
   const double oo = RelativeError(ops.out, want.out), ox = RelativeError(ops.dx, want.dx),
                ow = RelativeError(ops.dw, want.dw);
-  std::printf("%-30s relative error vs float64: RmsNorm out %.1e dx %.1e dw %.1e | operators out %.1e dx %.1e dw %.1e\n",
+  std::printf("%-30s relative error vs float64: RmsNorm out %.1e dx %.1e dw %.1e"
+              " | operators out %.1e dx %.1e dw %.1e\n",
               name, eo, ex, ew, oo, ox, ow);
   EXPECT_EQ(got.out.sizes(), want.out.sizes()) << name;
   // fp32: a few ulps of each tensor's largest value, and no worse than the

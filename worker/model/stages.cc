@@ -7,15 +7,8 @@
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/cos.h>
-#include <ATen/ops/flip.h>
-#include <ATen/ops/pow.h>
-#include <ATen/ops/reciprocal.h>
 #include <ATen/ops/repeat_interleave.h>
-#include <ATen/ops/sin.h>
 #include <ATen/ops/softmax.h>
-#include <ATen/ops/stack.h>
 
 #include <cmath>
 
@@ -23,6 +16,7 @@
 #include "worker/model/batched_matmul.h"
 #include "worker/model/linear.h"
 #include "worker/model/rms_norm.h"
+#include "worker/model/rotary.h"
 
 namespace baton {
 namespace {
@@ -47,37 +41,6 @@ at::Tensor Leave(const at::Tensor& partial, bool split, const TensorParallelGrou
 }
 
 bool Split(const TensorParallelGroup* tp, const std::string& param) { return tp != nullptr && tp->split(param); }
-
-// Rotary positions, as Meta's Llama: feature pairs (x[2i], x[2i+1]) of each
-// head at position t turned by the angle t * theta^(-2i / head_dim), in
-// fp32 whatever the compute dtype: out = x * cos + swap(x) * sin, swap
-// exchanging each pair's features, with the tables interleaved (cos_i
-// twice; -sin_i, +sin_i): bit for bit the complex product's a cos - b sin,
-// b cos + a sin, in whole-size tensors only (no half-size temporaries to
-// fragment the heap). `x`: [batch, heads, seq, head_dim]; `cos`, `sin`:
-// [seq, 2 * (head_dim / 2)]. An odd head_dim's last feature has no partner
-// and passes through unturned (as partial rotary embeddings do).
-at::Tensor Rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const at::Tensor pairs = x.narrow(-1, 0, 2 * half).to(at::kFloat);
-  const at::Tensor swapped = pairs.unflatten(-1, {half, 2}).flip(-1).flatten(-2);
-  at::Tensor turned = pairs.mul(cos).add(swapped.mul(sin)).to(x.scalar_type());
-  if (2 * half == x.size(-1)) return turned;
-  return at::cat({turned, x.narrow(-1, 2 * half, 1)}, -1);
-}
-
-// The angles' cos and sin for `positions` (int64: a row's positions, or
-// this rank's of them under context parallelism), computed as Meta's
-// precompute_freqs_cis does, in float32 (1 / theta^(2i / hd), times t),
-// interleaved as Rotate takes them.
-std::pair<at::Tensor, at::Tensor> RotaryTables(const at::Tensor& positions, int64_t head_dim, double theta) {
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor exponents = at::arange(0, 2 * (head_dim / 2), 2, f32).div(static_cast<double>(head_dim));
-  const at::Tensor inverse = at::reciprocal(at::pow(at::Scalar(theta), exponents));
-  const at::Tensor angles = positions.to(at::kFloat).unsqueeze(1).mul(inverse);
-  const at::Tensor cos = at::cos(angles), sin = at::sin(angles);
-  return {at::stack({cos, cos}, -1).flatten(-2), at::stack({sin.neg(), sin}, -1).flatten(-2)};
-}
 
 // Attention on the normalised `a` (a region's whole input): q, k, v with
 // rotary positions on q and k, causal softmax, wo; the partial sums leave
