@@ -8,6 +8,8 @@
 #include <limits>
 #include <vector>
 
+#include "worker/model/gemm_operand.h"
+
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
                        const float* beta, float* c, const int* ldc);
@@ -18,28 +20,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// How BLAS (column-major) reads a matrix view: 'N' on its transpose when its
-// rows are contiguous, 'T' when its columns are; a layout of neither is copied.
-struct Operand {
-  at::Tensor t;
-  char trans;  // for the transposed matrix BLAS computes with
-  int ld;
-};
-
-Operand AsOperand(const at::Tensor& x) {
-  const int64_t rows = x.size(-2), cols = x.size(-1);
-  if (x.stride(-1) == 1 && x.stride(-2) >= std::max<int64_t>(cols, 1)) return {x, 'N', static_cast<int>(x.stride(-2))};
-  if (x.stride(-2) == 1 && x.stride(-1) >= std::max<int64_t>(rows, 1)) return {x, 'T', static_cast<int>(x.stride(-1))};
-  at::Tensor c = x.contiguous();
-  return {c, 'N', static_cast<int>(std::max<int64_t>(cols, 1))};
-}
-
 at::Tensor Product(const at::Tensor& a, const at::Tensor& b) {
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end());
   shape.back() = n;
   at::Tensor c = at::empty(shape, a.options());
-  const Operand oa = AsOperand(a), ob = AsOperand(b);
+  const GemmOperand oa = AsGemmOperand(a), ob = AsGemmOperand(b);
+  // BLAS is column-major: it reads each row-major operand as its transpose.
+  const int lda = static_cast<int>(oa.ld), ldb = static_cast<int>(ob.ld);
   const int64_t batch_dims = a.dim() - 2;
   int64_t count = 1;
   for (int64_t d = 0; d < batch_dims; ++d) count *= a.size(d);
@@ -57,7 +45,7 @@ at::Tensor Product(const at::Tensor& a, const at::Tensor& b) {
       off_b += idx * ob.t.stride(d);
     }
     // C^T (n x m) = B^T (n x k) A^T (k x m), column-major.
-    sgemm_(&ob.trans, &oa.trans, &M, &N, &K, &alpha, pb + off_b, &ob.ld, pa + off_a, &oa.ld, &beta,
+    sgemm_(&ob.trans, &oa.trans, &M, &N, &K, &alpha, pb + off_b, &ldb, pa + off_a, &lda, &beta,
            pc + i * m * n, &ldc);
   }
   return c;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/blas_kernels.h"
+#include "worker/model/gemm_operand.h"
 
 // oneDNN's C API (dnnl.h, oneDNN 2.x and 3.x): row-major C = alpha op(A) op(B) + beta C.
 extern "C" int dnnl_sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -22,27 +23,11 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// How a row-major sgemm reads a 2-D view: 'N' when its rows are contiguous,
-// 'T' (the transpose of a row-major matrix) when its columns are; a layout
-// of neither is copied.
-struct Operand {
-  at::Tensor t;
-  char trans;
-  int64_t ld;
-};
-
-Operand AsOperand(const at::Tensor& x) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  if (x.stride(1) == 1 && x.stride(0) >= std::max<int64_t>(cols, 1)) return {x, 'N', x.stride(0)};
-  if (x.stride(0) == 1 && x.stride(1) >= std::max<int64_t>(rows, 1)) return {x, 'T', x.stride(1)};
-  return {x.contiguous(), 'N', std::max<int64_t>(cols, 1)};
-}
-
 // a [m, k] @ b [k, n], fp32, into a new contiguous [m, n].
 at::Tensor Product(const at::Tensor& a, const at::Tensor& b) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   at::Tensor c = at::empty({m, n}, a.options());
-  const Operand oa = AsOperand(a), ob = AsOperand(b);
+  const GemmOperand oa = AsGemmOperand(a), ob = AsGemmOperand(b);
   const int status = dnnl_sgemm(oa.trans, ob.trans, m, n, k, 1.0f, oa.t.data_ptr<float>(), oa.ld,
                                 ob.t.data_ptr<float>(), ob.ld, 0.0f, c.data_ptr<float>(), n);
   TORCH_CHECK(status == 0, "oneDNN sgemm failed (status ", status, ") for ", m, " x ", k, " @ ", k, " x ", n);

@@ -7,60 +7,30 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
-#include <functional>
 
 #include "common/blas_kernels.h"
 #include "gtest/gtest.h"
+#include "worker/model/kernel_check.h"
 
 namespace baton {
 namespace {
 
-struct Grads {
-  at::Tensor out, dx, dw;
-};
-
-using View = std::function<at::Tensor(const at::Tensor&)>;
-const View kSame = [](const at::Tensor& x) { return x; };
-
-template <typename Product>
-Grads Run(const at::Tensor& x0, const View& view_x, const at::Tensor& w0, const View& view_w, const at::Tensor& grad,
-          Product product) {
-  at::Tensor x = x0.detach().clone().requires_grad_(), w = w0.detach().clone().requires_grad_();
-  at::Tensor out = product(view_x(x), view_w(w));
-  out.backward(grad.to(out.scalar_type()));
-  return {out.detach(), x.grad(), w.grad()};
-}
-
-// |got - want| relative to the float64 result's scale: fp32 products of K
-// terms carry errors of a few ulps of the largest partial sums.
-double RelativeError(const at::Tensor& got, const at::Tensor& want64) {
-  const double scale = want64.abs().max().item<double>();
-  return got.to(at::kDouble).sub(want64).abs().max().item<double>() / std::max(scale, 1e-30);
-}
+using kernel_check::Grads;
+using kernel_check::kSame;
+using kernel_check::RunWithGradients;
+using kernel_check::View;
 
 void ExpectClose(const char* name, const at::Tensor& x, const View& view_x, const at::Tensor& w, const View& view_w) {
-  at::Tensor probe = at::linear(view_x(x), view_w(w));
-  const at::Tensor grad = at::randn(probe.sizes());
+  const at::Tensor grad = at::randn(at::linear(view_x(x), view_w(w)).sizes());
   const auto linear = [](const at::Tensor& a, const at::Tensor& b) { return Linear(a, b); };
   const auto torch_linear = [](const at::Tensor& a, const at::Tensor& b) { return at::linear(a, b); };
-  const Grads got = Run(x, view_x, w, view_w, grad, linear);
-  const Grads blas = Run(x, view_x, w, view_w, grad, torch_linear);
-  const Grads want = Run(x.to(at::kDouble), view_x, w.to(at::kDouble), view_w, grad, torch_linear);
-  const double eo = RelativeError(got.out, want.out), ex = RelativeError(got.dx, want.dx),
-               ew = RelativeError(got.dw, want.dw);
-  const double bo = RelativeError(blas.out, want.out), bx = RelativeError(blas.dx, want.dx),
-               bw = RelativeError(blas.dw, want.dw);
-  std::printf("%-34s relative error vs float64: Linear out %.1e dx %.1e dw %.1e | at::linear out %.1e dx %.1e dw %.1e;"
-              " bit for bit at::linear's: %s\n",
-              name, eo, ex, ew, bo, bx, bw,
-              got.out.equal(blas.out) && got.dx.equal(blas.dx) && got.dw.equal(blas.dw) ? "yes" : "no");
-  EXPECT_EQ(got.out.sizes(), want.out.sizes()) << name;
+  const Grads got = RunWithGradients(x, view_x, w, view_w, grad, linear);
+  const Grads blas = RunWithGradients(x, view_x, w, view_w, grad, torch_linear);
+  const Grads want = RunWithGradients(x.to(at::kDouble), view_x, w.to(at::kDouble), view_w, grad, torch_linear);
+  std::printf("%-34s bit for bit at::linear's: %s\n", name, got.Equal(blas) ? "yes" : "no");
   // fp32 with K up to 1024: within 2e-6 of the largest value (a few ulps of
   // the partial sums), and no worse than 4x what OpenBLAS gives.
-  for (const auto& [err, base] : {std::pair{eo, bo}, {ex, bx}, {ew, bw}}) {
-    EXPECT_LT(err, 2e-6) << name;
-    EXPECT_LE(err, std::max(4 * base, 1e-7)) << name;
-  }
+  kernel_check::ExpectNearFloat64(name, "Linear", got, "at::linear", blas, want, 2e-6, 1e-7);
 }
 
 TEST(LinearTest, MatchesFloat64ForTheModelsLayouts) {

@@ -7,32 +7,22 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cstdio>
-#include <functional>
-
 #include "gtest/gtest.h"
+#include "worker/model/kernel_check.h"
 
 namespace baton {
 namespace {
 
-struct Grads {
-  at::Tensor out, dx, dw;
-};
+using kernel_check::Grads;
+using kernel_check::kSame;
+using kernel_check::View;
 
-using Norm = std::function<at::Tensor(const at::Tensor&, const at::Tensor&, double)>;
-using View = std::function<at::Tensor(const at::Tensor&)>;
+using Norm = at::Tensor (*)(const at::Tensor&, const at::Tensor&, double);
 
-Grads Normalise(const at::Tensor& x0, const View& view, const at::Tensor& w0, const at::Tensor& grad, double eps,
-          const Norm& norm) {
-  at::Tensor x = x0.detach().clone().requires_grad_(), w = w0.detach().clone().requires_grad_();
-  at::Tensor out = norm(view(x), w, eps);
-  out.backward(grad.to(out.scalar_type()));
-  return {out.detach(), x.grad(), w.grad()};
-}
-
-double RelativeError(const at::Tensor& got, const at::Tensor& want64) {
-  const double scale = std::max(want64.abs().max().item<double>(), 1e-30);
-  return got.to(at::kDouble).sub(want64).abs().max().item<double>() / scale;
+Grads Normalise(const at::Tensor& x, const View& view, const at::Tensor& w, const at::Tensor& grad, double eps,
+                Norm norm) {
+  return kernel_check::RunWithGradients(x, view, w, kSame, grad,
+                                        [&](const at::Tensor& a, const at::Tensor& b) { return norm(a, b, eps); });
 }
 
 void ExpectClose(const char* name, const at::Tensor& x, const View& view, const at::Tensor& w, double eps) {
@@ -40,23 +30,10 @@ void ExpectClose(const char* name, const at::Tensor& x, const View& view, const 
   const Grads got = Normalise(x, view, w, grad, eps, RmsNorm);
   const Grads ops = Normalise(x, view, w, grad, eps, RmsNormByOperators);
   const Grads want = Normalise(x.to(at::kDouble), view, w.to(at::kDouble), grad, eps, RmsNormByOperators);
-  const double eo = RelativeError(got.out, want.out), ex = RelativeError(got.dx, want.dx),
-               ew = RelativeError(got.dw, want.dw);
-  const double oo = RelativeError(ops.out, want.out), ox = RelativeError(ops.dx, want.dx),
-               ow = RelativeError(ops.dw, want.dw);
-  std::printf("%-30s relative error vs float64: RmsNorm out %.1e dx %.1e dw %.1e"
-              " | operators out %.1e dx %.1e dw %.1e\n",
-              name, eo, ex, ew, oo, ox, ow);
-  EXPECT_EQ(got.out.sizes(), want.out.sizes()) << name;
   // fp32: a few ulps of each tensor's largest value, and no worse than the
   // operators' own rounding allows.
-  for (const auto& [err, base] : {std::pair{eo, oo}, {ex, ox}, {ew, ow}}) {
-    EXPECT_LT(err, 1e-6) << name;
-    EXPECT_LE(err, std::max(4 * base, 2e-7)) << name;
-  }
+  kernel_check::ExpectNearFloat64(name, "RmsNorm", got, "operators", ops, want, 1e-6, 2e-7);
 }
-
-const View kSame = [](const at::Tensor& x) { return x; };
 
 TEST(RmsNormTest, MatchesFloat64) {
   at::manual_seed(5);
@@ -81,7 +58,7 @@ TEST(RmsNormTest, SameBitsWithOneThreadOrTwo) {
   at::set_num_threads(2);
   const Grads two = Normalise(x, kSame, w, grad, 1e-5, RmsNorm);
   at::set_num_threads(threads);
-  EXPECT_TRUE(one.out.equal(two.out) && one.dx.equal(two.dx) && one.dw.equal(two.dw));
+  EXPECT_TRUE(one.Equal(two));
 }
 
 TEST(RmsNormTest, OtherDtypesKeepTheOperators) {

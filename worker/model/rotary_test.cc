@@ -9,22 +9,22 @@
 #include <cstdio>
 
 #include "gtest/gtest.h"
+#include "worker/model/kernel_check.h"
 
 namespace baton {
 namespace {
 
-struct Grads {
-  at::Tensor out, dx;
-};
+using kernel_check::Grads;
+using kernel_check::View;
 
-template <typename Turn>
-Grads Run(const at::Tensor& x0, bool model_layout, const at::Tensor& cos, const at::Tensor& sin,
+using Turn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+
+Grads Run(const at::Tensor& x, bool model_layout, const at::Tensor& cos, const at::Tensor& sin,
           const at::Tensor& grad, Turn turn) {
-  at::Tensor x = x0.detach().clone().requires_grad_();
   // The model's q and k: [b, t, h, d] memory seen as [b, h, t, d].
-  at::Tensor out = turn(model_layout ? x.transpose(1, 2) : x, cos, sin);
-  out.backward(grad);
-  return {out.detach(), x.grad()};
+  const View layout = model_layout ? View([](const at::Tensor& t) { return t.transpose(1, 2); }) : kernel_check::kSame;
+  return kernel_check::RunWithGradients(x, layout, at::Tensor(), kernel_check::kSame, grad,
+                                        [&](const at::Tensor& q, const at::Tensor&) { return turn(q, cos, sin); });
 }
 
 // (a + i b)(cos + i sin) for each pair, in float64 from the angles alone.
