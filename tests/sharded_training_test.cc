@@ -354,6 +354,12 @@ INSTANTIATE_TEST_SUITE_P(
           model { decoder { vocab: 11 dim: 4 layers: 2 heads: 1 ffn_dim: 3 seq_len: 3 } }
           mesh { name: "dp" size: 3 } plan { mode: DDP } optimizer { lr: 0.01 }
           data { batch_size: 3 } steps: 3 seed: 4)pb"},
+        // A one-rank data axis: its all-reduce is the identity (the worker
+        // sends nothing), so the gradients are this rank's own.
+        OddCase{"decoder_world1_ddp", R"pb(
+          model { decoder { vocab: 9 dim: 6 layers: 2 heads: 2 ffn_dim: 5 seq_len: 3 } }
+          mesh { name: "dp" size: 1 } plan { mode: DDP } optimizer { lr: 0.01 max_grad_norm: 0.5 }
+          data { batch_size: 2 } steps: 3 seed: 3)pb"},
         OddCase{"hsdp_1x3_bf16", R"pb(
           model { decoder { vocab: 7 dim: 8 layers: 2 heads: 2 ffn_dim: 11 seq_len: 4 } }
           mesh { name: "replicate" size: 1 } mesh { name: "shard" size: 3 }

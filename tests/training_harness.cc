@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
+#include "absl/strings/str_format.h"
 #include "common/wire.h"
 #include "mesh/layout.h"
 #include "strategies/job_spec.h"
@@ -144,10 +146,14 @@ void ExpectAccountingEqualsTheory(const char* name, const Distributed& d, size_t
     live_bytes = std::max(live_bytes, m.peak_live_activation_bytes());
   }
   if (*name != '\0') {
-    std::printf("%s: per rank, each equal to its Program's theory; largest: comm %lld B/step, theory %lld (%.4f of "
-                "the unpadded formulas); state %lld, theory %lld; peak unsharded %lld, theory %lld; live "
+    // A mesh whose groups are all one rank communicates nothing: no ratio.
+    const std::string of_ideal =
+        t.ideal_comm_bytes > 0 ? absl::StrFormat("%.4f of the unpadded formulas", comm / t.ideal_comm_bytes)
+                               : std::string("the unpadded formulas: none");
+    std::printf("%s: per rank, each equal to its Program's theory; largest: comm %lld B/step, theory %lld (%s); "
+                "state %lld, theory %lld; peak unsharded %lld, theory %lld; live "
                 "microbatches %d, theory %d; live activations %lld B, theory %lld\n",
-                name, (long long)comm, (long long)t.comm_bytes, comm / t.ideal_comm_bytes, (long long)state,
+                name, (long long)comm, (long long)t.comm_bytes, of_ideal.c_str(), (long long)state,
                 (long long)t.state_bytes, (long long)peak, (long long)t.peak_unsharded_param_bytes, live,
                 t.peak_live_microbatches, (long long)live_bytes, (long long)t.peak_live_activation_bytes);
   }

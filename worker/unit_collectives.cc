@@ -238,6 +238,20 @@ absl::Status UnitCollectives::AllReduceGrads(const std::vector<ShardStore::Unit*
     pending_.push_back(std::move(pending));
     return absl::OkStatus();
   }
+  if ((*comm)->size() == 1) {
+    // A one-rank group (a data axis of size 1): the sum or mean is the
+    // gradient itself, so nothing is packed or sent. What the reduction
+    // would still do is give a parameter no gradient reached a zero one.
+    pending.handle = CompletedHandle(absl::OkStatus());
+    pending.finish = [params]() {
+      for (ShardStore::Param* p : params) {
+        at::Tensor& g = p->PieceGrad();
+        if (!g.defined() && p->master_piece.numel() > 0) g = at::empty(p->master_piece.shape, at::kFloat).zero_();
+      }
+    };
+    pending_.push_back(std::move(pending));
+    return absl::OkStatus();
+  }
   int64_t total = 0;
   for (const ShardStore::Param* p : params) total += p->master_piece.numel();
   // Every element is written once: a gradient's, or zero where none
