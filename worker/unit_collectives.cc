@@ -232,21 +232,19 @@ absl::Status UnitCollectives::AllReduceGrads(const std::vector<ShardStore::Unit*
       }
     }
   }
-  if (*comm == nullptr || params.empty()) {  // nothing to reduce: done at once
+  // Nothing to reduce: done at once. Over a one-rank group (a data axis of
+  // size 1) the sum or mean is the gradient itself, so nothing is packed or
+  // sent; what the reduction would still do is give a parameter no gradient
+  // reached a zero one.
+  const bool one_rank = *comm != nullptr && (*comm)->size() == 1;
+  if (*comm == nullptr || params.empty() || one_rank) {
     pending.handle = CompletedHandle(absl::OkStatus());
-    pending.finish = [] {};
-    pending_.push_back(std::move(pending));
-    return absl::OkStatus();
-  }
-  if ((*comm)->size() == 1) {
-    // A one-rank group (a data axis of size 1): the sum or mean is the
-    // gradient itself, so nothing is packed or sent. What the reduction
-    // would still do is give a parameter no gradient reached a zero one.
-    pending.handle = CompletedHandle(absl::OkStatus());
-    pending.finish = [params]() {
+    pending.finish = [params, one_rank]() {
       for (ShardStore::Param* p : params) {
         at::Tensor& g = p->PieceGrad();
-        if (!g.defined() && p->master_piece.numel() > 0) g = at::empty(p->master_piece.shape, at::kFloat).zero_();
+        if (one_rank && !g.defined() && p->master_piece.numel() > 0) {
+          g = at::empty(p->master_piece.shape, at::kFloat).zero_();
+        }
       }
     };
     pending_.push_back(std::move(pending));
