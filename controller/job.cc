@@ -276,8 +276,9 @@ Job::Interrupt Job::interrupt(std::string* why) const {
   return interrupt_;
 }
 
-int Job::RequestSteps(int n) {
+int Job::RequestSteps(int n, absl::Time answer_by) {
   absl::MutexLock lock(&mu_);
+  answer_by_ = answer_by;
   const int base = status_.step() + steps_running_;
   target_step_ = std::min(status_.steps(), std::max(target_step_, base + std::max(n, 0)));
   return target_step_;
@@ -286,6 +287,11 @@ int Job::RequestSteps(int n) {
 void Job::WithdrawSteps() {
   absl::MutexLock lock(&mu_);
   if (!detached_) target_step_ = std::min(target_step_, status_.step() + steps_running_);
+}
+
+absl::Time Job::answer_by() const {
+  absl::MutexLock lock(&mu_);
+  return answer_by_;
 }
 
 Job::Interrupt Job::AwaitWork(absl::Duration timeout) {

@@ -135,9 +135,12 @@ class Job {
   // The steps asked of it. Detached jobs ask for all of them; an attached
   // job's client asks for `n` more (after the one running, if any) and gets
   // the step to wait for, and withdraws what is not started yet when it
-  // stops waiting.
-  int RequestSteps(int n) ABSL_LOCKS_EXCLUDED(mu_);
+  // stops waiting. `answer_by`: when the client stops waiting (its call's
+  // deadline); the runner starts no step it expects to start later.
+  int RequestSteps(int n, absl::Time answer_by = absl::InfiniteFuture()) ABSL_LOCKS_EXCLUDED(mu_);
   void WithdrawSteps() ABSL_LOCKS_EXCLUDED(mu_);
+  // The last request's `answer_by`.
+  absl::Time answer_by() const ABSL_LOCKS_EXCLUDED(mu_);
   // The runner: waits until a step (or a rescale) is asked for or it is
   // interrupted (or `timeout`); returns the interrupt, kNone when there is
   // a step or a rescale to run.
@@ -221,6 +224,7 @@ class Job {
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);
   int target_step_ ABSL_GUARDED_BY(mu_) = 0;
   int steps_running_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time answer_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   int steps_per_call_ ABSL_GUARDED_BY(mu_) = 1;
   int settled_step_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

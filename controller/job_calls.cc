@@ -45,7 +45,7 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
   job.set_collective_timeout_ms(collective_timeout_ms);
   job.set_steps_per_call(per_call);
   int64_t seen = job.log().last_sequence();
-  const int target = job.RequestSteps(n);
+  const int target = job.RequestSteps(n, deadline);
   StepOutcome out;
   // What the log gained since `seen`, into `out`.
   auto collect = [&] {

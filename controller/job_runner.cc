@@ -167,7 +167,7 @@ void JobRunner::Run() {
   Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"), /*ended=*/true);
 }
 
-int JobRunner::StepsForCall(int step) const {
+int JobRunner::StepsForCall(int step, absl::Time starts) const {
   int k = job_->steps_per_call();
   if (job_->detached() || k == 0) {
     // A second's worth at the last call's pace (one step first, to learn it).
@@ -177,6 +177,11 @@ int JobRunner::StepsForCall(int step) const {
                                                                    last_step_ms_));
   }
   k = std::min(k, job_->target_step() - step + 1);
+  // Steps due to start after the asking client stops waiting would be
+  // withdrawn then: a call holds what fits before (at least one step).
+  if (const absl::Time by = job_->answer_by(); last_step_ms_ > 0 && by != absl::InfiniteFuture()) {
+    k = std::min(k, static_cast<int>(std::max(1.0, absl::ToDoubleMilliseconds(by - starts) / last_step_ms_)));
+  }
   // A periodic checkpoint's step ends the call, so the save follows it.
   if (const int every = job_->spec().checkpoint().every_n_steps(); every > 0) {
     k = std::min(k, (step + every - 1) / every * every - step + 1);
@@ -185,7 +190,9 @@ int JobRunner::StepsForCall(int step) const {
 }
 
 std::unique_ptr<StepCall> JobRunner::StartCall(int first) {
-  const int k = StepsForCall(first);
+  const absl::Time starts = std::max(absl::Now(), wire_free_);
+  const int k = StepsForCall(first, starts);
+  wire_free_ = starts + absl::Milliseconds(k * last_step_ms_);
   job_->AddStepsRunning(k);
   return std::make_unique<StepCall>(StepCall::Context{job_.get(), context_.meshes, context_.metrics}, mesh_, first, k);
 }
@@ -193,6 +200,7 @@ std::unique_ptr<StepCall> JobRunner::StartCall(int first) {
 bool JobRunner::MayRunAhead(const StepCall& call) const {
   const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
   if (call.last() >= job_->target_step()) return false;  // nothing more asked yet
+  if (wire_free_ >= job_->answer_by()) return false;  // it would start after its client stopped waiting
   // A mesh's first call runs alone: it learns the pace (the next call's K),
   // and the workers know their step before a call waits for its turn.
   if (last_step_ms_ <= 0) return false;
@@ -210,6 +218,7 @@ bool JobRunner::SavesAt(int step) const {
 
 absl::Status JobRunner::RunCalls() {
   const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
+  wire_free_ = absl::InfinitePast();  // nothing on the wire
   std::unique_ptr<StepCall> call = StartCall(job_->step() + 1);
   absl::Time previous_end = absl::InfinitePast();
   while (call != nullptr) {

@@ -91,8 +91,9 @@ class JobRunner {
  private:
   void Run();
   absl::Status Place();
-  // How many steps the call from `step` runs (K).
-  int StepsForCall(int step) const;
+  // How many steps the call from `step`, expected to start at `starts`,
+  // runs (K).
+  int StepsForCall(int step, absl::Time starts) const;
   // Runs the steps asked so far (or until something is to be taken up
   // between calls: a periodic or asked-for save, a stop, a rescale), call
   // after call, the next on the wire while one runs; records and settles
@@ -145,6 +146,7 @@ class JobRunner {
   CheckpointCoordinator checkpoints_;
   baton::v1::Mesh mesh_;  // the runner thread's; Save reads it under the work lock
   double last_step_ms_ = 0;  // the runner thread's: the last call's time per step
+  absl::Time wire_free_;     // the runner thread's: when the calls on the wire should end
   std::atomic<int> saves_waiting_{0};  // Saves waiting for the work lock
   std::atomic<bool> finished_{false};
   std::thread thread_;
