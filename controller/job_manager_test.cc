@@ -30,7 +30,7 @@ using testing::WorkersOf;
 
 TEST(JobManagerTest, TwoDetachedJobsRunOnDisjointWorkers) {
   ControllerHarness h({});
-  SlowSteps(h, absl::Milliseconds(20));
+  SlowSteps(h, absl::Milliseconds(200));  // both run 2 s: seen running together on a slow machine too
   auto a = h.jobs().Submit(MlpJob("a", 10));
   auto b = h.jobs().Submit(MlpJob("b", 10));
   ASSERT_TRUE(a.ok()) << a.status();
@@ -65,7 +65,7 @@ TEST(JobManagerTest, AThirdAttachedJobIsRefusedNamingNeededAndFree) {
 
 TEST(JobManagerTest, AThirdDetachedJobWaitsAndStartsWhenOneFinishes) {
   ControllerHarness h({});
-  SlowSteps(h, absl::Milliseconds(20));
+  SlowSteps(h, absl::Milliseconds(200));  // a runs 1 s: c is seen waiting on a slow machine too
   auto a = h.jobs().Submit(MlpJob("a", 5));
   auto b = h.jobs().Submit(MlpJob("b", 200));
   auto c = h.jobs().Submit(MlpJob("c", 5));
@@ -85,8 +85,8 @@ TEST(JobManagerTest, AThirdDetachedJobWaitsAndStartsWhenOneFinishes) {
 
 TEST(JobManagerTest, TheQueueIsFirstComeFirstServed) {
   ControllerHarness h({});
-  SlowSteps(h, absl::Milliseconds(20));
-  auto a = h.jobs().Submit(MlpJob("a", 40));  // 2 of 4 workers
+  SlowSteps(h, absl::Milliseconds(100));
+  auto a = h.jobs().Submit(MlpJob("a", 20));  // 2 of 4 workers, for 2 s
   ASSERT_TRUE(WaitFor([&] { return InState(*a, baton::v1::JOB_RUNNING); }));
   auto wide = h.jobs().Submit(MlpJob("wide", 3, "mesh { name: \"dp\" size: 4 } plan { mode: FSDP }"));
   auto narrow = h.jobs().Submit(MlpJob("narrow", 3));

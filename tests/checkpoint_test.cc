@@ -211,11 +211,12 @@ TEST(CheckpointTest, ExactResumeOnAFreshFleet) {
 // the survivor of the last).
 TEST(CheckpointTest, KilledMidSaveLeavesThePreviousCheckpoint) {
   std::mt19937 rng(42);
-  int invisible = 0, loadable = 0;
+  int invisible = 0, killed_midway = 0, loadable = 0;
   const int kRounds = 10;
   for (int round = 0; round < kRounds; ++round) {
-    // Each piece written costs 15 ms: a save of 57 pieces per rank takes ~0.9 s.
-    auto fleet = Fleet(2, {"--testing_write_delay_ms=15"});
+    // Each piece written costs 25 ms: a save of 57 pieces per rank takes
+    // ~1.4 s, the kill comes 0.05-0.6 s into it.
+    auto fleet = Fleet(2, {"--testing_write_delay_ms=25"});
     ASSERT_NE(fleet, nullptr);
     auto client = Connect(*fleet);
     auto job = round == 0 ? Job::Create(client.get(), Fsdp(2, 40)) : Job::Restore(client.get(), Fsdp(2, 40), "atomic");
@@ -233,8 +234,8 @@ TEST(CheckpointTest, KilledMidSaveLeavesThePreviousCheckpoint) {
     auto waited = (*job)->WaitForSave();
     auto found = FindCheckpoint(absl::StrCat(Root(), "/atomic"));
     ASSERT_TRUE(found.ok()) << found.status();
-    const bool hidden = !waited.ok() && absl::EndsWith(*found, StepDirName(good->step()));
-    invisible += hidden;
+    killed_midway += !waited.ok();
+    invisible += !waited.ok() && absl::EndsWith(*found, StepDirName(good->step()));
     auto md = ReadMetadata(*found);
     ASSERT_TRUE(md.ok());
     EXPECT_TRUE(VerifyCheckpoint(*found, *md).ok());
@@ -243,9 +244,10 @@ TEST(CheckpointTest, KilledMidSaveLeavesThePreviousCheckpoint) {
                 found->substr(found->rfind('/') + 1).c_str());
     StopAndExpectAllGone(*fleet);
   }
-  std::printf("%d of %d saves killed midway stayed invisible; the previous checkpoint loaded %d of %d times\n",
-              invisible, kRounds, loadable, kRounds - 1);
-  EXPECT_EQ(invisible, kRounds);
+  std::printf("%d of %d saves killed midway (of %d rounds) stayed invisible; the previous checkpoint loaded %d of %d "
+              "times\n", invisible, killed_midway, kRounds, loadable, kRounds - 1);
+  EXPECT_EQ(invisible, killed_midway);
+  EXPECT_GE(killed_midway, kRounds / 2) << "most kills should land during the save";
   EXPECT_EQ(loadable, kRounds - 1);
 }
 

@@ -204,15 +204,17 @@ TEST(MemoryTest, WorkerMemoryIsFlatOverALongJobAndReturnedAfterIt) {
   ASSERT_TRUE(client.ok());
   const pid_t workers[2] = {testing::PidOf(*cluster, "worker-0"), testing::PidOf(*cluster, "worker-1")};
   auto rss = [&](int w) { return ResidentBytes(workers[w]); };
-  // An ended job's executor goes in the background: wait until both settle.
+  // An ended job's executor goes in the background: wait until both have
+  // stayed within 1 MiB for a second (ten samples), 20 s at most.
   auto settled = [&](int64_t* out) {
-    for (int i = 0; i < 100; ++i) {
+    int steady = 0;
+    for (int i = 0; i < 200 && steady < 10; ++i) {
       absl::SleepFor(absl::Milliseconds(100));
       const int64_t now[2] = {rss(0), rss(1)};
       const bool same = std::abs(now[0] - out[0]) < (1 << 20) && std::abs(now[1] - out[1]) < (1 << 20);
+      steady = same && i > 0 ? steady + 1 : 0;
       out[0] = now[0];
       out[1] = now[1];
-      if (same && i > 0) return;
     }
   };
   {

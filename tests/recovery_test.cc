@@ -46,7 +46,7 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
   ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
   auto client = Client::Connect(fleet.addr);
   ASSERT_TRUE(client.ok()) << client.status();
-  const int kSteps = 30;
+  const int kSteps = 50;
   auto job_file = [&](const std::string& name) {
     return testing::WriteJobFile(fleet.dir, example, name, kSteps,
                                  absl::StrCat("checkpoint { dir: \"", name, "\" every_n_steps: 5 }"));
@@ -67,9 +67,9 @@ void KillAWorkerAndCheckTheJobGoesOnBitForBit(const std::string& example, int wo
   const uint64_t seed = testing::TestSeed();
   std::mt19937_64 draw(seed);
   // The job's status moves a call at a time, and a detached job's calls end
-  // at its every-5-steps saves: seen at or past step 20, its workers may be
-  // in the last call already. Up to 20, two calls and a save remain.
-  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 10)(draw);
+  // at its every-5-steps saves. Up to step 20, thirty steps and six saves
+  // remain: the kill lands before the job ends on a slow machine too.
+  const int kill_at = std::uniform_int_distribution<int>(6, kSteps - 30)(draw);
   const int victim_rank = std::uniform_int_distribution<int>(0, workers - 1)(draw);
   // A while after that step, so the kill lands anywhere in a step or a save:
   // under 4 steps' time (at most 400 ms), so it lands before the job ends.

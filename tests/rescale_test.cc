@@ -58,7 +58,10 @@ TEST(RescaleTest, RescaleTwoFourTwoMovesStateWorkerToWorker) {
   ASSERT_FALSE(fleet.addr.empty()) << fleet.log();
   auto client = Client::Connect(fleet.addr);
   ASSERT_TRUE(client.ok()) << client.status();
-  const int kSteps = 400;  // a small model: its steps take milliseconds
+  // A small model: its steps take milliseconds, and a detached job runs a
+  // second's worth per call. A rescale waits for the calls on the wire (up
+  // to two seconds): enough steps that the job still runs after both.
+  const int kSteps = 1200;
   const std::string job = fleet.Submit(DpJob(fleet, "elastic", 2, kSteps, ""));
   ASSERT_FALSE(job.empty());
   Await(**client, job, [](const auto& s) { return s.step() >= 8; }, absl::Seconds(60));

@@ -48,7 +48,7 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
   ASSERT_GT(controller, 0) << fleet.log();
 
   // The uninterrupted run, detached, to compare with.
-  const int kSteps = 120;
+  const int kSteps = 240;  // long enough that it still runs when the attached one reaches step 2
   const std::string straight = fleet.Submit(WriteJob(fleet, "straight", kSteps, "straight"));
   auto straight_log = fleet.Cli({"logs", straight, "--follow", "--output=json"}, absl::Seconds(180));
   ASSERT_EQ(straight_log.exit_code, 0) << straight_log.output;

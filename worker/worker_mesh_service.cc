@@ -1,6 +1,8 @@
 // WorkerService's handlers of the worker's mesh: Configure (checked, then
 // its communicators built), RunCollectiveCheck, Abort, and letting a mesh go
 // off the RPC threads.
+#include <malloc.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -242,13 +244,19 @@ void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const 
     if (drop_job && !job_id.empty()) retained->Release(job_id);
     retained->Keep(job_id, std::move(store), step);
     s.reset();
+    malloc_trim(0);  // what the job's executor and communicators held goes back to the system
   }).detach();
 }
 
 void WorkerService::DropInBackground(std::shared_ptr<MeshState> state) {
   // Communicators are released when their last user finishes; a gloo
   // destructor may wait for an operation in flight, so never on an RPC thread.
-  if (state != nullptr) std::thread([s = std::move(state)]() mutable { s.reset(); }).detach();
+  if (state != nullptr) {
+    std::thread([s = std::move(state)]() mutable {
+      s.reset();
+      malloc_trim(0);
+    }).detach();
+  }
 }
 
 }  // namespace baton

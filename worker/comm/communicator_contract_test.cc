@@ -306,10 +306,12 @@ TEST_P(CommunicatorContractTest, IssuingReturnsBeforePeersJoinSoComputeOverlaps)
 TEST_P(CommunicatorContractTest, TheClockCountsWaitsOnLatePeersAndNotHiddenOperations) {
   const int64_t k = GetParam().numel;
   if (GetParam().world < 2 || k != 4099) GTEST_SKIP() << "one group of two or more ranks and one size are enough";
-  constexpr auto kLate = std::chrono::milliseconds(300);
+  constexpr auto kLate = std::chrono::milliseconds(600);
   RunOnAllRanks([&](Communicator& c) {
     const Milliseconds timeout(10000);
-    // Every rank but 0 joins late: rank 0 waits about that long.
+    // From a barrier (the ranks' threads start when they start), every rank
+    // but 0 joins late: rank 0 waits about that long.
+    ASSERT_TRUE(c.Barrier(timeout).ok());
     const double waited0 = c.clock().waited_ms(), flight0 = c.clock().in_flight_ms();
     if (c.rank() != 0) std::this_thread::sleep_for(kLate);
     at::Tensor a = Input(c.rank(), k);

@@ -102,13 +102,14 @@ void InstallCountingAllocator() {
 int64_t Live() { return live_bytes[tls_slot].load(); }
 // This thread's count once a collective's bookkeeping (gloo's threads drop
 // their references to a tensor a moment after the call returns) has let go:
-// unchanged for 20 ms, at most 1 s.
+// unchanged over five samples 20 ms apart, at most 2 s.
 int64_t Settled() {
   int64_t last = Live();
-  for (int i = 0; i < 50; ++i) {
+  int steady = 0;
+  for (int i = 0; i < 100 && steady < 5; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const int64_t now = Live();
-    if (now == last) return now;
+    steady = now == last ? steady + 1 : 0;
     last = now;
   }
   return last;
