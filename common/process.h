@@ -21,7 +21,10 @@ void IgnoreBrokenPipes();
 // The worker's heap policy, for what is not a tensor (tensors come from
 // worker/caching_allocator.h): blocks under 1 MiB come from the heap and stay
 // there once freed (reused step after step); larger ones are mapped on their
-// own and returned when freed.
+// own and returned when freed. At most four arenas: each mesh brings threads
+// of its own, and with an arena for each new thread (glibc's default, up to
+// 16 here) a worker kept up to 10 MiB (5 % of it idle) in arenas made after
+// its first job; with four, 0.2-3.7 % in 8 readings (//tests:memory_test).
 void UseCachingAllocation();
 
 // The controller's allocation policy: blocks from 64 KiB (requests,

@@ -293,8 +293,8 @@ TEST(ControlPlaneTest, LeasesDeadlinesAndChecksBesideJobs) {
   done = true;
   driver.join();
   const double idle = median(idle_s), beside = median(beside_s);
-  std::printf("baton check --mesh dp=2: %.3f s beside an idle job, %.3f s beside a running job (medians of 5, "
-              "alternating): ratio %.2f (limit 1.5)\n",
+  std::printf("baton check --mesh dp=2: %.3f s on an idle fleet (the job paused), %.3f s beside the job stepping "
+              "(medians of 5, alternating): ratio %.2f (limit 1.5)\n",
               idle, beside, beside / idle);
   EXPECT_LE(beside / idle, 1.5);
   EXPECT_EQ(JobOf(**client, (*job2)->id()).state(), baton::v1::JOB_RUNNING);
