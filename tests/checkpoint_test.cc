@@ -252,7 +252,8 @@ TEST(CheckpointTest, KilledMidSaveLeavesThePreviousCheckpoint) {
 }
 
 TEST(CheckpointTest, AsyncSaveLetsStepsGoOn) {
-  auto fleet = Fleet(2, {"--testing_write_delay_ms=10"});
+  // 30 ms per piece written: the save (~1.7 s) outlasts three steps on a slow machine too.
+  auto fleet = Fleet(2, {"--testing_write_delay_ms=30"});
   ASSERT_NE(fleet, nullptr);
   auto client = Connect(*fleet);
   auto job = Job::Create(client.get(), Fsdp(2, 20));

@@ -200,7 +200,20 @@ TEST(ClusterTest, WorkerKilledDuringCheckFailsItWithinTenSeconds) {
       {Baton(), "check", "--controller=" + cluster->controller_address(), "--mesh=dp=2,tp=2",
        "--numel=1048576", "--iters=100"},
       dir + "/check.log");
-  absl::SleepFor(absl::Seconds(2));  // the mesh is formed and collectives run
+  // The mesh is formed (its workers held) and collectives run.
+  auto client = Client::Connect(cluster->controller_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto held = [&] {
+    auto status = (*client)->Status();
+    if (!status.ok()) return false;
+    for (const auto& w : status->workers()) {
+      if (w.name() == "worker-3") return !w.held_by().empty();
+    }
+    return false;
+  };
+  const absl::Time asked = absl::Now();
+  while (!held() && absl::Now() < asked + absl::Seconds(30)) absl::SleepFor(absl::Milliseconds(20));
+  absl::SleepFor(absl::Milliseconds(300));
   const absl::Time killed = absl::Now();
   ASSERT_EQ(kill(PidOf(*cluster, "worker-3"), SIGKILL), 0);
   bool timed_out = true;
