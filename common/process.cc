@@ -33,7 +33,7 @@ void IgnoreBrokenPipes() { signal(SIGPIPE, SIG_IGN); }
 void UseCachingAllocation() {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);  // blocks below 1 MiB come from the heap
   mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and stay there once freed
-  mallopt(M_ARENA_MAX, 4);
+  mallopt(M_ARENA_MAX, 1);
 }
 
 void UseReturningAllocation() {

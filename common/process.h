@@ -21,10 +21,12 @@ void IgnoreBrokenPipes();
 // The worker's heap policy, for what is not a tensor (tensors come from
 // worker/caching_allocator.h): blocks under 1 MiB come from the heap and stay
 // there once freed (reused step after step); larger ones are mapped on their
-// own and returned when freed. At most four arenas: each mesh brings threads
-// of its own, and with an arena for each new thread (glibc's default, up to
-// 16 here) a worker kept up to 10 MiB (5 % of it idle) in arenas made after
-// its first job; with four, 0.2-3.7 % in 8 readings (//tests:memory_test).
+// own and returned when freed. One arena: malloc_trim returns the free pages
+// inside every arena but shrinks only the main arena's top, so with an arena
+// per thread (glibc's default; each mesh brings threads of its own) a
+// worker kept up to 10 MiB of a finished job (5.3 % of it idle) in arena tops;
+// with one, 0.04-0.76 % in 10 readings (//tests:memory_test). Tensors, the
+// bulk, come from the caching allocator, not the heap.
 void UseCachingAllocation();
 
 // The controller's allocation policy: blocks from 64 KiB (requests,
