@@ -146,7 +146,7 @@ class JobRunner {
   CheckpointCoordinator checkpoints_;
   baton::v1::Mesh mesh_;  // the runner thread's; Save reads it under the work lock
   double last_step_ms_ = 0;  // the runner thread's: the last call's time per step
-  absl::Time wire_free_;     // the runner thread's: when the calls on the wire should end
+  absl::Time wire_free_ = absl::InfinitePast();  // the runner thread's: when the calls on the wire should end
   std::atomic<int> saves_waiting_{0};  // Saves waiting for the work lock
   std::atomic<bool> finished_{false};
   std::thread thread_;

@@ -183,13 +183,12 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
         } else {
           // This unit's compute gradients appear with its first backward
           // (ZERO_GRAD drops them) and stay until FREE_GRADS, or to the
-          // step's end when they are kept (DDP, ZeRO-1).
-          // Two worst points, not their sum: the backward's transients
-          // peak as it starts (at the stage's last op), while all it saved
-          // is alive and before its unit's gradients are made; those are
-          // whole at its end, once what it saved is freed. (Counting both
-          // at once overpredicted small models by up to 10 %: a
-          // llama_cp4 at dim 128 measured 0.895 of the prediction.)
+          // step's end when they are kept (DDP, ZeRO-1). The backward has
+          // two worst points, not their sum: its transients peak as it
+          // starts (at the stage's last op), while all it saved is alive
+          // and before the gradients are made; those are whole at its end,
+          // once what it saved is freed. (The sum overpredicted small
+          // models by up to 10 %: a llama_cp4 at dim 128 measured 0.895.)
           const int unit = p.stages(ins.stage()).unit();
           int64_t appearing = 0;
           if (unit >= 0 && !grads_held[unit] && !grads_appeared.count(unit)) {

@@ -30,6 +30,14 @@ int64_t RendezvousTimeoutMs(const baton::v1::ConfigureRequest& req) {
   return req.timeout_ms() > 0 ? req.timeout_ms() : kDefaultRendezvousTimeoutMs;
 }
 
+// Drops `last` (a mesh's state: its executor, its communicators) and gives
+// the heap that freed back to the system (common/process.h).
+template <typename T>
+void LetGo(std::shared_ptr<T> last) {
+  last.reset();
+  malloc_trim(0);
+}
+
 }  // namespace
 
 absl::Status WorkerService::ValidateConfigure(const baton::v1::ConfigureRequest& req) {
@@ -243,20 +251,14 @@ void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const 
     }
     if (drop_job && !job_id.empty()) retained->Release(job_id);
     retained->Keep(job_id, std::move(store), step);
-    s.reset();
-    malloc_trim(0);  // what the job's executor and communicators held goes back to the system
+    LetGo(std::move(s));
   }).detach();
 }
 
 void WorkerService::DropInBackground(std::shared_ptr<MeshState> state) {
   // Communicators are released when their last user finishes; a gloo
   // destructor may wait for an operation in flight, so never on an RPC thread.
-  if (state != nullptr) {
-    std::thread([s = std::move(state)]() mutable {
-      s.reset();
-      malloc_trim(0);
-    }).detach();
-  }
+  if (state != nullptr) std::thread([s = std::move(state)]() mutable { LetGo(std::move(s)); }).detach();
 }
 
 }  // namespace baton
