@@ -25,11 +25,11 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# Debian packages the build and the tests need. libopenblas0-openmp: Debian's
-# LibTorch calls whatever libblas.so.3 the system selects, and the default
-# reference BLAS runs matrix products 15-20x slower. python3-torch and
-# python3-numpy: the independent PyTorch-Python oracle (tests/oracle/) and
-# the benchmark's PyTorch peer. libdeflate-dev: checkpoint checksums.
+# Debian packages the build and the tests need; LibTorch itself (2.11, the
+# CUDA build) and the Python the oracle, the peers and the HF checks run on
+# come from PyPI into one pinned environment (third_party/python/env.sh;
+# python3-venv makes it). libopenblas0-openmp: the OpenBLAS the worker's own
+# kernels call (worker/model/linear_kernels). libdeflate-dev: checkpoint checksums.
 # openssl: the mTLS test's certificates; libssl-dev: TLS on the step
 # channels of a fleet with mTLS (common/frame_conn.cc). clang: libFuzzer (bench/fuzz.sh).
 # prometheus-cpp-dev and libmicrohttpd-dev: the daemons' /metrics and status
@@ -40,9 +40,9 @@ cd "$(dirname "$0")"
 # kubernetes-client: kubectl kustomize (only when no kubectl is installed:
 # another package may own /usr/bin/kubectl).
 PACKAGES=(
-  bazel-bootstrap libtorch-dev libgloo-dev libgrpc++-dev protobuf-compiler-grpc
+  bazel-bootstrap libgrpc++-dev protobuf-compiler-grpc
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libopenblas0-openmp python3-torch python3-numpy libdeflate-dev openssl libssl-dev clang
+  libbenchmark-dev libopenblas0-openmp python3-venv libdeflate-dev openssl libssl-dev clang
   prometheus-cpp-dev libmicrohttpd-dev prometheus chromium python3-yaml python3-grpcio iproute2
 )
 if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
@@ -54,14 +54,16 @@ install_missing() {
       missing+=("$p")
     fi
   done
-  if [ ${#missing[@]} -eq 0 ]; then
-    return
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "dev.sh: installing ${missing[*]}"
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
   fi
-  echo "dev.sh: installing ${missing[*]}"
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # The pinned Python environment (torch 2.11.0 and its NVIDIA wheels, numpy,
+  # safetensors, transformers): made once per machine, then reused.
+  third_party/python/env.sh ensure
 }
 
 build() {

@@ -2,7 +2,6 @@
 // forward and backward at the shapes of one decoder, alternating iteration by
 // iteration in one process so that the machine's drift falls on both alike:
 //   - attention's two products: at::matmul / BatchedMatmul (one sgemm per matrix)
-//   - a block's projections and the head: at::linear / Linear (oneDNN's sgemm)
 //   - RMSNorm: six operators / RmsNorm (one pass per row)
 //   - rotary positions on q: a flip, two products and a sum / Rotate (one pass)
 // Both BLAS run the kernels the workers run (ExecWithFullBlasKernels). Prints
@@ -100,28 +99,7 @@ int main(int argc, char** argv) {
   agree &= Compare("attention's products", "at::matmul", attention(false), "BatchedMatmul", attention(true),
                    iterations);
 
-  // The projections in the model's order, each fed the previous output.
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const at::Tensor x = at::randn({b, t, d});
-  std::vector<at::Tensor> weights{x};
-  for (int i = 0; i < 4; ++i) weights.push_back(at::randn({d, d}).mul(scale));
-  weights.push_back(at::randn({ffn, d}).mul(scale));
-  weights.push_back(at::randn({d, ffn}).mul(1.0 / std::sqrt(static_cast<double>(ffn))));
-  weights.push_back(at::randn({vocab, d}).mul(scale));
-  auto projections = [&](bool ours) {
-    return [&, ours]() {
-      const auto l = Leaves(weights);
-      auto project = [ours](const at::Tensor& in, const at::Tensor& w) {
-        return ours ? baton::Linear(in, w) : at::linear(in, w);
-      };
-      const at::Tensor mixed = project(l[0], l[1]).add(project(l[0], l[2])).add(project(l[0], l[3]));
-      const at::Tensor hidden = project(project(mixed, l[4]), l[5]);
-      return Finish(project(project(hidden, l[6]), l[7]), l);
-    };
-  };
-  agree &= Compare("projections and the head", "at::linear", projections(false), "Linear", projections(true),
-                   iterations);
-
   const at::Tensor norm_weight = at::randn({d});
   auto norm = [&](bool ours) {
     return [&, ours]() {

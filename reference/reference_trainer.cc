@@ -1,5 +1,6 @@
 #include "reference/reference_trainer.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <chrono>

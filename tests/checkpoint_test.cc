@@ -36,7 +36,6 @@ using testing::Runfile;
 using testing::RunCommand;
 using testing::StopAndExpectAllGone;
 
-constexpr char kPython[] = "/usr/bin/python3";
 
 std::vector<double> Losses(const std::vector<baton::v1::StepMetrics>& metrics) {
   std::vector<double> out;
@@ -179,7 +178,8 @@ std::string PythonJson(const std::vector<std::string>& argv) {
 // Export against an independent reader (stdlib + torch.frombuffer) and the
 // PyTorch oracle, and init_from -> save -> export round trips exactly.
 TEST(CheckpointTest, ExportedWeightsMatchTheOracle) {
-  ASSERT_EQ(access(kPython, X_OK), 0) << kPython << " is missing: ./dev.sh installs python3-torch";
+  const std::string python = testing::TorchPython();
+  ASSERT_EQ(access(python.c_str(), X_OK), 0) << python << " is missing: ./dev.sh makes the Python environment";
   auto fleet = CheckpointFleet(4);
   ASSERT_NE(fleet, nullptr);
   auto client = ConnectTo(*fleet);
@@ -207,11 +207,11 @@ TEST(CheckpointTest, ExportedWeightsMatchTheOracle) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   const std::string oracle = Runfile("tests/oracle/oracle.py");
-  const std::string init = PythonJson({kPython, oracle, "--init-diff", init_out, job_file});
+  const std::string init = PythonJson({python, oracle, "--init-diff", init_out, job_file});
   std::printf("exported initial weights vs the oracle's: %s", init.c_str());
   EXPECT_EQ(testing::Field(init, "mismatched"), 0);
   EXPECT_EQ(testing::Field(init, "max_abs_diff"), 0);
-  const std::string next = PythonJson({kPython, oracle, "--next-loss", w4, "--step", "4", job_file});
+  const std::string next = PythonJson({python, oracle, "--next-loss", w4, "--step", "4", job_file});
   const double oracle_loss = testing::Field(next, "loss"), baton_loss = (*step5)[0].loss();
   const double rel = std::abs(oracle_loss - baton_loss) / std::abs(baton_loss);
   std::printf("step 5 loss from the exported step-4 weights: oracle %.8f, Baton %.8f, relative difference %.3g\n",

@@ -33,7 +33,6 @@ using testing::Field;
 using testing::RunCommand;
 using testing::Runfile;
 
-constexpr char kPython[] = "/usr/bin/python3";
 
 baton::v1::JobSpec Llama(const std::string& mesh, const std::string& plan) {
   auto job = ParseJobSpec(absl::StrCat(R"pb(
@@ -64,7 +63,7 @@ std::string Baton(const std::vector<std::string>& args) {
 }
 
 std::string Python(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {kPython, Runfile("tests/oracle/hf_llama.py")};
+  std::vector<std::string> argv = {testing::TorchPython(), Runfile("tests/oracle/hf_llama.py")};
   argv.insert(argv.end(), args.begin(), args.end());
   auto r = RunCommand(argv, absl::Seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -72,7 +71,8 @@ std::string Python(const std::vector<std::string>& args) {
 }
 
 TEST(HfLlamaTest, ExportRunsInHuggingFacesLlamaAndComesBackExactly) {
-  ASSERT_EQ(access(kPython, X_OK), 0) << kPython << " is missing: ./dev.sh installs python3-torch";
+  const std::string python = testing::TorchPython();
+  ASSERT_EQ(access(python.c_str(), X_OK), 0) << python << " is missing: ./dev.sh makes the Python environment";
   const std::string root = testing::TempDir("hf-root");
   auto fleet = testing::StartCluster(4, {"--checkpoint_root=" + root}, {"--checkpoint_root=" + root});
   ASSERT_NE(fleet, nullptr);

@@ -28,7 +28,6 @@ using testing::Field;
 using testing::JsonLines;
 using testing::Runfile;
 
-constexpr char kPython[] = "/usr/bin/python3";
 
 TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
   // Every job file in examples/, whatever is added there.
@@ -69,10 +68,11 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
         << "steps: 8 seed: 11\n";
     files.push_back(dir + "/odd_heads.textproto");
   }
-  ASSERT_EQ(access(kPython, X_OK), 0) << kPython << " is missing: ./dev.sh installs python3-torch";
+  const std::string python = testing::TorchPython();
+  ASSERT_EQ(access(python.c_str(), X_OK), 0) << python << " is missing: ./dev.sh makes the Python environment";
 
   // The oracle trains every job in one Python process, beside the fleet.
-  std::vector<std::string> oracle_argv = {kPython, Runfile("tests/oracle/oracle.py")};
+  std::vector<std::string> oracle_argv = {python, Runfile("tests/oracle/oracle.py")};
   oracle_argv.insert(oracle_argv.end(), files.begin(), files.end());
   auto oracle = testing::StartBackground(oracle_argv, dir + "/oracle.out");
 
@@ -127,7 +127,7 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
   const std::string llama = Runfile("examples/llama_gqa_tp2.textproto");
   for (const char* mutant : {"rope_on_v", "rope_halves"}) {
     setenv("BATON_ORACLE_MUTANT", mutant, 1);
-    auto wrong = testing::RunCommand({kPython, Runfile("tests/oracle/oracle.py"), llama}, absl::Seconds(150));
+    auto wrong = testing::RunCommand({python, Runfile("tests/oracle/oracle.py"), llama}, absl::Seconds(150));
     unsetenv("BATON_ORACLE_MUTANT");
     ASSERT_EQ(wrong.exit_code, 0) << wrong.output;
     const auto lines = JsonLines(wrong.output, "{\"job\":");

@@ -46,6 +46,8 @@ std::string Runfile(const std::string& path) {
   return absl::StrCat(srcdir, "/", workspace ? workspace : "baton", "/", path);
 }
 
+std::string TorchPython() { return Runfile("external/torch/python"); }
+
 CommandResult RunCommand(const std::vector<std::string>& argv_in, absl::Duration timeout) {
   CommandResult result;
   std::vector<std::string> storage = argv_in;

@@ -16,6 +16,11 @@ namespace baton::testing {
 // Path of a workspace-relative file in the test's runfiles.
 std::string Runfile(const std::string& path);
 
+// The interpreter of Baton's Python environment (torch 2.11, transformers:
+// third_party/python/env.sh), from the runfiles of a test that has
+// //third_party:python in its data.
+std::string TorchPython();
+
 struct CommandResult {
   int exit_code = -1;  // -1 when killed for running past the timeout
   bool timed_out = false;

@@ -33,9 +33,12 @@ namespace {
 
 class CachingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
-    void* p = const_cast<CachingAllocator*>(this)->Allocate(n);
+  c10::DataPtr allocate(size_t n) override {
+    void* p = Allocate(n);
     return {p, p, &Delete, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
 

@@ -1,5 +1,6 @@
 #include "worker/checkpoint_io.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 

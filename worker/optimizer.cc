@@ -1,5 +1,6 @@
 #include "worker/optimizer.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>

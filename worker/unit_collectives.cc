@@ -1,5 +1,6 @@
 #include "worker/unit_collectives.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>

@@ -1,5 +1,7 @@
-// BatchedMatmul against at::matmul: the same sgemm per matrix, so outputs and
-// gradients are bit for bit the same, whatever the operands' layouts.
+// BatchedMatmul against at::matmul, both held to the same products in
+// float64: BatchedMatmul runs one BLAS sgemm per matrix, at::matmul whatever
+// LibTorch's build picks (MKL, oneDNN), so their bits agree only where the
+// two libraries happen to share a kernel; which ones do depends on the CPU.
 #include "worker/model/batched_matmul.h"
 
 #include <ATen/ATen.h>
@@ -8,40 +10,30 @@
 #include <functional>
 
 #include "gtest/gtest.h"
+#include "worker/model/kernel_check.h"
 
 namespace baton {
 namespace {
 
-struct Grads {
-  at::Tensor out, da, db;
-};
-
-using View = std::function<at::Tensor(const at::Tensor&)>;
-const View kSame = [](const at::Tensor& x) { return x; };
-
-// The product of views of two leaves, its backward, and the leaves' gradients.
-template <typename Product>
-Grads Run(const at::Tensor& a0, const View& view_a, const at::Tensor& b0, const View& view_b, Product product) {
-  at::Tensor a = a0.detach().clone().requires_grad_(), b = b0.detach().clone().requires_grad_();
-  at::Tensor out = product(view_a(a), view_b(b));
-  out.backward(at::arange(out.numel(), out.options()).view(out.sizes()).div(97).add(0.5));
-  return {out.detach(), a.grad(), b.grad()};
-}
+using kernel_check::Grads;
+using kernel_check::kSame;
+using kernel_check::RunWithGradients;
+using kernel_check::View;
 
 void ExpectSame(const char* name, const at::Tensor& a, const View& view_a, const at::Tensor& b, const View& view_b) {
   const auto matmul = [](const at::Tensor& x, const at::Tensor& y) { return at::matmul(x, y); };
   const auto batched = [](const at::Tensor& x, const at::Tensor& y) { return BatchedMatmul(x, y); };
-  const Grads want = Run(a, view_a, b, view_b, matmul), got = Run(a, view_a, b, view_b, batched);
-  const double diff = got.out.sub(want.out).abs().max().item<double>();
-  std::printf("%-32s out %lld elements, max |diff| %g; gradients %s\n", name,
-              static_cast<long long>(got.out.numel()), diff,
-              got.da.equal(want.da) && got.db.equal(want.db) ? "identical" : "DIFFER");
-  EXPECT_TRUE(got.out.equal(want.out)) << name;
-  EXPECT_TRUE(got.da.equal(want.da)) << name;
-  EXPECT_TRUE(got.db.equal(want.db)) << name;
+  const at::Tensor out = at::matmul(view_a(a), view_b(b));
+  const at::Tensor grad = at::arange(out.numel(), out.options()).view(out.sizes()).div(97).add(0.5);
+  const Grads got = RunWithGradients(a, view_a, b, view_b, grad, batched);
+  const Grads base = RunWithGradients(a, view_a, b, view_b, grad, matmul);
+  const Grads want = RunWithGradients(a.to(at::kDouble), view_a, b.to(at::kDouble), view_b, grad, matmul);
+  std::printf("%-34s bit for bit at::matmul's: %s\n", name, got.Equal(base) ? "yes" : "no");
+  // fp32 products of inner dimension <= 8: a few ulps of the largest value.
+  kernel_check::ExpectNearFloat64(name, "BatchedMatmul", got, "at::matmul", base, want, 2e-6, 1e-6);
 }
 
-TEST(BatchedMatmulTest, SameBitsAsMatmulForEveryLayout) {
+TEST(BatchedMatmulTest, MatchesFloat64ForEveryLayout) {
   at::manual_seed(1);
   const int64_t b = 3, h = 2, t = 7, d = 5;
   // Attention's layouts: [b, t, h, d] memory seen as [b, h, t, d].
@@ -62,6 +54,7 @@ TEST(BatchedMatmulTest, SameBitsAsMatmulForEveryLayout) {
 TEST(BatchedMatmulTest, OtherCasesFallBackToMatmul) {
   at::manual_seed(2);
   ExpectSame("broadcast batch", at::randn({4, 6, 3}), kSame, at::randn({1, 3, 5}), kSame);
+  // bf16 takes at::matmul itself: the same call, the same bits.
   const at::Tensor x = at::randn({2, 3, 4}).to(at::kBFloat16), y = at::randn({2, 4, 5}).to(at::kBFloat16);
   EXPECT_TRUE(BatchedMatmul(x, y).equal(at::matmul(x, y))) << "bf16 takes at::matmul";
   EXPECT_EQ(BatchedMatmul(at::randn({2, 3, 4}), at::randn({4, 5})).sizes(), at::IntArrayRef({2, 3, 5}));

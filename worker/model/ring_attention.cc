@@ -1,5 +1,6 @@
 #include "worker/model/ring_attention.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>

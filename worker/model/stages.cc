@@ -1,5 +1,7 @@
 #include "worker/model/stages.h"
 
+#include <ATen/ops/linear.h>
+
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/full.h>
@@ -14,7 +16,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/batched_matmul.h"
-#include "worker/model/linear.h"
 #include "worker/model/rms_norm.h"
 #include "worker/model/rotary.h"
 
@@ -57,7 +58,7 @@ at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, con
   const int64_t b = a.size(0), t = a.size(1);
   auto heads = [&](const char* name) {
     const at::Tensor& weight = w(p + "attention." + name + ".weight");
-    return Linear(a, weight).view({b, t, weight.size(0) / hd, hd}).transpose(1, 2);
+    return at::linear(a, weight).view({b, t, weight.size(0) / hd, hd}).transpose(1, 2);
   };
   // This rank's whole share of the sequence is here (sequence parallelism
   // gathered it on entry): positions 0 .. t - 1, or its chunks' under
@@ -69,7 +70,7 @@ at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, con
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   if (cp != nullptr) {
     const at::Tensor o = RingAttention(q, k, v, *cp, scale).transpose(1, 2).reshape({b, t, q.size(1) * hd});
-    return Leave(Linear(o, w(p + "attention.wo.weight")), split, tp);
+    return Leave(at::linear(o, w(p + "attention.wo.weight")), split, tp);
   }
   if (const int64_t group = q.size(1) / k.size(1); group > 1) {
     k = k.repeat_interleave(group, 1);
@@ -80,7 +81,7 @@ at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, con
   scores = scores.add(CausalMask(t, scores.scalar_type()));
   at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(normed.scalar_type());
   at::Tensor o = BatchedMatmul(probs, v).transpose(1, 2).reshape({b, t, q.size(1) * hd});
-  return Leave(Linear(o, w(p + "attention.wo.weight")), split, tp);
+  return Leave(at::linear(o, w(p + "attention.wo.weight")), split, tp);
 }
 
 // The MLP on the normalised `f`: GELU, or SwiGLU's silu(w1 f) * w3 f; w2.
@@ -90,11 +91,11 @@ at::Tensor FeedForward(const baton::v1::DecoderModel& m, const std::string& p, c
   const at::Tensor f = Enter(normed, split, tp);
   at::Tensor inner;
   if (m.mlp() == baton::v1::DecoderModel::SWIGLU) {
-    inner = at::silu(Linear(f, w(p + "feed_forward.w1.weight"))).mul(Linear(f, w(p + "feed_forward.w3.weight")));
+    inner = at::silu(at::linear(f, w(p + "feed_forward.w1.weight"))).mul(at::linear(f, w(p + "feed_forward.w3.weight")));
   } else {
-    inner = at::gelu(Linear(f, w(p + "feed_forward.w1.weight")));
+    inner = at::gelu(at::linear(f, w(p + "feed_forward.w1.weight")));
   }
-  return Leave(Linear(inner, w(p + "feed_forward.w2.weight")), split, tp);
+  return Leave(at::linear(inner, w(p + "feed_forward.w2.weight")), split, tp);
 }
 
 // Llama's block: h = x + attention(norm(x)); h + mlp(norm(h)).
@@ -141,18 +142,18 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
       if (Split(tp, p + "w1.weight")) {
         // w1 (and its bias) by output features, w2 by input features: each
         // rank's hidden slice gives a partial output, summed, then w2's bias.
-        at::Tensor hidden = at::gelu(Linear(CopyToTensorParallel(input, *tp), params(p + "w1.weight"),
+        at::Tensor hidden = at::gelu(at::linear(CopyToTensorParallel(input, *tp), params(p + "w1.weight"),
                                                 bias ? params(p + "w1.bias") : none));
-        at::Tensor out = ReduceFromTensorParallel(Linear(hidden, params(p + "w2.weight")), *tp);
+        at::Tensor out = ReduceFromTensorParallel(at::linear(hidden, params(p + "w2.weight")), *tp);
         return input.add(bias ? out.add(params(p + "w2.bias")) : out);
       }
-      at::Tensor hidden = at::gelu(Linear(input, params(p + "w1.weight"),
+      at::Tensor hidden = at::gelu(at::linear(input, params(p + "w1.weight"),
                                               bias ? params(p + "w1.bias") : none));
-      return input.add(Linear(hidden, params(p + "w2.weight"), bias ? params(p + "w2.bias") : none));
+      return input.add(at::linear(hidden, params(p + "w2.weight"), bias ? params(p + "w2.bias") : none));
     }
     case baton::v1::MLP_HEAD_MSE: {
       const bool bias = model.mlp().bias();
-      at::Tensor out = Linear(input, params("head.weight"), bias ? params("head.bias") : at::Tensor());
+      at::Tensor out = at::linear(input, params("head.weight"), bias ? params("head.bias") : at::Tensor());
       return at::mse_loss(out.to(at::kFloat), batch.y);
     }
     case baton::v1::EMBEDDING: {
@@ -170,7 +171,7 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
       at::Tensor h = RmsNorm(input, params("norm.weight"), m.norm_eps());
       if (Split(tp, "output.weight")) {
         // Vocabulary-sharded logits: this rank's (B, T, V / tp).
-        at::Tensor local = held(Linear(Enter(h, true, tp), params("output.weight")));
+        at::Tensor local = held(at::linear(Enter(h, true, tp), params("output.weight")));
         if (tp->loss_parallel) {
           return VocabParallelCrossEntropy(local.to(at::kFloat).view({-1, local.size(-1)}),
                                            batch.targets.reshape({-1}), *tp);
@@ -178,7 +179,7 @@ at::Tensor StageForward(const Stage& stage, const baton::v1::ModelSpec& model,
         at::Tensor logits = held(GatherVocab(local, *tp)).to(at::kFloat);
         return at::cross_entropy_loss(logits.view({-1, m.vocab()}), batch.targets.reshape({-1}));
       }
-      at::Tensor logits = held(Linear(h, params("output.weight"))).to(at::kFloat);
+      at::Tensor logits = held(at::linear(h, params("output.weight"))).to(at::kFloat);
       return at::cross_entropy_loss(logits.view({-1, m.vocab()}), batch.targets.reshape({-1}));
     }
     default:

@@ -59,7 +59,7 @@ void Count(int slot, int64_t delta) {
 // each block's size and the thread it is counted against.
 class CountingAllocator : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     void* data = c10::alloc_cpu(n);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -69,6 +69,9 @@ class CountingAllocator : public c10::Allocator {
     return {data, data, &Release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &Release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
  private:
   static void Release(void* data) {

@@ -1,5 +1,6 @@
 #include "worker/model/tensor_parallel.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 

@@ -8,7 +8,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "worker/comm/gloo/gloo_handle.h"
@@ -24,6 +26,10 @@ class RendezvousStore : public c10d::Store {
  public:
   RendezvousStore(Rendezvous* rendezvous, std::string prefix, Milliseconds timeout)
       : c10d::Store(timeout), rendezvous_(rendezvous), prefix_(std::move(prefix)) {}
+
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<RendezvousStore>(rendezvous_, prefix_, timeout_);
+  }
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     Throw(rendezvous_->Set(prefix_ + key, std::string(value.begin(), value.end())));
@@ -320,6 +326,19 @@ class ThreadNameScope {
   char previous_[16];  // the kernel's limit, with the terminator
 };
 
+// c10d's flight recorder (LibTorch 2.x) records every gloo operation into one
+// buffer per process; with several groups in a process issuing at once (a
+// worker's mesh axes; a test's ranks as threads) its 2.11 bookkeeping races:
+// a crash inside std::map's insert in FlightRecorder::recordWithResetEnabled,
+// under ProcessGroupGloo::enqueue, seen in communicator_contract_test. Baton
+// keeps its own record of operations (counters, step timings), so the
+// recorder is off unless whoever starts the process asks for it by setting
+// TORCH_FR_BUFFER_SIZE. Before the first group: the recorder reads it once.
+void TurnOffFlightRecorderUnlessAsked() {
+  static std::once_flag once;
+  std::call_once(once, [] { setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); });
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
@@ -329,6 +348,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " out of range for a group of ", size));
   }
+  TurnOffFlightRecorderUnlessAsked();
   try {
     auto store = c10::make_intrusive<RendezvousStore>(rendezvous, key_prefix,
                                                       options.rendezvous_timeout);

@@ -4,7 +4,6 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/maximum.h>
-#include <gloo/types.h>
 
 #include <sys/statvfs.h>
 
@@ -96,14 +95,16 @@ class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
   // `rank` of `size`: this rank's place in the group.
   SharedWork(std::shared_ptr<SharedChannel> channel, int rank, int size, std::chrono::milliseconds timeout,
              at::Tensor in, at::Tensor out, const char* title)
-      : AsyncWork({{out}}, title, std::vector<at::Tensor>{in}),
+      : AsyncWork(nullptr, {{out}}, c10d::OpType::UNKNOWN, /*seq=*/0, timeout, title, std::vector<at::Tensor>{in}),
         channel_(std::move(channel)),
         ticket_(channel_->issued++),
         rank_(rank),
         size_(size),
-        timeout_(timeout),
         in_(std::move(in)),
         out_(std::move(out)) {}
+
+  const std::vector<at::Tensor> getInputTensors() override { return {in_}; }
+  const std::vector<at::Tensor> getOutputTensors() override { return {out_}; }
 
   void run() final {
     // The reductions below run on this thread alone: the ranks' compute
@@ -139,7 +140,6 @@ class SharedWork : public c10d::ProcessGroupGloo::AsyncWork {
   const std::shared_ptr<SharedChannel> channel_;
   const uint64_t ticket_;
   const int rank_, size_;
-  const std::chrono::milliseconds timeout_;
   const at::Tensor in_, out_;
 
  private:

@@ -1,13 +1,13 @@
 // c10d's gloo process group with what Baton adds to it, run on the group's
 // own threads like every c10d gloo collective, with its tag order and its
 // contexts:
-// - the one collective it lacks: an all-gather from a tensor of k elements
-//   straight into a tensor of n * k (c10d 1.13 has no all-gather into one
-//   flat output on gloo: its list form gathers into a temporary and copies
-//   out, and an all-to-all needs the piece repeated n times to send);
+// - an all-gather from a tensor of k elements straight into a tensor of
+//   n * k, each piece sent from where it lies and received where it belongs;
 // - a reduce-scatter over TCP that holds two chunks of what arrives, not
-//   every peer's block as c10d's all-to-all does, and adds in rank order
-//   (tcp_transfers.cc);
+//   every peer's block as an all-to-all does, and adds in rank order, as the
+//   shared-memory path does (tcp_transfers.cc); both on c10d's own gloo
+//   send and receive, each transfer on a tag of its own, so that Baton uses
+//   nothing of gloo's C++ interface (third_party/gloo_decl/README.md);
 // - for a group whose ranks share a host, all-reduce, all-gather and
 //   reduce-scatter through shared memory (shared_segments.h): each rank
 //   copies its input into its segment, a barrier in shared memory (futex
@@ -78,6 +78,9 @@ class GlooProcessGroup : public c10d::ProcessGroupGloo {
  private:
   // Queues `work` on the group's threads, in issue order.
   c10::intrusive_ptr<c10d::Work> Start(c10::intrusive_ptr<AsyncWork> work);
+  // The tag of the next TCP transfer (never 0, the point-to-point tag).
+  int TransferTag();
+  uint64_t transfers_ = 0;  // by the issuing thread, as every operation
   // From now on the Shared* operations move bytes through `segments`
   // (mapped on every rank), putting at most `limit` bytes in a segment's
   // half.

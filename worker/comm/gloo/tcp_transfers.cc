@@ -1,9 +1,10 @@
-// GlooProcessGroup's transfers over TCP (gloo's unbound buffers on the
-// group's contexts): the all-gather that sends each piece from where it lies
-// and receives every peer's in place, and the reduce-scatter that takes each
-// peer's block in chunks. The shared-memory operations are process_group.cc's.
+// GlooProcessGroup's transfers over TCP, on the group's own point-to-point
+// operations (c10d's gloo send and receive, each on its own tag): the
+// all-gather that sends each piece from where it lies and receives every
+// peer's in place, and the reduce-scatter that takes each peer's block in
+// chunks. The shared-memory operations are process_group.cc's.
+#include <ATen/ops/empty.h>
 #include <ATen/ops/maximum.h>
-#include <gloo/types.h>
 
 #include <algorithm>
 #include <cstring>
@@ -17,51 +18,66 @@
 namespace baton {
 namespace {
 
-// One transfer on the group's context for `tag`, from `in` to `out`, each
-// wait bounded by `timeout`.
+// One transfer of `group`'s (which runs it on its threads and outlives it),
+// from `in` to `out`, its sends and receives on `tag`, each wait bounded by
+// the work's timeout.
 class TransferWork : public c10d::ProcessGroupGloo::AsyncWork {
  protected:
-  TransferWork(const char* title, std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out,
-               uint32_t tag, std::chrono::milliseconds timeout)
-      : AsyncWork({{out}}, title, std::vector<at::Tensor>{in}),
-        context_(std::move(context)),
+  TransferWork(const char* title, c10d::OpType type, GlooProcessGroup* group, at::Tensor in, at::Tensor out,
+               int tag, std::chrono::milliseconds timeout)
+      : AsyncWork(nullptr, {{out}}, type, /*seq=*/0, timeout, title, std::vector<at::Tensor>{in}),
+        group_(group),
+        n_(group->getSize()),
+        me_(group->getRank()),
         in_(std::move(in)),
         out_(std::move(out)),
-        tag_(tag),
-        timeout_(timeout) {}
+        tag_(tag) {}
 
-  const std::shared_ptr<gloo::Context> context_;
+  const std::vector<at::Tensor> getInputTensors() override { return {in_}; }
+  const std::vector<at::Tensor> getOutputTensors() override { return {out_}; }
+
+  // `piece` (contiguous) to rank `to` / from rank `from`, started; the
+  // pieces of one peer arrive in the order they were sent.
+  c10::intrusive_ptr<c10d::Work> Send(const at::Tensor& piece, int to) {
+    std::vector<at::Tensor> one{piece};
+    return group_->send(one, to, tag_);
+  }
+  c10::intrusive_ptr<c10d::Work> Recv(const at::Tensor& piece, int from) {
+    std::vector<at::Tensor> one{piece};
+    return group_->recv(one, from, tag_);
+  }
+  // Throws c10d's error on a timeout or a broken peer.
+  void Wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+    if (!work->wait(timeout_)) throw std::runtime_error(std::string(what) + " was aborted");
+  }
+
+  GlooProcessGroup* const group_;
+  const int n_, me_;
   const at::Tensor in_, out_;
-  const uint32_t tag_;
-  const std::chrono::milliseconds timeout_;
+  const int tag_;
 };
 
 class AllGatherIntoWork : public TransferWork {
  public:
-  AllGatherIntoWork(std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out, uint32_t tag,
+  AllGatherIntoWork(GlooProcessGroup* group, at::Tensor in, at::Tensor out, int tag,
                     std::chrono::milliseconds timeout)
-      : TransferWork("baton:all_gather_into", std::move(context), std::move(in), std::move(out), tag, timeout) {}
+      : TransferWork("baton:all_gather_into", c10d::OpType::_ALLGATHER_BASE, group, std::move(in),
+                     std::move(out), tag, timeout) {}
 
   void run() override {
-    const int n = context_->size, me = context_->rank;
-    const size_t bytes = in_.nbytes();
-    auto* out = static_cast<char*>(out_.data_ptr());
-    std::memcpy(out + me * bytes, in_.data_ptr(), bytes);
-    if (n == 1 || bytes == 0) return;
-    auto send = context_->createUnboundBuffer(in_.data_ptr(), bytes);
-    auto recv = context_->createUnboundBuffer(out, bytes * n);
-    const uint64_t slot = gloo::Slot::build(gloo::kAllgatherSlotPrefix, tag_);
+    const int64_t k = in_.numel();
+    const at::Tensor out = out_.view({-1});
+    const at::Tensor in = in_.view({-1});
+    out.narrow(0, me_ * k, k).copy_(in);
+    if (n_ == 1 || k == 0) return;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     // Receives first: a peer's piece can start moving as soon as it is sent.
-    for (int i = 1; i < n; ++i) {
-      const int from = (me + n - i) % n;
-      recv->recv(from, slot, from * bytes, bytes);
+    for (int i = 1; i < n_; ++i) {
+      const int from = (me_ + n_ - i) % n_;
+      works.push_back(Recv(out.narrow(0, from * k, k), from));
     }
-    for (int i = 1; i < n; ++i) send->send((me + i) % n, slot, 0, bytes);
-    // Each wait throws gloo's IoException on a timeout or a broken peer.
-    for (int i = 1; i < n; ++i) {
-      send->waitSend(timeout_);
-      recv->waitRecv(timeout_);
-    }
+    for (int i = 1; i < n_; ++i) works.push_back(Send(in, (me_ + i) % n_));
+    for (auto& work : works) Wait(work, "all-gather: a transfer");
   }
 };
 
@@ -74,13 +90,14 @@ class AllGatherIntoWork : public TransferWork {
 // a rank holds two chunks, not every peer's block (mesh/collective_cost.h).
 class ReduceScatterIntoWork : public TransferWork {
  public:
-  ReduceScatterIntoWork(std::shared_ptr<gloo::Context> context, at::Tensor in, at::Tensor out, bool max,
-                        uint32_t tag, std::chrono::milliseconds timeout)
-      : TransferWork("baton:reduce_scatter_into", std::move(context), std::move(in), std::move(out), tag, timeout),
+  ReduceScatterIntoWork(GlooProcessGroup* group, at::Tensor in, at::Tensor out, bool max, int tag,
+                        std::chrono::milliseconds timeout)
+      : TransferWork("baton:reduce_scatter_into", c10d::OpType::_REDUCE_SCATTER_BASE, group, std::move(in),
+                     std::move(out), tag, timeout),
         max_(max) {}
 
   void run() override {
-    const int n = context_->size, me = context_->rank;
+    const int n = n_, me = me_;
     const int64_t k = out_.numel(), elem = out_.element_size();
     const at::Tensor blocks = in_.view({n, k});
     at::Tensor out = out_.view({-1});
@@ -99,15 +116,15 @@ class ReduceScatterIntoWork : public TransferWork {
       return;
     }
     const int64_t chunk = ReduceScatterChunkNumel(k, elem);
-    const uint64_t slot = gloo::Slot::build(gloo::kReduceSlotPrefix, tag_);
     // Every block this rank owes a peer, chunk by chunk, in the order the
-    // peer takes them (a pair matches a slot's sends and receives in order).
-    auto send = context_->createUnboundBuffer(in_.data_ptr(), in_.nbytes());
-    int sends = 0;
+    // peer takes them (one tag's sends and receives between two ranks match
+    // in order).
+    const at::Tensor flat = in_.view({-1});
+    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
     for (int i = 1; i < n; ++i) {
       const int to = (me + i) % n;
-      for (int64_t offset = 0; offset < k; offset += chunk, ++sends) {
-        send->send(to, slot, (to * k + offset) * elem, std::min(chunk, k - offset) * elem);
+      for (int64_t offset = 0; offset < k; offset += chunk) {
+        sends.push_back(Send(flat.narrow(0, to * k + offset, std::min(chunk, k - offset)), to));
       }
     }
     struct Piece {
@@ -121,16 +138,12 @@ class ReduceScatterIntoWork : public TransferWork {
       }
     }
     staging_ = at::empty({2, chunk}, out_.options());
-    std::unique_ptr<gloo::transport::UnboundBuffer> stage[2] = {
-        context_->createUnboundBuffer(staging_[0].data_ptr(), chunk * elem),
-        context_->createUnboundBuffer(staging_[1].data_ptr(), chunk * elem)};
+    c10::intrusive_ptr<c10d::Work> stage[2];
     auto post = [&](size_t j) {
-      if (j < pieces.size()) stage[j % 2]->recv(pieces[j].from, slot, 0, pieces[j].numel * elem);
+      if (j < pieces.size()) stage[j % 2] = Recv(staging_[j % 2].narrow(0, 0, pieces[j].numel), pieces[j].from);
     };
     post(0);
     post(1);
-    // Each wait throws gloo's IoException on a timeout or a broken peer (and
-    // returns false if aborted).
     size_t next = 0;
     for (int r = 0; r < n; ++r) {
       if (r == me) {
@@ -138,14 +151,12 @@ class ReduceScatterIntoWork : public TransferWork {
         continue;
       }
       for (; next < pieces.size() && pieces[next].from == r; ++next) {
-        if (!stage[next % 2]->waitRecv(timeout_)) throw std::runtime_error("reduce-scatter: a receive was aborted");
+        Wait(stage[next % 2], "reduce-scatter: a receive");
         fold(r, pieces[next].offset, staging_[next % 2].narrow(0, 0, pieces[next].numel));
         post(next + 2);
       }
     }
-    for (int i = 0; i < sends; ++i) {
-      if (!send->waitSend(timeout_)) throw std::runtime_error("reduce-scatter: a send was aborted");
-    }
+    for (auto& send : sends) Wait(send, "reduce-scatter: a send");
   }
 
  private:
@@ -156,13 +167,19 @@ class ReduceScatterIntoWork : public TransferWork {
 
 }  // namespace
 
+int GlooProcessGroup::TransferTag() {
+  // Tag 0 is the communicator's own sends and receives; every rank issues
+  // the group's operations in one order, so each transfer's tag is the same
+  // on every rank.
+  return 1 + static_cast<int>(transfers_++ % (1u << 30));
+}
+
 c10::intrusive_ptr<c10d::Work> GlooProcessGroup::AllGatherInto(const at::Tensor& in, const at::Tensor& out,
                                                               std::chrono::milliseconds timeout) {
   TORCH_CHECK(in.is_contiguous() && out.is_contiguous(), "all-gather into: contiguous tensors only");
   TORCH_CHECK(in.element_size() == out.element_size() && out.numel() == in.numel() * getSize(),
               "all-gather into: the output must hold ", getSize(), " pieces of ", in.numel(), " elements");
-  const uint32_t tag = nextTag();
-  return Start(c10::make_intrusive<AllGatherIntoWork>(getContext(tag), in, out, tag, timeout));
+  return Start(c10::make_intrusive<AllGatherIntoWork>(this, in, out, TransferTag(), timeout));
 }
 
 c10::intrusive_ptr<c10d::Work> GlooProcessGroup::ReduceScatterInto(const at::Tensor& in, const at::Tensor& out,
@@ -170,8 +187,7 @@ c10::intrusive_ptr<c10d::Work> GlooProcessGroup::ReduceScatterInto(const at::Ten
   TORCH_CHECK(in.is_contiguous() && out.is_contiguous() && in.scalar_type() == out.scalar_type() &&
                   in.numel() == out.numel() * getSize(),
               "reduce-scatter into: contiguous tensors of one dtype, the input n outputs");
-  const uint32_t tag = nextTag();
-  return Start(c10::make_intrusive<ReduceScatterIntoWork>(getContext(tag), in, out, max, tag, timeout));
+  return Start(c10::make_intrusive<ReduceScatterIntoWork>(this, in, out, max, TransferTag(), timeout));
 }
 
 
