@@ -1,13 +1,16 @@
 // The optimizer step's cost: AdamW over a decoder's parameters as one pass
 // (AdamWUpdate, what the workers and the reference run) against the seven
 // tensor ops of torch.optim.AdamW's single-tensor algorithm
-// (AdamWUpdateTensorOps), interleaved round after round on one thread;
-// printed: the median ms per optimizer step of each and their ratio.
+// (AdamWUpdateTensorOps) and against LibTorch 2.11's fused CPU kernel
+// (at::_fused_adamw_, torch.optim.AdamW(fused=True)), interleaved round after
+// round on one thread; printed: the median ms per optimizer step of each and
+// their ratios.
 //
 //   bazel run -c opt //bench:adamw -- [DIM] [LAYERS] [FFN] [ROUNDS]
 //   (defaults 128 4 512 30: the decoder bench/vs_pytorch.sh trains)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,13 +45,35 @@ std::vector<Param> DecoderParams(int64_t dim, int64_t layers, int64_t ffn, int64
   return params;
 }
 
-double MsPerStep(std::vector<Param>& params, bool one_pass, int64_t& step, const baton::v1::OptimizerSpec& spec) {
+enum class Kind { kTensorOps, kOnePass, kFused };
+
+// LibTorch's fused AdamW over every parameter at once, as
+// torch.optim.AdamW(fused=True) calls it (its step counters: one float
+// tensor per parameter, advanced before the call).
+void FusedStep(std::vector<Param>& params, int64_t step, const baton::v1::OptimizerSpec& spec) {
+  std::vector<at::Tensor> values, grads, exp_avgs, exp_avg_sqs, steps;
+  for (auto& p : params) {
+    values.push_back(p.value);
+    grads.push_back(p.grad);
+    exp_avgs.push_back(p.exp_avg);
+    exp_avg_sqs.push_back(p.exp_avg_sq);
+    steps.push_back(at::full({}, static_cast<double>(step), at::kFloat));
+  }
+  at::_fused_adamw_(values, grads, exp_avgs, exp_avg_sqs, {}, steps, spec.lr(), spec.beta1(), spec.beta2(),
+                    spec.weight_decay(), spec.eps(), /*amsgrad=*/false, /*maximize=*/false);
+}
+
+double MsPerStep(std::vector<Param>& params, Kind kind, int64_t& step, const baton::v1::OptimizerSpec& spec) {
   constexpr int kSteps = 10;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kSteps; ++i) {
     ++step;
+    if (kind == Kind::kFused) {
+      FusedStep(params, step, spec);
+      continue;
+    }
     for (auto& p : params) {
-      if (one_pass) {
+      if (kind == Kind::kOnePass) {
         baton::AdamWUpdate(p.value, p.grad, p.exp_avg, p.exp_avg_sq, step, spec);
       } else {
         baton::AdamWUpdateTensorOps(p.value, p.grad, p.exp_avg, p.exp_avg_sq, step, spec);
@@ -79,16 +104,19 @@ int main(int argc, char** argv) {
   std::vector<Param> params = DecoderParams(dim, layers, ffn, 256);
   int64_t numel = 0;
   for (const auto& p : params) numel += p.value.numel();
-  std::vector<double> ops, one;
+  std::vector<double> ops, one, fused;
   int64_t step = 0;
   for (int r = 0; r < rounds; ++r) {
-    ops.push_back(MsPerStep(params, false, step, spec));
-    one.push_back(MsPerStep(params, true, step, spec));
+    ops.push_back(MsPerStep(params, Kind::kTensorOps, step, spec));
+    one.push_back(MsPerStep(params, Kind::kOnePass, step, spec));
+    fused.push_back(MsPerStep(params, Kind::kFused, step, spec));
   }
-  const double a = Median(ops), b = Median(one);
+  const double a = Median(ops), b = Median(one), c = Median(fused);
   std::printf("AdamW over %lld parameters in %zu tensors (decoder dim %lld, %lld layers, ffn %lld), one thread, "
-              "medians of %d rounds:\n  tensor ops %.3f ms per step, one pass %.3f ms: tensor ops / one pass = %.2f\n",
+              "medians of %d rounds:\n  tensor ops %.3f ms per step, LibTorch %s fused %.3f ms, one pass %.3f ms\n"
+              "  tensor ops / one pass = %.2f; fused / one pass = %.2f (one pass %s)\n",
               static_cast<long long>(numel), params.size(), static_cast<long long>(dim),
-              static_cast<long long>(layers), static_cast<long long>(ffn), rounds, a, b, a / b);
+              static_cast<long long>(layers), static_cast<long long>(ffn), rounds, a, TORCH_VERSION, c, b, a / b,
+              c / b, c / b > 1 ? "wins" : "LOSES");
   return 0;
 }

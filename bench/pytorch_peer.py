@@ -1,37 +1,44 @@
-#!/usr/bin/python3
-"""PyTorch reference peer for Baton's side-by-side throughput benchmark.
+"""PyTorch peer for Baton's side-by-side benchmark (bench/vs_pytorch.sh).
 
-Trains a small decoder-only transformer on random tokens in one of three modes
-and prints a single machine-readable line on stdout. The model is Baton's
-decoder (docs/model_contract.md): RMSNorm, rotary positions on q and k (Meta's
-Llama tables, interleaved pairs), causal softmax attention, a GELU or SwiGLU
-MLP, an untied output; the rotary positions came with the Llama model (issue
-18) after this peer was written, and until then Baton's side did that work
-and this one did not.
+Trains the decoder of a Baton job file (bench/peer_model.py: Baton's model,
+initial weights and batches, through tests/oracle/oracle.py) with PyTorch's own
+data parallelism on gloo, and prints one machine-readable line on stdout:
 
-  RESULT mode=<mode> world=<world> params=<n> tokens_per_s=<f> step_ms=<f> loss=<f> blas=<core>
+  RESULT mode=<m> world=<w> torch=<version> cpu_capability=<isa> tokens_per_s=<f>
+         step_ms=<f> exposed_ms=<f> peak_growth_bytes=<n> peak_rss_bytes=<n>
+         loss1=<f> loss=<f>
 
-blas: the OpenBLAS kernels it ran (bench/vs_pytorch.sh sets OPENBLAS_CORETYPE to the workers').
+Modes (the job's mesh size is the world; its global batch is split into
+equal consecutive slices, one per rank, as Baton's ranks take it):
+  single  one process, no torch.distributed (the job must have a mesh of 1)
+  ddp     DistributedDataParallel (defaults: 25 MiB buckets, 1 MiB first)
+  fsdp2   FSDP2: fully_shard on each block, then on the root, with
+          --reshard-after-forward on (every block but the last, which
+          backward needs first: torchtitan's policy and Baton's
+          reshard_last_block default) or off (no block)
 
-Modes:
-  single  one process, no torch.distributed
-  ddp     --world processes (spawn), gloo, DistributedDataParallel
-  zero    as ddp, with ZeroRedundancyOptimizer(AdamW) (DDP + ZeRO-1)
+exposed_ms: how long the training thread slept within a step, i.e. waited on
+gloo (nothing else in a step blocks): wall time less its CPU time less its
+run-queue wait (/proc/self/task/TID/schedstat), so time it was preempted by
+the other ranks does not count. Per step the largest rank's, then the median
+over the timed steps (Baton's comm_wait_ms is aggregated the same way).
+peak_growth_bytes: the largest rank's peak resident memory (VmHWM, reset with
+/proc/self/clear_refs just before the model is built) less its resident
+memory at that point: what Baton's memory_growth_bytes measures.
 
-Every process uses one intra-op thread.  The whole run is bounded by
---timeout_s: every process arms a faulthandler hard stop, workers exit if the
-launcher dies, and the launcher kills any worker still alive at its deadline.
+Every process uses one intra-op thread. The whole run is bounded by
+--timeout_s: every process arms a faulthandler hard stop, ranks exit if the
+launcher dies, and the launcher kills any rank still alive at its deadline.
 
-Run with Debian's interpreter: /usr/bin/python3 bench/pytorch_peer.py --mode ddp
+  $(third_party/python/env.sh python) bench/pytorch_peer.py --mode fsdp2 --job JOB.textproto
 """
 
 import argparse
-import ctypes
 import datetime
 import faulthandler
-import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -42,156 +49,83 @@ START = time.monotonic()  # --timeout_s counts from here, torch import included
 TEARDOWN_S = 1.5          # reserved at the end for killing and reaping workers
 
 import torch  # noqa: E402  (after START on purpose)
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.distributed.optim import ZeroRedundancyOptimizer
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import peer_model  # noqa: E402  (bench/peer_model.py, beside this file)
 
 
-# ------------------------------------------------------------------ BLAS ----
+# ---------------------------------------------------------- measurements ----
 
-def blas_core():
-    """The core OpenBLAS runs in this process (loaded with torch), or "none"."""
+def proc_status_bytes(key):
+    """A /proc/self/status memory line (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss():
+    """Peak resident memory restarts from the current one (Linux >= 4.0)."""
     try:
-        get = ctypes.CDLL("libopenblas.so.0").openblas_get_corename
-    except (OSError, AttributeError):
-        return "none"
-    get.restype = ctypes.c_char_p
-    return get().decode()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # VmHWM then also holds the import's peak: growth reads high
 
 
-# ----------------------------------------------------------------- model ----
+class SleepClock:
+    """Nanoseconds this thread spent neither running nor waiting to run."""
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+    def __init__(self):
+        self.path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
 
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rotary_tables(head_dim, seq_len, theta=10000.0):
-    """Rotary positions as Meta's Llama computes them (precompute_freqs_cis:
-    angle pos * theta^(-2i/hd), float32), once per model, as cos and sin
-    tables interleaved for feature pairs (x[2i], x[2i+1]). Applied with real
-    multiplications: on this PyTorch (1.13, CPU) Meta's complex form made a
-    step ~20 % slower."""
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
-    cos, sin = angles.cos(), angles.sin()
-    return (torch.stack((cos, cos), -1).flatten(-2).view(seq_len, 1, head_dim),
-            torch.stack((-sin, sin), -1).flatten(-2).view(seq_len, 1, head_dim))
-
-
-def apply_rotary_emb(x, tables):
-    """x: (B, T, heads, head_dim); each pair (x[2i], x[2i+1]) turned by its
-    angle. Baton's decoder rotates q and k so (docs/model_contract.md)."""
-    cos, sin = tables
-    t = x.shape[1]
-    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return x * cos[:t] + swapped * sin[:t]
-
-
-class Attention(nn.Module):
-    def __init__(self, dim, n_heads):
-        super().__init__()
-        self.n_heads, self.head_dim = n_heads, dim // n_heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, dim, bias=False)
-        self.wv = nn.Linear(dim, dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
-
-    def forward(self, x, mask, freqs_cis):
-        b, t, d = x.shape
-        q, k, v = (w(x).view(b, t, self.n_heads, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        # Rotary positions on q and k, then (B, T, heads, hd) -> (B, heads, T, hd).
-        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim) + mask
-        probs = F.softmax(scores.float(), dim=-1).type_as(q)
-        out = (probs @ v).transpose(1, 2).reshape(b, t, d)
-        return self.wo(out)
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim, ffn_dim, mlp):
-        super().__init__()
-        self.mlp = mlp
-        self.w1 = nn.Linear(dim, ffn_dim, bias=False)
-        self.w2 = nn.Linear(ffn_dim, dim, bias=False)
-        if mlp == "swiglu":
-            self.w3 = nn.Linear(dim, ffn_dim, bias=False)
-
-    def forward(self, x):
-        if self.mlp == "swiglu":
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x)))  # exact (erf) GELU
-
-
-class Block(nn.Module):
-    def __init__(self, a):
-        super().__init__()
-        self.attention_norm = RMSNorm(a.dim)
-        self.attention = Attention(a.dim, a.heads)
-        self.ffn_norm = RMSNorm(a.dim)
-        self.feed_forward = FeedForward(a.dim, a.ffn_dim, a.mlp)
-
-    def forward(self, x, mask, freqs_cis):
-        h = x + self.attention(self.attention_norm(x), mask, freqs_cis)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-class Transformer(nn.Module):
-    def __init__(self, a):
-        super().__init__()
-        self.vocab = a.vocab
-        self.tok_embeddings = nn.Embedding(a.vocab, a.dim)
-        self.layers = nn.ModuleList(Block(a) for _ in range(a.layers))
-        self.norm = RMSNorm(a.dim)
-        self.output = nn.Linear(a.dim, a.vocab, bias=False)
-        # A plain attribute, not a buffer: DDP would broadcast a buffer every step.
-        self.freqs_cis = rotary_tables(a.dim // a.heads, a.seq_len)
-
-    def forward(self, tokens, targets):
-        x = self.tok_embeddings(tokens)
-        # Float causal mask (0 on/below the diagonal, -inf above), built per
-        # call rather than registered as a buffer, which DDP would broadcast.
-        t = tokens.shape[1]
-        mask = torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
-        for layer in self.layers:
-            x = layer(x, mask, self.freqs_cis)
-        logits = self.output(self.norm(x))
-        return F.cross_entropy(logits.view(-1, self.vocab), targets.view(-1))
+    def now(self):
+        with open(self.path) as f:
+            run_delay = int(f.read().split()[1])
+        return time.perf_counter_ns() - time.thread_time_ns() - run_delay
 
 
 # -------------------------------------------------------------- training ----
 
-def make_optimizer(a, params, zero):
-    kw = dict(lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    if zero:
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **kw)
-    return torch.optim.AdamW(params, **kw)
+def wrap(model, a, world):
+    """The model as the mode distributes it."""
+    if a.mode == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if a.mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        last = len(model.layers) - 1
+        for i, block in enumerate(model.layers):
+            fully_shard(block, mesh=mesh, reshard_after_forward=a.reshard_after_forward == "on" and i < last)
+        fully_shard(model, mesh=mesh)  # the root: FSDP2 keeps its parameters after forward
+        if a.unshard_async:  # gathers as async ops, so prefetching overlaps them on CPU
+            model._set_unshard_async_op(True)
+            blocks = list(model.layers)
+            for block, following in zip(blocks, blocks[1:]):
+                block.set_modules_to_forward_prefetch([following])
+    return model
 
 
-def train(a, rank, world):
+def train(a, job, rank, world):
     """Builds the model, runs warmup + timed steps; returns the RESULT line on rank 0."""
     distributed = a.mode != "single"
     torch.set_num_threads(1)
-    torch.manual_seed(a.seed)  # identical initial weights on every rank
-    model = Transformer(a)
-    n_params = sum(p.numel() for p in model.parameters())
-    if distributed:
-        model = nn.parallel.DistributedDataParallel(model)
-    opt = make_optimizer(a, model.parameters(), a.mode == "zero")
-
-    # All batches generated up front so data generation is not timed.
     total = a.warmup + a.steps
-    gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
-    data = torch.randint(0, a.vocab, (total, a.batch, a.seq_len + 1), generator=gen)
-    inputs, targets = data[..., :-1].contiguous(), data[..., 1:].contiguous()
+    if job["steps"] < total:
+        raise ValueError(f"the job has {job['steps']} steps, the run needs {total}")
+    # All batches made up front so data generation is not timed.
+    inputs, targets = peer_model.baton_batches(job, rank, world, total)
+    rows, seq_len = inputs.shape[1], inputs.shape[2]
+
+    base_rss = proc_status_bytes("VmRSS")
+    reset_peak_rss()
+    model = wrap(peer_model.baton_model(job), a, world)
+    o = job["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+                            weight_decay=o["weight_decay"], **({a.adamw: True} if a.adamw != "default" else {}))
 
     def step(i):
         loss = model(inputs[i], targets[i])
@@ -200,27 +134,44 @@ def train(a, rank, world):
         opt.step()
         return loss.detach()
 
-    for i in range(a.warmup):
+    loss1 = step(0)
+    for i in range(1, a.warmup):
         step(i)
     if distributed:
         dist.barrier()
+    clock = SleepClock()
+    slept = torch.zeros(a.steps, dtype=torch.float64)
     t0 = time.perf_counter()
     for i in range(a.warmup, total):
+        s0 = clock.now()
         loss = step(i)
+        slept[i - a.warmup] = (clock.now() - s0) / 1e6
     if distributed:
         dist.barrier()
     wall = time.perf_counter() - t0
+    peak_rss = proc_status_bytes("VmHWM")
+    figures = torch.tensor([peak_rss - base_rss, peak_rss], dtype=torch.float64)
 
-    if distributed:  # report the mean of the final-step losses over ranks
-        dist.all_reduce(loss)
-        loss /= world
+    losses = torch.stack([loss1, loss]).double()
+    if distributed:  # global losses (every rank has as many rows), the largest rank's figures
+        dist.all_reduce(losses)
+        losses /= world
+        gathered = [torch.zeros_like(slept) for _ in range(world)]
+        dist.all_gather(gathered, slept)
+        slept = torch.stack(gathered).max(0).values
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
     if rank != 0:
         return None
-    tokens_per_s = world * a.batch * a.seq_len * a.steps / wall
-    return (f"RESULT mode={a.mode} world={world} params={n_params} "
+    tokens_per_s = world * rows * seq_len * a.steps / wall
+    return (f"RESULT mode={a.mode} world={world} torch={torch.__version__} "
+            f"cpu_capability={torch.backends.cpu.get_cpu_capability()} "
             f"tokens_per_s={tokens_per_s:.1f} step_ms={wall * 1000 / a.steps:.3f} "
-            f"loss={loss.item():.6f} blas={blas_core()}")
+            f"exposed_ms={statistics.median(slept.tolist()):.3f} "
+            f"peak_growth_bytes={int(figures[0])} peak_rss_bytes={int(figures[1])} "
+            f"loss1={losses[0].item():.6f} loss={losses[1].item():.6f}")
 
+
+# ------------------------------------------------------------- processes ----
 
 def arm_deadline(seconds):
     """Hard stop after `seconds`: faulthandler's C watchdog thread dumps the
@@ -229,7 +180,7 @@ def arm_deadline(seconds):
 
 
 def watch_parent(parent_pid, store_dir):
-    """Exits this worker if the launcher goes away (e.g. SIGKILLed), so no
+    """Exits this rank if the launcher goes away (e.g. SIGKILLed), so no
     orphan survives; also removes the rendezvous dir it could not clean up."""
     while os.getppid() == parent_pid:
         time.sleep(0.5)
@@ -237,29 +188,27 @@ def watch_parent(parent_pid, store_dir):
     os._exit(3)
 
 
-def worker(rank, a, store_dir, parent_pid):
+def worker(rank, a, job, world, store_dir, parent_pid):
     arm_deadline(a.timeout_s)
-    threading.Thread(target=watch_parent, args=(parent_pid, store_dir),
-                     daemon=True).start()
+    threading.Thread(target=watch_parent, args=(parent_pid, store_dir), daemon=True).start()
     init_method = "file://" + os.path.join(store_dir, "store")  # no port races
-    dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                            world_size=a.world,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=a.timeout_s))
     try:
-        line = train(a, rank, a.world)
+        line = train(a, job, rank, world)
         if line:
             print(line, flush=True)
     finally:
         dist.destroy_process_group()
 
 
-def launch(a):
+def launch(a, job, world):
     """Spawns the ranks and enforces the deadline; returns the exit code."""
     deadline = START + a.timeout_s - TEARDOWN_S
     tmp = tempfile.mkdtemp(prefix="pytorch_peer_")
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, a, tmp, os.getpid()),
-                         daemon=True) for r in range(a.world)]
+    procs = [ctx.Process(target=worker, args=(r, a, job, world, tmp, os.getpid()), daemon=True)
+             for r in range(world)]
     try:
         for p in procs:
             p.start()
@@ -295,37 +244,36 @@ def launch(a):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=("single", "ddp", "zero"), default="single")
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn_dim", type=int, default=512)
-    p.add_argument("--seq_len", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8, help="per-rank batch")
-    p.add_argument("--mlp", choices=("gelu", "swiglu"), default="gelu")
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps")
+    p.add_argument("--mode", choices=("single", "ddp", "fsdp2"), default="single")
+    p.add_argument("--job", required=True, help="the Baton job file (textproto or .json) to train")
+    p.add_argument("--reshard-after-forward", choices=("on", "off"), default="on", help="fsdp2")
+    p.add_argument("--unshard-async", action="store_true",
+                   help="fsdp2: gathers as async ops and forward prefetch of one block (private API)")
+    p.add_argument("--adamw", choices=("default", "foreach", "fused"), default="default",
+                   help="torch.optim.AdamW's implementation (default: its own choice)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps (the job has warmup + steps)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout_s", type=float, default=120.0)
+    p.add_argument("--timeout_s", type=float, default=300.0)
     a = p.parse_args(argv)
-    if a.dim % a.heads:
-        p.error("--dim must be divisible by --heads")
-    if a.steps < 1 or a.world < 1 or a.timeout_s <= 0:
-        p.error("--steps, --world and --timeout_s must be positive")
-    if a.mode == "single":
-        a.world = 1
+    if a.steps < 1 or a.warmup < 1 or a.timeout_s <= 0:
+        p.error("--steps, --warmup and --timeout_s must be positive")
     return a
 
 
 def main():
     a = parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the spawned ranks inherit it
+    job = peer_model.load_job(a.job)
+    mesh = job.get("mesh", [])
+    world = mesh[0]["size"] if mesh else 1
+    if len(mesh) > 1 or job["data"]["batch_size"] % world:
+        raise ValueError("the peer runs a one-axis mesh whose size divides the batch")
+    if a.mode == "single" and world != 1:
+        raise ValueError("--mode single needs a job with a mesh of 1")
     if a.mode != "single":
-        return launch(a)
+        return launch(a, job, world)
     arm_deadline(a.timeout_s - (time.monotonic() - START))
-    print(train(a, 0, 1), flush=True)
+    print(train(a, job, 0, 1), flush=True)
     return 0
 
 

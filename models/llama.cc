@@ -30,10 +30,10 @@ int64_t LocalSeq(const StageShape& s) { return s.sequence_parallel ? RankSeq(s) 
 // Activations an RMSNorm leaves for backward, beside its rsqrt vector (its
 // input is the residual stream, kept anyway). In fp32 the worker's own
 // kernel (worker/model/rms_norm.h) keeps nothing else; other dtypes go
-// through LibTorch's operators, which keep the input's square and the
-// normalised input. Its output is kept by the projections it feeds, unless
+// through LibTorch's operators, which keep the normalised input (LibTorch
+// 1.13 also kept the input's square; 2.11 does not). Its output is kept by the projections it feeds, unless
 // sequence parallelism gathers it first (the gather is kept instead).
-int64_t NormKept(const StageShape& s, bool gathered) { return (s.elem == 4 ? 0 : 2) + (gathered ? 0 : 1); }
+int64_t NormKept(const StageShape& s, bool gathered) { return (s.elem == 4 ? 0 : 1) + (gathered ? 0 : 1); }
 int64_t NormKept(const StageShape& s) { return NormKept(s, s.sequence_parallel); }
 
 StageDef Embedding() {

@@ -62,8 +62,10 @@ std::string Baton(const std::vector<std::string>& args) {
   return r.output;
 }
 
-std::string Python(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {testing::TorchPython(), Runfile("tests/oracle/hf_llama.py")};
+// A command of one of the HF checkers: hf_llama.py (HF's formulas, written
+// here) or hf_transformers.py (transformers' own LlamaForCausalLM).
+std::string Python(const std::vector<std::string>& args, const char* script = "tests/oracle/hf_llama.py") {
+  std::vector<std::string> argv = {testing::TorchPython(), Runfile(script)};
   argv.insert(argv.end(), args.begin(), args.end());
   auto r = RunCommand(argv, absl::Seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -107,6 +109,14 @@ TEST(HfLlamaTest, ExportRunsInHuggingFacesLlamaAndComesBackExactly) {
               "relative difference %.3g\n",
               theirs, mine, rel);
   EXPECT_LE(rel, 1e-5);
+  // transformers itself loads the export: the same loss.
+  const std::string hf_next = Python({"--next-loss", hf, "--step", "4", job_file}, "tests/oracle/hf_transformers.py");
+  const double transformers_loss = Field(hf_next, "loss");
+  const double transformers_rel = std::abs(transformers_loss - mine) / std::abs(mine);
+  std::printf("step 5 loss from the Hugging Face export of step 4: transformers' LlamaForCausalLM %.8f, Baton %.8f, "
+              "relative difference %.3g (%s)\n",
+              transformers_loss, mine, transformers_rel, hf_next.c_str());
+  EXPECT_LE(transformers_rel, 1e-5);
   const std::string bf16 = Python({"--bf16-diff", hf, hf16});
   std::printf("bf16 export vs torch's rounding of the f32 one: %s", bf16.c_str());
   EXPECT_EQ(Field(bf16, "mismatched"), 0);
@@ -137,6 +147,25 @@ TEST(HfLlamaTest, ExportRunsInHuggingFacesLlamaAndComesBackExactly) {
   std::printf("hf export -> init_from (dp=2 x tp=2, sequence parallel) -> save -> hf export: %d tensors, %lld differ\n",
               a->tensors_size(), static_cast<long long>(differing));
   EXPECT_EQ(differing, 0);
+
+  // A Llama that transformers made and saved (random weights of its own
+  // initialisation, written locally): Baton trains from it with init_from,
+  // and its first loss is the one transformers computes on the same batch.
+  const std::string random_hf = root + "/hf-random";
+  const std::string saved = Python({"--save-random", hf, random_hf, "1234", job_file}, "tests/oracle/hf_transformers.py");
+  baton::v1::JobSpec from_hf = spec;
+  from_hf.set_init_from("hf-random");
+  auto trained = Job::Create(client->get(), from_hf);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto first = (*trained)->Step(1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*trained)->Stop().ok());
+  const double hf_first = Field(saved, "loss"), baton_first = (*first)[0].loss();
+  const double first_rel = std::abs(hf_first - baton_first) / std::abs(hf_first);
+  std::printf("init_from a Llama saved by transformers: step 1 loss transformers %.8f, Baton %.8f, relative "
+              "difference %.3g\n",
+              hf_first, baton_first, first_rel);
+  EXPECT_LE(first_rel, 1e-5);
 
   // What cannot load says why, and the fleet stays usable.
   tp.set_init_from("hf-step4-bf16");

@@ -71,10 +71,14 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
   const std::string python = testing::TorchPython();
   ASSERT_EQ(access(python.c_str(), X_OK), 0) << python << " is missing: ./dev.sh makes the Python environment";
 
-  // The oracle trains every job in one Python process, beside the fleet.
+  // The oracle trains every job in one Python process, beside the fleet,
+  // and once more in float64: the truth both fp32 runs drift from.
   std::vector<std::string> oracle_argv = {python, Runfile("tests/oracle/oracle.py")};
   oracle_argv.insert(oracle_argv.end(), files.begin(), files.end());
   auto oracle = testing::StartBackground(oracle_argv, dir + "/oracle.out");
+  std::vector<std::string> oracle64_argv = {python, Runfile("tests/oracle/oracle.py"), "--float64"};
+  oracle64_argv.insert(oracle64_argv.end(), files.begin(), files.end());
+  auto oracle64 = testing::StartBackground(oracle64_argv, dir + "/oracle64.out");
 
   auto cluster = testing::StartCluster(4, {}, {"--data_root=" + dir});  // where the token file is
   ASSERT_NE(cluster, nullptr);
@@ -87,38 +91,81 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
     runs[file] = JsonLines(run.output);
   }
   testing::StopAndExpectAllGone(*cluster);
-  bool timed_out = false;
-  const int code = testing::WaitBackground(oracle, absl::Seconds(150), &timed_out);
-  const std::string oracle_out = testing::ReadFile(dir + "/oracle.out");
-  ASSERT_FALSE(timed_out);
-  ASSERT_EQ(code, 0) << oracle_out;
-
-  std::map<std::string, std::vector<std::string>> truth;
-  for (const auto& line : JsonLines(oracle_out, "{\"job\":")) truth[testing::StringField(line, "job")].push_back(line);
+  auto oracle_lines = [&](const testing::Background& process, const std::string& out) {
+    bool timed_out = false;
+    const int code = testing::WaitBackground(process, absl::Seconds(150), &timed_out);
+    const std::string text = testing::ReadFile(out);
+    EXPECT_FALSE(timed_out) << out;
+    EXPECT_EQ(code, 0) << text;
+    std::map<std::string, std::vector<std::string>> by_job;
+    for (const auto& line : JsonLines(text, "{\"job\":")) by_job[testing::StringField(line, "job")].push_back(line);
+    return by_job;
+  };
+  auto truth = oracle_lines(oracle, dir + "/oracle.out");
+  auto truth64 = oracle_lines(oracle64, dir + "/oracle64.out");
+  // After AdamW steps an update divides by sqrt(v) + eps, so a gradient
+  // element near eps that differs in its last bits moves its parameter by up
+  // to lr differently, and later gradient norms drift by ~1e-5 between any
+  // two fp32 runs whose sums round differently (Baton's kernels, MKL's,
+  // another CPU's). Such a quantity is held to the float64 run: Baton may
+  // drift from it at most kDriftFactor times as far as PyTorch's own fp32
+  // run does (or kDriftFloor, where that run happens to land close).
+  constexpr double kDriftFactor = 4, kDriftFloor = 2e-6;
   for (const auto& file : files) {
     const auto& mine = runs[file];
     const auto& theirs = truth[file];
+    const auto& exact = truth64[file];
     ASSERT_FALSE(mine.empty()) << file;
     ASSERT_EQ(mine.size(), theirs.size()) << file;
-    // Losses step by step; gradient norms at step 1 (the gradients alone)
-    // and after AdamW steps: an update divides by sqrt(v) + eps, so a
-    // gradient element near eps that differs in its last bits moves its
-    // parameter by up to lr differently, and the next norms drift by ~1e-5
-    // (the single-process reference drifts from PyTorch the same way).
-    double loss = 0, first_norm = 0, norm = 0;
+    ASSERT_EQ(mine.size(), exact.size()) << file;
+    auto relative = [](double a, double b) { return std::abs(a - b) / std::abs(b); };
+    // Losses step by step against PyTorch's fp32; the first gradient norm
+    // (the gradients alone, before any update); later norms against float64.
+    double loss = 0, first_norm = 0, norm64 = 0, torch_norm64 = 0;
     for (size_t i = 0; i < mine.size(); ++i) {
-      const double a = Field(mine[i], "loss"), b = Field(theirs[i], "loss");
-      const double g = Field(mine[i], "grad_norm"), h = Field(theirs[i], "grad_norm");
-      loss = std::max(loss, std::abs(a - b) / std::abs(b));
-      (i == 0 ? first_norm : norm) = std::max(i == 0 ? first_norm : norm, std::abs(g - h) / std::abs(h));
+      loss = std::max(loss, relative(Field(mine[i], "loss"), Field(theirs[i], "loss")));
+      const double g = Field(mine[i], "grad_norm"), h = Field(theirs[i], "grad_norm"), x = Field(exact[i], "grad_norm");
+      if (i == 0) {
+        first_norm = relative(g, h);
+        continue;
+      }
+      norm64 = std::max(norm64, relative(g, x));
+      torch_norm64 = std::max(torch_norm64, relative(h, x));
     }
-    std::printf("%-24s %2zu steps: loss %.6f -> %.6f; worst relative difference from PyTorch: loss %.3g, "
-                "grad norm %.3g at step 1, %.3g after\n",
+    const double norm_bound = kDriftFactor * std::max(torch_norm64, kDriftFloor);
+    std::printf("%-24s %2zu steps: loss %.6f -> %.6f; vs PyTorch fp32: loss %.3g, grad norm at step 1 %.3g; "
+                "later grad norms vs float64: Baton %.3g, PyTorch fp32 %.3g (bound %.3g)\n",
                 file.substr(file.rfind('/') + 1).c_str(), mine.size(), Field(mine.front(), "loss"),
-                Field(mine.back(), "loss"), loss, first_norm, norm);
+                Field(mine.back(), "loss"), loss, first_norm, norm64, torch_norm64, norm_bound);
     EXPECT_LE(loss, 1e-5) << file;
     EXPECT_LE(first_norm, 1e-6) << file;
-    EXPECT_LE(norm, 1e-4) << file;
+    EXPECT_LE(norm64, norm_bound) << file;
+  }
+
+  // The seed lab's configuration trained by PyTorch 2.11's FSDP2
+  // (fully_shard per block, on two gloo ranks) from Baton's initial weights
+  // and batches: Baton's FSDP run of the same job matches it step by step.
+  const std::string lab_job = Runfile("examples/mlp_seed_lab.textproto");
+  for (const char* reshard : {"1", "0"}) {
+    const std::string out = dir + "/fsdp2_" + reshard + ".json";
+    auto fsdp2 = testing::RunCommand({python, Runfile("tests/seed_lab/lab.py"), "--fsdp2-job", lab_job, "--out", out,
+                                      "--reshard-after-forward", reshard},
+                                     absl::Seconds(150));
+    ASSERT_EQ(fsdp2.exit_code, 0) << fsdp2.output;
+    const std::vector<std::string> steps = JsonLines(fsdp2.output, "{\"fsdp2_step\":");
+    const auto& baton = runs[lab_job];
+    ASSERT_EQ(steps.size(), baton.size()) << fsdp2.output;
+    double loss = 0, norm = 0;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      loss = std::max(loss, std::abs(Field(baton[i], "loss") - Field(steps[i], "loss")) / std::abs(Field(steps[i], "loss")));
+      norm = std::max(norm, std::abs(Field(baton[i], "grad_norm") - Field(steps[i], "grad_norm")) /
+                                std::abs(Field(steps[i], "grad_norm")));
+    }
+    std::printf("mlp_seed_lab: Baton FSDP vs PyTorch FSDP2 (reshard_after_forward %s), same initial weights: worst "
+                "relative difference loss %.3g, grad norm %.3g over %zu steps\n",
+                reshard, loss, norm, steps.size());
+    EXPECT_LE(loss, 1e-5);
+    EXPECT_LE(norm, 1e-5);
   }
 
   // The comparison can fail: an oracle that rotates v instead of k, or pairs

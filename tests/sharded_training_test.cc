@@ -330,9 +330,11 @@ TEST_P(OddShapesTest, MatchesTheReference) {
   EXPECT_NEAR(grads.first, 1.0, bf16 ? 2e-2 : 1e-6);
   EXPECT_LE(grads.second, (bf16 ? 5e-2 : 1e-6) * grad_scale);
   // bf16 compute drifts from the fp32 reference, but bf16 weights that the
-  // optimizer never refreshed drift further (0.084 against 0.012 after 6 steps
-  // in tp2_bf16_nothing_sharded).
-  EXPECT_LE(worst, bf16 ? 2e-2 : 1e-2);
+  // optimizer never refreshed drift further: 0.084 after 6 steps in
+  // tp2_bf16_nothing_sharded, against 0.012 with LibTorch 1.13's bf16
+  // kernels and 0.028 with 2.11's (MKL/oneDNN round bf16 products
+  // differently).
+  EXPECT_LE(worst, bf16 ? 4e-2 : 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """An independent oracle for Baton jobs, in PyTorch-Python.
 
 Re-implements what a job file computes from the contract alone
@@ -8,10 +8,14 @@ torch.optim.AdamW and torch.nn.utils.clip_grad_norm_. It shares no code with
 Baton; a bug in Baton's model code (a wrong attention scale, a wrong Adam bias
 correction) shows up as a difference from it.
 
-  /usr/bin/python3 tests/oracle/oracle.py JOBFILE [JOBFILE ...]
+  python tests/oracle/oracle.py [--float64] JOBFILE [JOBFILE ...]
 
 prints one JSON object per step and job:
   {"job": JOBFILE, "step": 1, "loss": ..., "grad_norm": ...}
+With --float64 the same jobs run in float64 (the fp32 initial weights and
+data, widened): the truth the fp32 runs - Baton's and this oracle's - are
+measured against, so a test can say which side drifted and bound a
+difference by how far fp32 itself drifts.
 Job files are textproto, or JSON when the name ends in .json.
 
 Exported weights (a safetensors file, read with the standard library and
@@ -35,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 MASK64 = (1 << 64) - 1
+DTYPE = torch.float32  # torch.float64 under --float64
 
 
 # ------------------------------------------------------------- job files ---
@@ -245,13 +250,13 @@ def rotary(x, theta):
 def rotary_pairs(x, theta, hd):
     b, t, heads, width = x.shape
     # precompute_freqs_cis, in float32 as Meta's.
-    freqs = 1.0 / (theta ** (torch.arange(0, hd, 2)[: hd // 2].float() / hd))
-    angles = torch.outer(torch.arange(t, dtype=torch.float32), freqs).float()
+    freqs = 1.0 / (theta ** (torch.arange(0, hd, 2)[: hd // 2].to(DTYPE) / hd))
+    angles = torch.outer(torch.arange(t, dtype=DTYPE), freqs)
     rot = torch.polar(torch.ones_like(angles), angles).view(1, t, 1, hd // 2)
     if MUTANT == "rope_halves":
         pairs = torch.stack((x[..., : width // 2], x[..., width // 2:]), dim=-1)
     else:
-        pairs = x.float().reshape(b, t, heads, width // 2, 2)
+        pairs = x.to(DTYPE).reshape(b, t, heads, width // 2, 2)
     out = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * rot)
     if MUTANT == "rope_halves":
         return torch.cat((out[..., 0], out[..., 1]), dim=-1).type_as(x)
@@ -262,7 +267,7 @@ def attention(c, p, pre, a):
     b, t, _ = a.shape
     d, heads, kv_heads = c["dim"], c["heads"], c["n_kv_heads"]
     hd = d // heads
-    mask = torch.full((t, t), float("-inf")).triu(1)
+    mask = torch.full((t, t), float("-inf"), dtype=DTYPE).triu(1)
     q = F.linear(a, p[pre + "attention.wq.weight"]).view(b, t, heads, hd)
     k = F.linear(a, p[pre + "attention.wk.weight"]).view(b, t, kv_heads, hd)
     v = F.linear(a, p[pre + "attention.wv.weight"]).view(b, t, kv_heads, hd)
@@ -358,7 +363,7 @@ def batch(job, tokens, step, begin, rows):
 def train(path, out):
     job = load_job(path)
     torch.set_num_threads(1)
-    params = build_params(job)
+    params = {k: v.detach().to(DTYPE).requires_grad_() for k, v in build_params(job).items()}
     opt_spec = job["optimizer"]
     optimizer = torch.optim.AdamW(params.values(), lr=opt_spec["lr"],
                                   betas=(opt_spec["beta1"], opt_spec["beta2"]),
@@ -371,7 +376,7 @@ def train(path, out):
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for mb in range(microbatches):
-            a, b = batch(job, tokens, step, mb * rows, rows)
+            a, b = (x.to(DTYPE) if x.is_floating_point() else x for x in batch(job, tokens, step, mb * rows, rows))
             loss = mlp_loss(model["mlp"], params, a, b) if "mlp" in model else decoder_loss(model["decoder"], params, a, b)
             loss_sum += loss.item()
             (loss / microbatches).backward()
@@ -450,7 +455,12 @@ def main(argv):
     if argv[1] == "--next-loss" and len(argv) == 6 and argv[3] == "--step":
         next_loss(argv[2], int(argv[4]), argv[5])
         return 0
-    for path in argv[1:]:
+    paths = argv[1:]
+    if paths and paths[0] == "--float64":
+        global DTYPE
+        DTYPE = torch.float64
+        paths = paths[1:]
+    for path in paths:
         train(path, sys.stdout)
     return 0
 
