@@ -6,7 +6,7 @@ data parallelism on gloo, and prints one machine-readable line on stdout:
 
   RESULT mode=<m> world=<w> torch=<version> cpu_capability=<isa> tokens_per_s=<f>
          step_ms=<f> exposed_ms=<f> peak_growth_bytes=<n> peak_rss_bytes=<n>
-         loss1=<f> loss=<f>
+         code_bytes=<n> loss1=<f> loss=<f>
 
 Modes (the job's mesh size is the world; its global batch is split into
 equal consecutive slices, one per rank, as Baton's ranks take it):
@@ -24,7 +24,10 @@ the other ranks does not count. Per step the largest rank's, then the median
 over the timed steps (Baton's comm_wait_ms is aggregated the same way).
 peak_growth_bytes: the largest rank's peak resident memory (VmHWM, reset with
 /proc/self/clear_refs just before the model is built) less its resident
-memory at that point: what Baton's memory_growth_bytes measures.
+memory at that point: what Baton's memory_growth_bytes measures. A PyTorch job
+is a fresh process, so this includes first-use costs a long-lived Baton worker
+paid on its first job: code_bytes says how much of it is the libraries' pages
+(file-backed) first touched by the job; peak_rss_bytes is the whole process's.
 
 Every process uses one intra-op thread. The whole run is bounded by
 --timeout_s: every process arms a faulthandler hard stop, ranks exit if the
@@ -34,8 +37,10 @@ launcher dies, and the launcher kills any rank still alive at its deadline.
 """
 
 import argparse
+import ctypes
 import datetime
 import faulthandler
+import gc
 import os
 import shutil
 import statistics
@@ -43,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from multiprocessing import resource_tracker
 
 START = time.monotonic()  # --timeout_s counts from here, torch import included
@@ -51,6 +57,11 @@ TEARDOWN_S = 1.5          # reserved at the end for killing and reaping workers
 import torch  # noqa: E402  (after START on purpose)
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch._C._autograd import DeviceType  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 import peer_model  # noqa: E402  (bench/peer_model.py, beside this file)
 
@@ -75,6 +86,32 @@ def reset_peak_rss():
         pass  # VmHWM then also holds the import's peak: growth reads high
 
 
+def tensor_peak(prof, steady):
+    """The most bytes of CPU tensors live at once within the profiler's
+    `steady` range, counting every allocation and free since it started
+    (kineto's memory events: a private part of torch.profiler)."""
+    events = prof.profiler.kineto_results.events()
+    ranges = [(e.start_ns(), e.end_ns()) for e in events if e.name() == steady]
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events
+                    if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
+    live = peak = 0
+    for t, nbytes in memory:
+        live += nbytes
+        if any(begin <= t <= end for begin, end in ranges):
+            peak = max(peak, live)
+    return peak
+
+
+def release_freed_memory():
+    """Hands the heap's free pages back (glibc's malloc_trim), so what the
+    profiler held does not count in the timed steps' resident memory."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class SleepClock:
     """Nanoseconds this thread spent neither running nor waiting to run."""
 
@@ -89,13 +126,27 @@ class SleepClock:
 
 # -------------------------------------------------------------- training ----
 
+def warm_libraries():
+    """What a job's first steps load, loaded before the baseline: as a Baton
+    worker has its libraries resident and its GEMM code warm before a job
+    (worker/model/linear.h), so that growth is the job's own. (Making the
+    first AdamW alone imports torch._dynamo: ~120 MiB of resident memory.)"""
+    w = torch.ones(8, 8, requires_grad=True)
+    opt = torch.optim.AdamW([w])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        q = torch.ones(2, 2, 16, 8) @ w
+        loss = F.scaled_dot_product_attention(q, q, q, is_causal=True).sum()
+        loss = loss + F.cross_entropy(F.gelu(F.linear(torch.ones(4, 8), w)), torch.zeros(4, dtype=torch.long))
+        loss.backward()
+        opt.step()
+    release_freed_memory()
+
+
 def wrap(model, a, world):
     """The model as the mode distributes it."""
     if a.mode == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
     if a.mode == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
         mesh = init_device_mesh("cpu", (world,))
         last = len(model.layers) - 1
         for i, block in enumerate(model.layers):
@@ -120,23 +171,33 @@ def train(a, job, rank, world):
     inputs, targets = peer_model.baton_batches(job, rank, world, total)
     rows, seq_len = inputs.shape[1], inputs.shape[2]
 
-    base_rss = proc_status_bytes("VmRSS")
+    warm_libraries()
+    base_rss, base_file = proc_status_bytes("VmRSS"), proc_status_bytes("RssFile")
+    # The warm-up, from the model's construction on, runs under torch.profiler
+    # for its tensor allocations (not timed; the profiler's memory is handed
+    # back before the timed steps).
+    warnings.filterwarnings("ignore", message=".*Profiler clears events")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model = wrap(peer_model.baton_model(job), a, world)
+        o = job["optimizer"]
+        opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+                                weight_decay=o["weight_decay"], **({a.adamw: True} if a.adamw != "default" else {}))
+
+        def step(i):
+            opt.zero_grad(set_to_none=True)
+            loss = model(inputs[i], targets[i])
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        loss1 = step(0)
+        with record_function("peer_steady_steps"):  # optimizer state made: steady from here
+            for i in range(1, a.warmup):
+                step(i)
+    tensors = tensor_peak(prof, "peer_steady_steps")
+    del prof
+    release_freed_memory()
     reset_peak_rss()
-    model = wrap(peer_model.baton_model(job), a, world)
-    o = job["optimizer"]
-    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
-                            weight_decay=o["weight_decay"], **({a.adamw: True} if a.adamw != "default" else {}))
-
-    def step(i):
-        loss = model(inputs[i], targets[i])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    loss1 = step(0)
-    for i in range(1, a.warmup):
-        step(i)
     if distributed:
         dist.barrier()
     clock = SleepClock()
@@ -150,7 +211,8 @@ def train(a, job, rank, world):
         dist.barrier()
     wall = time.perf_counter() - t0
     peak_rss = proc_status_bytes("VmHWM")
-    figures = torch.tensor([peak_rss - base_rss, peak_rss], dtype=torch.float64)
+    code = proc_status_bytes("RssFile") - base_file  # libraries' pages first touched by the job
+    figures = torch.tensor([peak_rss - base_rss, peak_rss, code, tensors], dtype=torch.float64)
 
     losses = torch.stack([loss1, loss]).double()
     if distributed:  # global losses (every rank has as many rows), the largest rank's figures
@@ -167,7 +229,8 @@ def train(a, job, rank, world):
             f"cpu_capability={torch.backends.cpu.get_cpu_capability()} "
             f"tokens_per_s={tokens_per_s:.1f} step_ms={wall * 1000 / a.steps:.3f} "
             f"exposed_ms={statistics.median(slept.tolist()):.3f} "
-            f"peak_growth_bytes={int(figures[0])} peak_rss_bytes={int(figures[1])} "
+            f"peak_growth_bytes={int(figures[0])} peak_rss_bytes={int(figures[1])} code_bytes={int(figures[2])} "
+            f"tensor_bytes={int(figures[3])} "
             f"loss1={losses[0].item():.6f} loss={losses[1].item():.6f}")
 
 
@@ -200,6 +263,11 @@ def worker(rank, a, job, world, store_dir, parent_pid):
             print(line, flush=True)
     finally:
         dist.destroy_process_group()
+    # Leave without the interpreter's teardown: after an FSDP2 run, 2.11's
+    # static destructors sometimes abort ("terminate called without an active
+    # exception", no Python frame) in about one run of three.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch(a, job, world):

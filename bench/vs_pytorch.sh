@@ -1,41 +1,46 @@
 #!/usr/bin/env bash
-# Side-by-side throughput: Baton FSDP and Baton DDP (through the controller,
-# `baton run` as a user runs it: the controller paces the steps, a second's
-# worth per call to the workers) against PyTorch-Python 1.13 (Debian's python3-torch) DDP and
-# ZeroRedundancyOptimizer+DDP on gloo, at world 2 and world 4 (4 workers;
-# a world-2 job takes 2 of them), plus single-process runs of the same model
-# for distributed efficiency. Same decoder, sizes, AdamW and per-rank batch
-# everywhere; one thread per rank. The configurations run interleaved, round
-# after round, and each figure is the median over rounds, so a noisy machine
-# affects all of them alike.
+# Side-by-side: Baton FSDP and Baton DDP (through the controller, `baton run`
+# as a user runs it: the controller paces the steps, a second's worth per call
+# to the workers) against PyTorch 2.11 FSDP2 and DDP (bench/pytorch_peer.py,
+# on Baton's Python environment: third_party/python/env.sh), all on gloo, at
+# world 2 and world 4 (4 workers; a world-2 job takes 2 of them), plus
+# single-process runs of the same model for distributed efficiency.
+#
+# Both sides train the job file this script writes: the same decoder, Baton's
+# initial weights and batches (the peer takes both from tests/oracle/oracle.py,
+# the contract in Python; the step-1 losses printed show they match), AdamW,
+# per-rank batch, one thread per rank. Both sides' matrix products run in the
+# same LibTorch 2.11 (at::linear: MKL, at the ATen CPU capability printed);
+# Baton's attention products run OpenBLAS at the kernels its workers log. FSDP2
+# runs as fully_shard per block then the root, reshard_after_forward on (every
+# block but the last, Baton's default) and off: two configurations, and the
+# FSDP ratio is taken against the faster. The configurations run interleaved,
+# round after round, and each figure is the median over rounds, so a noisy
+# machine affects all of them alike.
 #
 #   bench/vs_pytorch.sh [ROUNDS] [STEPS] [WORLDS]   (defaults 3, 20 timed steps, "2 4")
 #
-# Prints tokens/s of each, the ratios Baton FSDP / PyTorch DDP and
-# Baton DDP / PyTorch DDP, each one's efficiency = tokens/s / (world x single),
-# and for each Baton mode its exposed communication per step (what the
-# computing thread waited on collectives) next to its total communication
-# time (every collective from issue to completion), the largest rank's.
+# Prints, per world, tokens/s, exposed communication per step and peak memory
+# of every configuration, the lines
+#   world W: Baton FSDP / PyTorch FSDP2 = R
+#   world W: Baton DDP / PyTorch DDP = R
+# (tokens/s over tokens/s), the targets at world 2 (reported, not asserted),
+# and each one's efficiency = tokens/s / (world x single).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 STEPS=${2:-20}
 WORLDS=${3:-"2 4"}
 WARMUP=3
-PY=/usr/bin/python3
+FSDP_TARGET=1.15  # at world 2
+DDP_TARGET=1.25
 
-if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
-  echo "bench: installing python3-torch (the PyTorch-Python peer)"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch
-fi
+PY=$(third_party/python/env.sh python)
+[ -x "$PY" ] || third_party/python/env.sh ensure
 max_world=$(echo $WORLDS | tr ' ' '\n' | sort -n | tail -1)
 . bench/fleet.sh
 bench_fleet "$max_world"
-# The PyTorch peer runs the OpenBLAS kernels the workers run (they pick them by
-# common/blas_kernels.h and log them), so both sides do the same matrix products.
-for _ in $(seq 100); do grep -q 'BLAS kernels: OpenBLAS' "$dir/up.log" && break; sleep 0.1; done
-worker_blas=$(sed -n 's/.*BLAS kernels: OpenBLAS \([A-Za-z0-9]*\).*/\1/p' "$dir/up.log" | head -1)
-if [ -n "$worker_blas" ]; then export OPENBLAS_CORETYPE=$worker_blas; fi
+for _ in $(seq 100); do grep -q 'GEMM: ' "$dir/up.log" && break; sleep 0.1; done
 
 job() {  # job NAME MODE MESH_SIZE GLOBAL_BATCH
   cat > "$dir/$1.textproto" <<JOB
@@ -55,79 +60,128 @@ for w in $WORLDS; do
 done
 job single FSDP 1 8
 
-# "tokens/s exposed_ms comm_ms" over the timed steps of a `baton run` /
-# `baton reference` JSON log (the communication figures: medians per step).
+# key=value figures of a `baton run` / `baton reference` JSON log: tokens/s
+# over the timed steps, the medians per step of exposed and total
+# communication (the largest rank's), the peak memory growth (largest rank,
+# shared memory apart) and the tensor allocator's peak, the step-1 loss.
 baton_figures() {
   $PY - "$1" "$WARMUP" <<'PYEOF'
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"step"')]
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rows = [r for r in lines if "step" in r and "loss" in r]
 timed = rows[int(sys.argv[2]):]
+if not timed:
+    sys.exit(0)
 tps = sum(r["tokens"] for r in timed) / (sum(r["step_ms"] for r in timed) / 1e3)
 med = lambda k: statistics.median(r.get(k, 0.0) for r in timed)
-print("%.1f %.3f %.3f" % (tps, med("comm_wait_ms"), med("comm_ms")))
+mvp = [r["measured_vs_predicted"] for r in lines if "measured_vs_predicted" in r]
+tensors = mvp[-1]["tensor_bytes"]["measured"] if mvp else 0
+print("tps=%.1f exposed=%.3f comm=%.3f peak=%d shm=%d tensors=%d loss1=%.6f" % (
+    tps, med("comm_wait_ms"), med("comm_ms"), max(r.get("memory_growth_bytes", 0) for r in rows),
+    max(r.get("shared_memory_bytes", 0) for r in rows), tensors, rows[0]["loss"]))
 PYEOF
 }
-torch_tps() {  # and keeps the peer's BLAS kernels for the summary
-  sed -n 's/.*blas=\([^ ]*\).*/\1/p' "$1" > "$dir/torch_blas"
-  sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' "$1"
+# The same keys from the peer's RESULT line (its version and ISA kept aside).
+torch_figures() {
+  local build
+  build=$(sed -n 's/.*torch=\([^ ]*\) cpu_capability=\([^ ]*\).*/\1 \2/p' "$1")
+  if [ -n "$build" ]; then echo "$build" > "$dir/torch_build"; fi
+  sed -n 's/^RESULT .*tokens_per_s=\([^ ]*\) .*exposed_ms=\([^ ]*\) peak_growth_bytes=\([^ ]*\) peak_rss_bytes=\([^ ]*\) code_bytes=\([^ ]*\) tensor_bytes=\([^ ]*\) loss1=\([^ ]*\) .*/tps=\1 exposed=\2 peak=\3 rss=\4 code=\5 tensors=\6 loss1=\7/p' "$1"
 }
 
-run_config() {  # prints tokens/s of one configuration (and Baton's communication figures)
-  local kind=${1%_*} w=${1##*_}
+run_config() {  # prints the figures of one configuration
+  local kind=${1%_*} w=${1##*_} peer=(timeout 600 "$PY" bench/pytorch_peer.py --steps "$STEPS" --warmup "$WARMUP")
   case "$kind" in
-    baton_fsdp)   $BIN/client/baton run --controller "$addr" "$dir/fsdp$w.textproto" --output=json > "$dir/out" 2>/dev/null; baton_figures "$dir/out" ;;
-    baton_ddp)    $BIN/client/baton run --controller "$addr" "$dir/ddp$w.textproto" --output=json > "$dir/out" 2>/dev/null; baton_figures "$dir/out" ;;
-    baton_single) $BIN/client/baton reference "$dir/single.textproto" --output=json > "$dir/out" 2>/dev/null; baton_figures "$dir/out" ;;
-    torch_ddp)    $PY bench/pytorch_peer.py --mode ddp --world "$w" --steps "$STEPS" --warmup "$WARMUP" > "$dir/out"; torch_tps "$dir/out" ;;
-    torch_zero)   $PY bench/pytorch_peer.py --mode zero --world "$w" --steps "$STEPS" --warmup "$WARMUP" > "$dir/out"; torch_tps "$dir/out" ;;
-    torch_single) $PY bench/pytorch_peer.py --mode single --steps "$STEPS" --warmup "$WARMUP" > "$dir/out"; torch_tps "$dir/out" ;;
+    baton_fsdp)   $BIN/client/baton run --controller "$addr" "$dir/fsdp$w.textproto" --output=json > "$dir/out" 2> "$dir/$1.err"; baton_figures "$dir/out" ;;
+    baton_ddp)    $BIN/client/baton run --controller "$addr" "$dir/ddp$w.textproto" --output=json > "$dir/out" 2> "$dir/$1.err"; baton_figures "$dir/out" ;;
+    baton_single) $BIN/client/baton reference "$dir/single.textproto" --output=json > "$dir/out" 2> "$dir/$1.err"; baton_figures "$dir/out" ;;
+    torch_fsdp2on)  "${peer[@]}" --mode fsdp2 --reshard-after-forward on --job "$dir/fsdp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
+    torch_fsdp2off) "${peer[@]}" --mode fsdp2 --reshard-after-forward off --job "$dir/fsdp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
+    torch_ddp)    "${peer[@]}" --mode ddp --job "$dir/ddp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
+    torch_single) "${peer[@]}" --mode single --job "$dir/single.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
   esac
 }
 
 configs=(baton_single_1 torch_single_1)
-for w in $WORLDS; do configs+=("baton_fsdp_$w" "torch_ddp_$w" "baton_ddp_$w" "torch_zero_$w"); done
+for w in $WORLDS; do configs+=("baton_fsdp_$w" "torch_fsdp2on_$w" "torch_fsdp2off_$w" "baton_ddp_$w" "torch_ddp_$w"); done
 results="$dir/results"
 : > "$results"
 for ((round = 0; round < ROUNDS; round++)); do
   n=${#configs[@]}
   for ((i = 0; i < n; i++)); do
     c=${configs[$(((i + round) % n))]}  # rotate the order every round
-    figures=$(run_config "$c")
+    figures=$(run_config "$c" || true)
+    if [ -z "$figures" ]; then
+      printf 'round %d  %-17s FAILED: %s\n' "$((round + 1))" "$c" "$(tail -c 300 "$dir/$c.err" | tr '\n' ' ')"
+      continue
+    fi
     echo "$c $figures" >> "$results"
-    printf 'round %d  %-15s %s\n' "$((round + 1))" "$c" "$figures"
+    printf 'round %d  %-17s %s\n' "$((round + 1))" "$c" "$figures"
   done
 done
 
 echo
-echo "BLAS: Baton's workers: $(grep -m1 -o 'OpenBLAS .*' "$dir/up.log" || echo 'not logged')"
-echo "BLAS: PyTorch peer:    OpenBLAS $(cat "$dir/torch_blas")"
-# The projections' products: Baton's Linear runs oneDNN's sgemm (worker/model/linear.h), PyTorch's at::linear OpenBLAS.
-echo "$(grep -m1 -o 'GEMM: .*' "$dir/up.log" || echo 'GEMM: not logged') (Baton's workers; the PyTorch peer: OpenBLAS)"
-$PY - "$results" "$WORLDS" <<'PYEOF'
+read -r torch_version torch_isa < "$dir/torch_build" || true
+echo "PyTorch ${torch_version:-?} (torch.__version__, $PY), gloo on both sides, 1 thread per rank"
+echo "kernels: the projections on both sides: at::linear in the same LibTorch 2.11 (MKL sgemm), ATen CPU capability ${torch_isa:-?};"
+echo "         attention: Baton's workers $(grep -m1 -o 'OpenBLAS [A-Za-z0-9]*' "$dir/up.log" || echo 'OpenBLAS (kernels not logged)') sgemm per (batch, head), the peer scaled_dot_product_attention"
+$PY - "$results" "$WORLDS" "$ROUNDS" "$STEPS" "$WARMUP" "$FSDP_TARGET" "$DDP_TARGET" <<'PYEOF'
 import collections, statistics, sys
+path, worlds, rounds, steps, warmup, fsdp_target, ddp_target = sys.argv[1:]
 runs = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    name, *figures = line.split()
-    runs[name].append([float(x) for x in figures])
-med = {n: [statistics.median(col) for col in zip(*v)] for n, v in runs.items()}
-tps = lambda n: med[n][0]
-print("median over rounds (decoder dim 128, 4 layers, seq 64, batch 8/rank, 1 thread/rank)")
-print("  %-15s %10.0f tokens/s" % ("baton_single", tps("baton_single_1")))
-print("  %-15s %10.0f tokens/s" % ("torch_single", tps("torch_single_1")))
-for w in sys.argv[2].split():
+for line in open(path):
+    name, *pairs = line.split()
+    runs[name].append({k: float(v) for k, v in (p.split("=") for p in pairs)})
+med = {n: {k: statistics.median(r[k] for r in v) for k in v[0]} for n, v in runs.items()}
+tps = lambda n: med[n]["tps"] if n in med else float("nan")
+mib = lambda b: b / 1048576
+print("median over %s rounds (decoder dim 128, 4 layers, seq 64, batch 8/rank, %s warm-up + %s timed steps)"
+      % (rounds, warmup, steps))
+print("  exposed comm: Baton: comm_wait_ms (the computing thread blocked on collectives), of comm_ms (every")
+print("    collective from issue to completion); PyTorch: the training thread's sleep in a step (wall - CPU -")
+print("    run-queue wait, /proc/self/task/TID/schedstat), i.e. its waits on gloo. Largest rank per step, median of steps.")
+print("  peak memory, largest rank: tensors: the most bytes of live tensors in a step (Baton: its tensor allocator;")
+print("    PyTorch: torch.profiler's memory events over the warm-up, from the model's construction on). RSS growth:")
+print("    Baton: memory_growth_bytes (peak resident growth since the job was loaded, gloo's shared memory apart);")
+print("    PyTorch: the timed steps' peak RSS (VmHWM) less the RSS before the model was built: a fresh process, so")
+print("    it includes first-use costs (MKL/oneDNN buffers, library pages: 'code') a long-lived worker paid once.")
+labels = {"baton_fsdp": "Baton FSDP", "torch_fsdp2on": "PyTorch FSDP2 reshard on", "torch_fsdp2off": "PyTorch FSDP2 reshard off",
+          "baton_ddp": "Baton DDP", "torch_ddp": "PyTorch DDP", "baton_single": "Baton single", "torch_single": "PyTorch single"}
+
+def row(key):
+    name = key.rsplit("_", 1)[0]
+    if key not in med:
+        return "  %-26s %9s" % (labels[name], "failed")
+    m = med[key]
+    if name.startswith("baton"):
+        comm = "%7.2f of %6.2f" % (m["exposed"], m["comm"])
+        rss = "%6.1f" % mib(m["peak"])
+    else:
+        comm = "%7.2f" % m["exposed"]
+        rss = "%6.1f (code %4.1f, RSS %4.0f)" % (mib(m["peak"]), mib(m["code"]), mib(m["rss"]))
+    if name.endswith("single"):
+        comm = ""
+    return "  %-26s %9.0f  %-17s  %7.1f  %-31s  %.6f" % (labels[name], m["tps"], comm, mib(m["tensors"]), rss, m["loss1"])
+
+print("  %-26s %9s  %-17s  %7s  %-31s  %s" % ("", "tokens/s", "exposed ms/step", "tensors", "RSS growth", "step-1 loss"))
+print("  %-26s %9s  %-17s  %7s  %-31s" % ("", "", "", "peak MiB", "peak MiB"))
+print(row("baton_single_1"))
+print(row("torch_single_1"))
+for w in worlds.split():
     print("world %s:" % w)
-    for n in ("baton_fsdp", "baton_ddp", "torch_ddp", "torch_zero"):
-        key = "%s_%s" % (n, w)
-        line = "  %-15s %10.0f tokens/s" % (n, tps(key))
-        if n.startswith("baton"):
-            exposed, comm = med[key][1], med[key][2]
-            line += "   exposed communication %7.2f ms of %7.2f ms per step (%.0f %%)" % (
-                exposed, comm, 100 * exposed / comm if comm else 0)
-        print(line)
-    print("  ratio Baton FSDP / PyTorch DDP   = %.3f" % (tps("baton_fsdp_" + w) / tps("torch_ddp_" + w)))
-    print("  ratio Baton DDP  / PyTorch DDP   = %.3f" % (tps("baton_ddp_" + w) / tps("torch_ddp_" + w)))
-    print("  ratio PyTorch ZeRO / PyTorch DDP = %.3f" % (tps("torch_zero_" + w) / tps("torch_ddp_" + w)))
-    for n, single in [("baton_fsdp", "baton_single_1"), ("baton_ddp", "baton_single_1"),
-                      ("torch_ddp", "torch_single_1"), ("torch_zero", "torch_single_1")]:
-        print("  efficiency %-11s = %.3f  (tokens/s / (%s x single))" % (n, tps("%s_%s" % (n, w)) / (int(w) * tps(single)), w))
+    for n in ("baton_fsdp", "torch_fsdp2on", "torch_fsdp2off", "baton_ddp", "torch_ddp"):
+        print(row("%s_%s" % (n, w)))
+    fsdp2 = max(("torch_fsdp2on_" + w, "torch_fsdp2off_" + w), key=lambda k: tps(k) if k in med else -1)
+    fsdp_ratio = tps("baton_fsdp_" + w) / tps(fsdp2)
+    ddp_ratio = tps("baton_ddp_" + w) / tps("torch_ddp_" + w)
+    print("  (FSDP2: its faster configuration, reshard_after_forward %s)" % ("on" if fsdp2.startswith("torch_fsdp2on") else "off"))
+    print("world %s: Baton FSDP / PyTorch FSDP2 = %.3f" % (w, fsdp_ratio))
+    print("world %s: Baton DDP / PyTorch DDP = %.3f" % (w, ddp_ratio))
+    if w == "2":
+        met = lambda r, t: "met" if r >= float(t) else "NOT met"
+        print("  targets at world 2 (reported, not asserted): FSDP >= %s %s, DDP >= %s %s"
+              % (fsdp_target, met(fsdp_ratio, fsdp_target), ddp_target, met(ddp_ratio, ddp_target)))
+    for n, single in (("baton_fsdp", "baton_single_1"), ("baton_ddp", "baton_single_1"), (fsdp2.rsplit("_", 1)[0], "torch_single_1"),
+                      ("torch_ddp", "torch_single_1")):
+        print("  efficiency %-26s = %.3f  (tokens/s / (%s x single))" % (labels[n], tps("%s_%s" % (n, w)) / (int(w) * tps(single)), w))
 PYEOF

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "strategies/job_spec.h"
 #include "worker/model/adamw.h"
 #include "worker/model/init.h"
 #include "common/exceptions.h"
@@ -43,33 +44,53 @@ std::vector<std::string> ReferenceTrainer::param_names() const {
 absl::StatusOr<baton::v1::StepMetrics> ReferenceTrainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   ++step_;
+  // The rows as the job's data-parallel ranks take them, one rank after
+  // another: each accumulates its microbatches' gradients as a worker's
+  // autograd does; the ranks' gradients are summed in rank order and divided
+  // by their number, as the workers' AVG reductions (SUM in rank order, then
+  // the division) do. A gradient near AdamW's eps amplifies any other order
+  // of the same sums into ~1e-5 of drift within ten steps
+  // (reference_arithmetic_test).
   const int64_t batch = job_.data().batch_size();
   const int microbatches = job_.data().microbatches();
-  const int64_t rows = batch / microbatches;
-  for (auto& [name, g] : grads_) g.zero_();
+  const int ranks = BatchParallelSize(job_);
+  const int64_t rows_per_rank = batch / ranks, rows = rows_per_rank / microbatches;
   auto lookup = [this](const std::string& name) -> const at::Tensor& { return params_.at(name); };
   double loss_sum = 0;
   int64_t peak_logits = 0;
   try {
-    for (int mb = 0; mb < microbatches; ++mb) {
-      Batch b = data_->Get(step_, mb * rows, rows);
-      at::Tensor x;
-      for (const auto& stage : layout_.stages) {
-        const std::string unit = stage.unit() < 0 ? "" : layout_.units[stage.unit()].name;
-        int64_t logits = 0;
-        x = StageForward(stage, job_.model(), unit, lookup, x, b, at::kFloat, nullptr, &logits);
-        peak_logits = std::max(peak_logits, logits);
+    for (int r = 0; r < ranks; ++r) {
+      for (int mb = 0; mb < microbatches; ++mb) {
+        Batch b = data_->Get(step_, r * rows_per_rank + mb * rows, rows);
+        at::Tensor x;
+        for (const auto& stage : layout_.stages) {
+          const std::string unit = stage.unit() < 0 ? "" : layout_.units[stage.unit()].name;
+          int64_t logits = 0;
+          x = StageForward(stage, job_.model(), unit, lookup, x, b, at::kFloat, nullptr, &logits);
+          peak_logits = std::max(peak_logits, logits);
+        }
+        loss_sum += x.item<double>();
+        x.div(static_cast<double>(microbatches)).backward();
       }
-      loss_sum += x.item<double>();
-      x.div(static_cast<double>(microbatches)).backward();
       for (auto& [name, p] : params_) {
-        grads_[name].add_(p.grad());
+        if (!p.grad().defined()) {  // not reached: a zero gradient, as on a worker
+          if (r == 0) grads_[name].zero_();
+          continue;
+        }
+        if (r == 0) {
+          grads_[name].copy_(p.grad());
+        } else {
+          grads_[name].add_(p.grad());
+        }
         p.mutable_grad().reset();
       }
     }
+    if (ranks > 1) {
+      for (auto& [name, g] : grads_) g.div_(ranks);
+    }
     baton::v1::StepMetrics m;
     m.set_step(static_cast<int32_t>(step_));
-    m.set_loss(loss_sum / microbatches);
+    m.set_loss(loss_sum / (static_cast<double>(microbatches) * ranks));
     m.set_has_loss(true);
     double sq = 0;
     for (const auto& [name, g] : grads_) sq += SumOfSquares(g);

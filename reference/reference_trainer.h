@@ -27,8 +27,10 @@ class ReferenceTrainer {
   // `job` validated, defaults applied.
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(const baton::v1::JobSpec& job);
 
-  // Runs step `step_` + 1 over the whole global batch (split into the job's
-  // microbatches) and returns its metrics. Gradients stay readable until the
+  // Runs step `step_` + 1 over the whole global batch, split as the job's
+  // data-parallel ranks and microbatches split it, with the ranks' gradients
+  // combined as the workers' reductions combine them, and returns its
+  // metrics. Gradients stay readable until the
   // next step.
   absl::StatusOr<baton::v1::StepMetrics> Step();
 

@@ -103,14 +103,8 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
   };
   auto truth = oracle_lines(oracle, dir + "/oracle.out");
   auto truth64 = oracle_lines(oracle64, dir + "/oracle64.out");
-  // After AdamW steps an update divides by sqrt(v) + eps, so a gradient
-  // element near eps that differs in its last bits moves its parameter by up
-  // to lr differently, and later gradient norms drift by ~1e-5 between any
-  // two fp32 runs whose sums round differently (Baton's kernels, MKL's,
-  // another CPU's). Such a quantity is held to the float64 run: Baton may
-  // drift from it at most kDriftFactor times as far as PyTorch's own fp32
-  // run does (or kDriftFloor, where that run happens to land close).
-  constexpr double kDriftFactor = 4, kDriftFloor = 2e-6;
+  // Gradient norms after AdamW steps are held to the float64 run, within
+  // testing::Fp32DriftBound of how far PyTorch's own fp32 run drifts.
   for (const auto& file : files) {
     const auto& mine = runs[file];
     const auto& theirs = truth[file];
@@ -121,9 +115,10 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
     auto relative = [](double a, double b) { return std::abs(a - b) / std::abs(b); };
     // Losses step by step against PyTorch's fp32; the first gradient norm
     // (the gradients alone, before any update); later norms against float64.
-    double loss = 0, first_norm = 0, norm64 = 0, torch_norm64 = 0;
+    double loss = 0, torch_loss64 = 0, first_norm = 0, norm64 = 0, torch_norm64 = 0;
     for (size_t i = 0; i < mine.size(); ++i) {
       loss = std::max(loss, relative(Field(mine[i], "loss"), Field(theirs[i], "loss")));
+      torch_loss64 = std::max(torch_loss64, relative(Field(theirs[i], "loss"), Field(exact[i], "loss")));
       const double g = Field(mine[i], "grad_norm"), h = Field(theirs[i], "grad_norm"), x = Field(exact[i], "grad_norm");
       if (i == 0) {
         first_norm = relative(g, h);
@@ -132,12 +127,16 @@ TEST(OracleTest, EveryExampleThroughTheControllerMatchesPyTorch) {
       norm64 = std::max(norm64, relative(g, x));
       torch_norm64 = std::max(torch_norm64, relative(h, x));
     }
-    const double norm_bound = kDriftFactor * std::max(torch_norm64, kDriftFloor);
+    const double norm_bound = testing::Fp32DriftBound(torch_norm64);
+    // Later losses drift too (3.9e-6 after 20 steps of decoder_ddp here):
+    // 1e-5, or kFp32DriftFactor times PyTorch's own drift where that is more.
+    const double loss_bound = std::max(1e-5, testing::kFp32DriftFactor * torch_loss64);
     std::printf("%-24s %2zu steps: loss %.6f -> %.6f; vs PyTorch fp32: loss %.3g, grad norm at step 1 %.3g; "
-                "later grad norms vs float64: Baton %.3g, PyTorch fp32 %.3g (bound %.3g)\n",
+                "later grad norms vs float64: Baton %.3g, PyTorch fp32 %.3g (bound %.3g)%s\n",
                 file.substr(file.rfind('/') + 1).c_str(), mine.size(), Field(mine.front(), "loss"),
-                Field(mine.back(), "loss"), loss, first_norm, norm64, torch_norm64, norm_bound);
-    EXPECT_LE(loss, 1e-5) << file;
+                Field(mine.back(), "loss"), loss, first_norm, norm64, torch_norm64, norm_bound,
+                loss_bound > 1e-5 ? absl::StrCat("; loss bound ", loss_bound).c_str() : "");
+    EXPECT_LE(loss, loss_bound) << file;
     EXPECT_LE(first_norm, 1e-6) << file;
     EXPECT_LE(norm64, norm_bound) << file;
   }

@@ -1,5 +1,6 @@
 #include "tests/step_lines.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -47,5 +48,7 @@ TheoryLine ParseTheory(const std::string& output) {
   t.peak = peak;
   return t;
 }
+
+double Fp32DriftBound(double torch_drift) { return kFp32DriftFactor * std::max(torch_drift, kFp32DriftFloor); }
 
 }  // namespace baton::testing

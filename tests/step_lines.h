@@ -23,6 +23,17 @@ struct TheoryLine {
 };
 TheoryLine ParseTheory(const std::string& output);
 
+// How far an fp32 run's figure that AdamW amplifies (a gradient norm after
+// updates) may sit from the float64 oracle's, given how far PyTorch's own
+// fp32 run sits from it (relative, the worst step): an update divides by
+// sqrt(v) + eps, so a gradient element near eps turns the last bits of a
+// different summation order (Baton's kernels, MKL's, another CPU's) into
+// drift. Two fp32 runs of one job drift by different amounts - measured
+// 7.5e-7 and 9.6e-6 at one seed - so the bound is kFp32DriftFactor times
+// PyTorch's drift, and never below kFp32DriftFactor x kFp32DriftFloor.
+inline constexpr double kFp32DriftFactor = 4, kFp32DriftFloor = 1e-5;
+double Fp32DriftBound(double torch_drift);
+
 }  // namespace baton::testing
 
 #endif  // BATON_TESTS_STEP_LINES_H_
