@@ -6,7 +6,7 @@ data parallelism on gloo, and prints one machine-readable line on stdout:
 
   RESULT mode=<m> world=<w> torch=<version> cpu_capability=<isa> tokens_per_s=<f>
          step_ms=<f> exposed_ms=<f> peak_growth_bytes=<n> peak_rss_bytes=<n>
-         code_bytes=<n> loss1=<f> loss=<f>
+         code_bytes=<n> tensor_bytes=<n> loss1=<f> loss=<f>
 
 Modes (the job's mesh size is the world; its global batch is split into
 equal consecutive slices, one per rank, as Baton's ranks take it):
@@ -17,17 +17,22 @@ equal consecutive slices, one per rank, as Baton's ranks take it):
           backward needs first: torchtitan's policy and Baton's
           reshard_last_block default) or off (no block)
 
-exposed_ms: how long the training thread slept within a step, i.e. waited on
-gloo (nothing else in a step blocks): wall time less its CPU time less its
-run-queue wait (/proc/self/task/TID/schedstat), so time it was preempted by
-the other ranks does not count. Per step the largest rank's, then the median
-over the timed steps (Baton's comm_wait_ms is aggregated the same way).
-peak_growth_bytes: the largest rank's peak resident memory (VmHWM, reset with
-/proc/self/clear_refs just before the model is built) less its resident
-memory at that point: what Baton's memory_growth_bytes measures. A PyTorch job
-is a fresh process, so this includes first-use costs a long-lived Baton worker
-paid on its first job: code_bytes says how much of it is the libraries' pages
-(file-backed) first touched by the job; peak_rss_bytes is the whole process's.
+Figures, each the largest rank's:
+  exposed_ms: how long the training thread slept within a step, i.e. waited
+    on gloo (nothing else in a step blocks): wall time less its CPU time less
+    its run-queue wait (/proc/self/task/TID/schedstat), so neither preemption
+    by the other ranks nor the wake-up after a wait counts (Baton's
+    comm_wait_ms leaves the wake-up out too). Per step, then the median over
+    the timed steps, as Baton's.
+  peak_growth_bytes: peak resident memory (VmHWM, reset with
+    /proc/self/clear_refs) less the resident memory just before the model is
+    built, what Baton's memory_growth_bytes measures; before it, the libraries
+    a first step loads are loaded (warm_libraries), as a Baton worker's are
+    before a job. code_bytes: the libraries' pages (file-backed) first touched
+    after that point anyway; peak_rss_bytes: the whole process's peak.
+  tensor_bytes: the most bytes of live CPU tensors in a steady step, from
+    torch.profiler's memory events (a second model, after the timed run).
+  loss1, loss: the global loss of the first and the last step.
 
 Every process uses one intra-op thread. The whole run is bounded by
 --timeout_s: every process arms a faulthandler hard stop, ranks exit if the
@@ -103,8 +108,7 @@ def tensor_peak(prof, steady):
 
 
 def release_freed_memory():
-    """Hands the heap's free pages back (glibc's malloc_trim), so what the
-    profiler held does not count in the timed steps' resident memory."""
+    """Hands the heap's free pages back (glibc's malloc_trim)."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -133,12 +137,11 @@ def warm_libraries():
     first AdamW alone imports torch._dynamo: ~120 MiB of resident memory.)"""
     w = torch.ones(8, 8, requires_grad=True)
     opt = torch.optim.AdamW([w])
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
-        q = torch.ones(2, 2, 16, 8) @ w
-        loss = F.scaled_dot_product_attention(q, q, q, is_causal=True).sum()
-        loss = loss + F.cross_entropy(F.gelu(F.linear(torch.ones(4, 8), w)), torch.zeros(4, dtype=torch.long))
-        loss.backward()
-        opt.step()
+    q = torch.ones(2, 2, 16, 8) @ w
+    loss = F.scaled_dot_product_attention(q, q, q, is_causal=True).sum()
+    loss = loss + F.cross_entropy(F.gelu(F.linear(torch.ones(4, 8), w)), torch.zeros(4, dtype=torch.long))
+    loss.backward()
+    opt.step()
     release_freed_memory()
 
 
@@ -160,6 +163,36 @@ def wrap(model, a, world):
     return model
 
 
+def make_run(a, job, world, inputs, targets):
+    """The distributed model and its AdamW; returns step(i), which trains on batch i."""
+    model = wrap(peer_model.baton_model(job), a, world)
+    o = job["optimizer"]
+    opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+                            weight_decay=o["weight_decay"], **({a.adamw: True} if a.adamw != "default" else {}))
+
+    def step(i):
+        opt.zero_grad(set_to_none=True)
+        loss = model(inputs[i], targets[i])
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def tensor_bytes(a, job, world, inputs, targets):
+    """Peak live tensor bytes of a steady step: a second model, made under
+    torch.profiler after the timed run (so the profiler's own memory is in
+    neither the timing nor the resident figures), trains two steps."""
+    warnings.filterwarnings("ignore", message=".*Profiler clears events")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step = make_run(a, job, world, inputs, targets)
+        step(0)  # makes the optimizer state
+        with record_function("peer_steady_step"):
+            step(1)
+        del step
+    return tensor_peak(prof, "peer_steady_step")
+
+
 def train(a, job, rank, world):
     """Builds the model, runs warmup + timed steps; returns the RESULT line on rank 0."""
     distributed = a.mode != "single"
@@ -173,31 +206,11 @@ def train(a, job, rank, world):
 
     warm_libraries()
     base_rss, base_file = proc_status_bytes("VmRSS"), proc_status_bytes("RssFile")
-    # The warm-up, from the model's construction on, runs under torch.profiler
-    # for its tensor allocations (not timed; the profiler's memory is handed
-    # back before the timed steps).
-    warnings.filterwarnings("ignore", message=".*Profiler clears events")
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        model = wrap(peer_model.baton_model(job), a, world)
-        o = job["optimizer"]
-        opt = torch.optim.AdamW(model.parameters(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"],
-                                weight_decay=o["weight_decay"], **({a.adamw: True} if a.adamw != "default" else {}))
-
-        def step(i):
-            opt.zero_grad(set_to_none=True)
-            loss = model(inputs[i], targets[i])
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        loss1 = step(0)
-        with record_function("peer_steady_steps"):  # optimizer state made: steady from here
-            for i in range(1, a.warmup):
-                step(i)
-    tensors = tensor_peak(prof, "peer_steady_steps")
-    del prof
-    release_freed_memory()
     reset_peak_rss()
+    step = make_run(a, job, world, inputs, targets)
+    loss1 = step(0)
+    for i in range(1, a.warmup):
+        step(i)
     if distributed:
         dist.barrier()
     clock = SleepClock()
@@ -206,12 +219,15 @@ def train(a, job, rank, world):
     for i in range(a.warmup, total):
         s0 = clock.now()
         loss = step(i)
-        slept[i - a.warmup] = (clock.now() - s0) / 1e6
+        slept[i - a.warmup] = max(0, clock.now() - s0) / 1e6
     if distributed:
         dist.barrier()
     wall = time.perf_counter() - t0
     peak_rss = proc_status_bytes("VmHWM")
     code = proc_status_bytes("RssFile") - base_file  # libraries' pages first touched by the job
+    del step
+    release_freed_memory()
+    tensors = tensor_bytes(a, job, world, inputs, targets)
     figures = torch.tensor([peak_rss - base_rss, peak_rss, code, tensors], dtype=torch.float64)
 
     losses = torch.stack([loss1, loss]).double()

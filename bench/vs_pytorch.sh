@@ -141,10 +141,10 @@ print("  exposed comm: Baton: comm_wait_ms (the computing thread blocked on coll
 print("    collective from issue to completion); PyTorch: the training thread's sleep in a step (wall - CPU -")
 print("    run-queue wait, /proc/self/task/TID/schedstat), i.e. its waits on gloo. Largest rank per step, median of steps.")
 print("  peak memory, largest rank: tensors: the most bytes of live tensors in a step (Baton: its tensor allocator;")
-print("    PyTorch: torch.profiler's memory events over the warm-up, from the model's construction on). RSS growth:")
-print("    Baton: memory_growth_bytes (peak resident growth since the job was loaded, gloo's shared memory apart);")
-print("    PyTorch: the timed steps' peak RSS (VmHWM) less the RSS before the model was built: a fresh process, so")
-print("    it includes first-use costs (MKL/oneDNN buffers, library pages: 'code') a long-lived worker paid once.")
+print("    PyTorch: torch.profiler's memory events, a steady step). RSS growth: Baton: memory_growth_bytes (peak")
+print("    resident growth since the job was loaded, gloo's shared memory apart); PyTorch: peak RSS (VmHWM) less the")
+print("    RSS just before the model was built, the libraries a first step loads loaded before it, as a worker's")
+print("    are before a job; 'code': library pages first touched after it anyway; 'RSS': the process's peak.")
 labels = {"baton_fsdp": "Baton FSDP", "torch_fsdp2on": "PyTorch FSDP2 reshard on", "torch_fsdp2off": "PyTorch FSDP2 reshard off",
           "baton_ddp": "Baton DDP", "torch_ddp": "PyTorch DDP", "baton_single": "Baton single", "torch_single": "PyTorch single"}
 

@@ -63,6 +63,9 @@ fi
 rm -rf "${context:?}/bin" "${context:?}/lib"
 mkdir -p "$context/bin" "$context/lib"
 cp deploy/Dockerfile deploy/Dockerfile.cuda "$context/"
+cp third_party/python/requirements.txt "$context/"
+# The environment the image makes, at the path the worker's RPATH names.
+env_dir=$(third_party/python/env.sh path)
 
 # The packages deploy/Dockerfile installs: the words of its apt-get install.
 listed=" $(sed -n '/apt-get install/,/rm -rf/p' deploy/Dockerfile |
@@ -112,8 +115,10 @@ if command -v dpkg >/dev/null 2>&1; then
     needed=$(readelf -d "bazel-bin/$b" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
     while read -r _ name path; do
       pkg=$(owner "$path")
-      if [ -z "$pkg" ]; then
-        # No package provides it (CUDA runtime, NCCL): ship the file.
+      if [[ "$path" == "$env_dir"/* ]]; then
+        continue  # LibTorch, CUDA's libraries, NCCL: the image's environment has them
+      elif [ -z "$pkg" ]; then
+        # No package provides it: ship the file.
         if [ ! -e "$context/lib/$name" ]; then
           echo "staging $name (from $(readlink -f "$path"), no Debian package)"
           cp -L "$path" "$context/lib/$name"
@@ -145,14 +150,14 @@ fi
 if [ -z "$engine" ]; then
   echo "build-image.sh: no container engine can build here (no running docker daemon, no podman);"
   echo "the build context is left in $context. Build it where one runs:"
-  echo "  docker build -t $image:cpu -f $context/Dockerfile $context"
+  echo "  docker build -t $image:cpu --build-arg BATON_ENV_DIR=$env_dir -f $context/Dockerfile $context"
   if [ "$variant" = cuda ]; then
     echo "  docker build -t $image:cuda --build-arg BASE=$image:cpu -f $context/Dockerfile.cuda $context"
   fi
   exit 0
 fi
 
-"$engine" build -t "$image:cpu" -f "$context/Dockerfile" "$context"
+"$engine" build -t "$image:cpu" --build-arg "BATON_ENV_DIR=$env_dir" -f "$context/Dockerfile" "$context"
 if [ "$variant" = cuda ]; then
   "$engine" build -t "$image:cuda" --build-arg "BASE=$image:cpu" -f "$context/Dockerfile.cuda" "$context"
 fi

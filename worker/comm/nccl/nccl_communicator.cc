@@ -1,7 +1,5 @@
 #include "worker/comm/nccl/nccl_communicator.h"
 
-#ifndef BATON_NO_NCCL
-
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 #include <cuda_runtime.h>
@@ -291,24 +289,3 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
 }
 
 }  // namespace baton
-
-#else  // BATON_NO_NCCL: built where CUDA/NCCL headers were not found.
-
-#include "absl/strings/str_cat.h"
-
-namespace baton {
-
-int CudaDeviceCount() { return 0; }
-
-std::string NcclUnavailableReason(int) {
-  return "this build has no NCCL (CUDA/NCCL not found at build time; set CUDA_HOME and rebuild)";
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Rendezvous*, const std::string&,
-                                                                     int, int, const NcclOptions&) {
-  return absl::UnimplementedError(NcclUnavailableReason(1));
-}
-
-}  // namespace baton
-
-#endif  // BATON_NO_NCCL

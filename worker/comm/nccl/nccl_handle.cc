@@ -1,7 +1,5 @@
 #include "worker/comm/nccl/nccl_handle.h"
 
-#ifndef BATON_NO_NCCL
-
 #include <chrono>
 #include <thread>
 
@@ -92,4 +90,3 @@ absl::Status NcclHandle::Wait() {
 
 }  // namespace baton
 
-#endif  // BATON_NO_NCCL

@@ -4,11 +4,9 @@
 // operation does after it (a copy back to the host, AVG's division), and on a
 // failure marks the communicator broken and aborts it so no kernel keeps
 // waiting on a dead peer. With the CUDA and NCCL error statuses the
-// communicator shares. Only where NCCL was found at build time.
+// communicator shares.
 #ifndef BATON_WORKER_COMM_NCCL_NCCL_HANDLE_H_
 #define BATON_WORKER_COMM_NCCL_NCCL_HANDLE_H_
-
-#ifndef BATON_NO_NCCL
 
 #include <ATen/core/Tensor.h>
 #include <cuda_runtime.h>
@@ -76,7 +74,5 @@ class NcclHandle : public CommHandle {
 };
 
 }  // namespace baton
-
-#endif  // BATON_NO_NCCL
 
 #endif  // BATON_WORKER_COMM_NCCL_NCCL_HANDLE_H_
