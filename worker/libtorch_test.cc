@@ -78,6 +78,10 @@ TEST(LibTorchTest, WorkerResolvesCudaAndNcclFromTheEnvironment) {
     EXPECT_NE(line.find("/site-packages/"), std::string::npos) << library << " does not resolve to the environment";
   }
   EXPECT_EQ(ldd.find("not found"), std::string::npos) << ldd;
+  // One gloo in the process: LibTorch's own, inside libtorch_cpu.
+  std::printf("ldd baton-worker names a gloo library of its own: %s\n",
+              ldd.find("libgloo") == std::string::npos ? "no" : "YES");
+  EXPECT_EQ(ldd.find("libgloo"), std::string::npos) << ldd;
 }
 
 }  // namespace

@@ -55,8 +55,10 @@ case "${1:-}" in
   path) echo "$env_dir" ;;
   python) echo "$env_dir/bin/python" ;;
   ensure)
+    began=$(date +%s.%N)
     ensure
-    echo "env.sh: using $env_dir ($("$env_dir/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+    version=$("$env_dir/bin/python" -c 'import torch; print("torch", torch.__version__)')
+    echo "env.sh: using $env_dir ($version); the environment step took $(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
     ;;
   *) echo "usage: third_party/python/env.sh path|ensure|python" >&2; exit 2 ;;
 esac
