@@ -97,16 +97,8 @@ def next_loss(hf_dir, step, job_path):
     config = json.load(open(os.path.join(hf_dir, "config.json")))
     assert config["model_type"] == "llama" and config["hidden_act"] == "silu", config
     w = {k: v.float() for k, v in oracle.read_safetensors(os.path.join(hf_dir, "model.safetensors")).items()}
-    job = oracle.load_job(job_path)
-    tokens = oracle.read_tokens(job)
-    microbatches = job["data"]["microbatches"]
-    rows = job["data"]["batch_size"] // microbatches
-    total = 0.0
-    with torch.no_grad():
-        for mb in range(microbatches):
-            a, b = oracle.batch(job, tokens, step + 1, mb * rows, rows)
-            total += causal_lm_loss(config, w, a, b).item()
-    print(json.dumps({"step": step + 1, "loss": total / microbatches}))
+    loss = oracle.mean_loss(job_path, step + 1, lambda a, b: causal_lm_loss(config, w, a, b))
+    print(json.dumps({"step": step + 1, "loss": loss}))
 
 
 def bf16_diff(f32_dir, bf16_dir):

@@ -36,17 +36,10 @@ import oracle  # noqa: E402  (the job's data, from the contract)
 
 def job_loss(model, job_path, step):
     """The mean over the job's microbatches of step `step`'s cross-entropy."""
-    job = oracle.load_job(job_path)
-    tokens = oracle.read_tokens(job)
-    microbatches = job["data"]["microbatches"]
-    rows = job["data"]["batch_size"] // microbatches
-    total = 0.0
-    with torch.no_grad():
-        for mb in range(microbatches):
-            ids, targets = oracle.batch(job, tokens, step, mb * rows, rows)
-            logits = model(input_ids=ids).logits.float()
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).item()
-    return total / microbatches
+    def loss_of(ids, targets):
+        logits = model(input_ids=ids).logits.float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return oracle.mean_loss(job_path, step, loss_of)
 
 
 def load(hf_dir):

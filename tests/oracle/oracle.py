@@ -358,6 +358,18 @@ def batch(job, tokens, step, begin, rows):
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
+def mean_loss(job_path, step, loss_of):
+    """The mean over a job file's microbatches of step `step` of
+    loss_of(inputs, targets), without gradients: what the step's loss is."""
+    job = load_job(job_path)
+    tokens = read_tokens(job)
+    microbatches = job["data"]["microbatches"]
+    rows = job["data"]["batch_size"] // microbatches
+    with torch.no_grad():
+        return sum(loss_of(*batch(job, tokens, step, mb * rows, rows)).item()
+                   for mb in range(microbatches)) / microbatches
+
+
 # -------------------------------------------------------------- training ---
 
 def train(path, out):
@@ -432,17 +444,11 @@ def next_loss(weights_path, step, job_path):
     torch.set_num_threads(1)
     weights = read_safetensors(weights_path)
     params = {name: weights[name].clone() for name in build_params(job)}
-    tokens = read_tokens(job)
-    data, model = job["data"], job["model"]
-    microbatches = data["microbatches"]
-    rows = data["batch_size"] // microbatches
-    loss_sum = 0.0
-    with torch.no_grad():
-        for mb in range(microbatches):
-            a, b = batch(job, tokens, step + 1, mb * rows, rows)
-            loss = mlp_loss(model["mlp"], params, a, b) if "mlp" in model else decoder_loss(model["decoder"], params, a, b)
-            loss_sum += loss.item()
-    print(json.dumps({"job": job_path, "step": step + 1, "loss": loss_sum / microbatches}))
+    model = job["model"]
+
+    def loss_of(a, b):
+        return mlp_loss(model["mlp"], params, a, b) if "mlp" in model else decoder_loss(model["decoder"], params, a, b)
+    print(json.dumps({"job": job_path, "step": step + 1, "loss": mean_loss(job_path, step + 1, loss_of)}))
 
 
 def main(argv):
