@@ -15,7 +15,8 @@ equal consecutive slices, one per rank, as Baton's ranks take it):
   fsdp2   FSDP2: fully_shard on each block, then on the root, with
           --reshard-after-forward on (every block but the last, which
           backward needs first: torchtitan's policy and Baton's
-          reshard_last_block default) or off (no block)
+          reshard_last_block default) or off (no block); AdamW fused
+          (torchtitan's default) unless --adamw says otherwise
 
 Figures, each the largest rank's:
   exposed_ms: how long the training thread slept within a step, i.e. waited
@@ -332,15 +333,19 @@ def parse_args(argv=None):
     p.add_argument("--job", required=True, help="the Baton job file (textproto or .json) to train")
     p.add_argument("--reshard-after-forward", choices=("on", "off"), default="on", help="fsdp2")
     p.add_argument("--unshard-async", action="store_true",
-                   help="fsdp2: gathers as async ops and forward prefetch of one block (private API)")
-    p.add_argument("--adamw", choices=("default", "foreach", "fused"), default="default",
-                   help="torch.optim.AdamW's implementation (default: its own choice)")
+                   help="fsdp2: gathers as async ops (FSDPModule._set_unshard_async_op, private) and a "
+                        "forward prefetch of one block, so that gathers overlap compute on CPU")
+    p.add_argument("--adamw", choices=("default", "foreach", "fused"),
+                   help="torch.optim.AdamW's implementation; unset: fused with fsdp2 (torchtitan's default; "
+                        "on DTensors 1.2x the step of the default), torch's own choice otherwise")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps (the job has warmup + steps)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--timeout_s", type=float, default=300.0)
     a = p.parse_args(argv)
     if a.steps < 1 or a.warmup < 1 or a.timeout_s <= 0:
         p.error("--steps, --warmup and --timeout_s must be positive")
+    if a.adamw is None:
+        a.adamw = "fused" if a.mode == "fsdp2" else "default"
     return a
 
 

@@ -13,10 +13,10 @@
 # same LibTorch 2.11 (at::linear: MKL, at the ATen CPU capability printed);
 # Baton's attention products run OpenBLAS at the kernels its workers log. FSDP2
 # runs as fully_shard per block then the root, reshard_after_forward on (every
-# block but the last, Baton's default) and off: two configurations, and the
-# FSDP ratio is taken against the faster. The configurations run interleaved,
-# round after round, and each figure is the median over rounds, so a noisy
-# machine affects all of them alike.
+# block but the last, Baton's default) and off, with fused AdamW (torchtitan's
+# default): two configurations, and the FSDP ratio is taken against the
+# faster. The configurations run interleaved, round after round, and each
+# figure is the median over rounds, so a noisy machine affects all of them alike.
 #
 #   bench/vs_pytorch.sh [ROUNDS] [STEPS] [WORLDS]   (defaults 3, 20 timed steps, "2 4")
 #
@@ -34,6 +34,10 @@ WORLDS=${3:-"2 4"}
 WARMUP=3
 FSDP_TARGET=1.15  # at world 2
 DDP_TARGET=1.25
+# Extra flags for the FSDP2 peer, e.g. FSDP2_FLAGS=--unshard-async (gathers
+# as async ops, through a private FSDP2 method, so they overlap compute on CPU:
+# FSDP2's default on CPU issues every gather and reduce-scatter synchronously).
+FSDP2_FLAGS=${FSDP2_FLAGS:-}
 
 PY=$(third_party/python/env.sh python)
 [ -x "$PY" ] || third_party/python/env.sh ensure
@@ -95,8 +99,8 @@ run_config() {  # prints the figures of one configuration
     baton_fsdp)   $BIN/client/baton run --controller "$addr" "$dir/fsdp$w.textproto" --output=json > "$dir/out" 2> "$dir/$1.err"; baton_figures "$dir/out" ;;
     baton_ddp)    $BIN/client/baton run --controller "$addr" "$dir/ddp$w.textproto" --output=json > "$dir/out" 2> "$dir/$1.err"; baton_figures "$dir/out" ;;
     baton_single) $BIN/client/baton reference "$dir/single.textproto" --output=json > "$dir/out" 2> "$dir/$1.err"; baton_figures "$dir/out" ;;
-    torch_fsdp2on)  "${peer[@]}" --mode fsdp2 --reshard-after-forward on --job "$dir/fsdp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
-    torch_fsdp2off) "${peer[@]}" --mode fsdp2 --reshard-after-forward off --job "$dir/fsdp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
+    torch_fsdp2on)  "${peer[@]}" --mode fsdp2 $FSDP2_FLAGS --reshard-after-forward on --job "$dir/fsdp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
+    torch_fsdp2off) "${peer[@]}" --mode fsdp2 $FSDP2_FLAGS --reshard-after-forward off --job "$dir/fsdp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
     torch_ddp)    "${peer[@]}" --mode ddp --job "$dir/ddp$w.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
     torch_single) "${peer[@]}" --mode single --job "$dir/single.textproto" > "$dir/out" 2> "$dir/$1.err"; torch_figures "$dir/out" ;;
   esac
@@ -123,6 +127,7 @@ done
 echo
 read -r torch_version torch_isa < "$dir/torch_build" || true
 echo "PyTorch ${torch_version:-?} (torch.__version__, $PY), gloo on both sides, 1 thread per rank"
+echo "FSDP2: fully_shard per block then the root, fused AdamW${FSDP2_FLAGS:+, $FSDP2_FLAGS}; DDP: DistributedDataParallel's defaults, torch's default AdamW"
 echo "kernels: the projections on both sides: at::linear in the same LibTorch 2.11 (MKL sgemm), ATen CPU capability ${torch_isa:-?};"
 echo "         attention: Baton's workers $(grep -m1 -o 'OpenBLAS [A-Za-z0-9]*' "$dir/up.log" || echo 'OpenBLAS (kernels not logged)') sgemm per (batch, head), the peer scaled_dot_product_attention"
 $PY - "$results" "$WORLDS" "$ROUNDS" "$STEPS" "$WARMUP" "$FSDP_TARGET" "$DDP_TARGET" <<'PYEOF'
@@ -153,15 +158,18 @@ def row(key):
     if key not in med:
         return "  %-26s %9s" % (labels[name], "failed")
     m = med[key]
+    tensors = "%7.1f" % mib(m["tensors"])
     if name.startswith("baton"):
         comm = "%7.2f of %6.2f" % (m["exposed"], m["comm"])
         rss = "%6.1f" % mib(m["peak"])
+        if name == "baton_single":  # baton reference reports no memory
+            tensors, rss = "    n/a", "   n/a"
     else:
         comm = "%7.2f" % m["exposed"]
         rss = "%6.1f (code %4.1f, RSS %4.0f)" % (mib(m["peak"]), mib(m["code"]), mib(m["rss"]))
     if name.endswith("single"):
         comm = ""
-    return "  %-26s %9.0f  %-17s  %7.1f  %-31s  %.6f" % (labels[name], m["tps"], comm, mib(m["tensors"]), rss, m["loss1"])
+    return "  %-26s %9.0f  %-17s  %7s  %-31s  %.6f" % (labels[name], m["tps"], comm, tensors, rss, m["loss1"])
 
 print("  %-26s %9s  %-17s  %7s  %-31s  %s" % ("", "tokens/s", "exposed ms/step", "tensors", "RSS growth", "step-1 loss"))
 print("  %-26s %9s  %-17s  %7s  %-31s" % ("", "", "", "peak MiB", "peak MiB"))
