@@ -14,16 +14,19 @@ namespace baton {
 // `step` is 1-based. All tensors of one shape; updated in place. Contiguous
 // fp32 tensors in host memory (every parameter, shard and state a worker
 // keeps on CPU) are updated in one pass, each element with the same float
-// operations as the tensor ops below, rounded once each: within an ulp or
+// operations as the tensor ops below, rounded once each, over the rank's
+// intra-op threads (the bits do not depend on their number): within an ulp or
 // two of PyTorch's kernels (which fuse some multiply-adds), and a shard's
 // update is bit for bit its slice of the full update. Anything else goes
 // through AdamWUpdateTensorOps.
 void AdamWUpdate(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                  at::Tensor& exp_avg_sq, int64_t step, const baton::v1::OptimizerSpec& opt);
 
-// The same update as torch.optim.AdamW's single-tensor algorithm writes it:
-// seven tensor ops (device tensors, strided views; and the baseline
-// bench/adamw measures the one-pass update against).
+// The same update as torch.optim.AdamW's single-tensor algorithm writes it,
+// in seven tensor ops (device tensors, strided views; and the baseline
+// bench/adamw measures the one-pass update against), with the one change the
+// one pass makes: the bias correction's square root is applied as a product
+// with its reciprocal.
 void AdamWUpdateTensorOps(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                           at::Tensor& exp_avg_sq, int64_t step, const baton::v1::OptimizerSpec& opt);
 

@@ -4,6 +4,7 @@
 #include "worker/model/adamw.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -121,6 +122,31 @@ TEST(AdamW, AShardsUpdateIsItsSliceOfTheFullUpdate) {
   }
   std::printf("%d of %zu uneven shards bit-identical to their slice of the full update after 5 steps\n", identical,
               shards.size());
+}
+
+TEST(AdamW, TheThreadCountDoesNotChangeTheBits) {
+  // Long enough for the pass to split over threads (chunks of 32768), odd so
+  // that chunk boundaries fall mid-vector.
+  constexpr int64_t kN = 3 * 32768 + 4099;
+  const auto spec = Spec();
+  State one = Random(kN, 13), many = one.Clone();
+  const int before = at::get_num_threads();
+  for (int64_t step = 1; step <= 3; ++step) {
+    at::manual_seed(300 + step);
+    const at::Tensor grad = at::randn({kN});
+    at::set_num_threads(1);
+    AdamWUpdate(one.param, grad, one.exp_avg, one.exp_avg_sq, step, spec);
+    at::set_num_threads(3);
+    AdamWUpdate(many.param, grad, many.exp_avg, many.exp_avg_sq, step, spec);
+  }
+  const int threads = at::get_num_threads();
+  at::set_num_threads(before);
+  const bool same = at::equal(one.param, many.param) && at::equal(one.exp_avg, many.exp_avg) &&
+                    at::equal(one.exp_avg_sq, many.exp_avg_sq);
+  std::printf("%lld parameters, 3 steps on 1 thread and on %d: %s\n", static_cast<long long>(kN), threads,
+              same ? "bit-identical" : "DIFFERENT");
+  EXPECT_TRUE(same);
+  EXPECT_FALSE(at::equal(one.param, Random(kN, 13).param)) << "the update changed nothing";
 }
 
 TEST(AdamW, AStridedViewTakesTheTensorOps) {
