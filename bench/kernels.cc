@@ -2,7 +2,7 @@
 // forward and backward at the shapes of one decoder, alternating iteration by
 // iteration in one process so that the machine's drift falls on both alike:
 //   - attention's two products: at::matmul / BatchedMatmul (one sgemm per matrix)
-//   - the attention core: scaled_dot_product_attention (fused, causal) / BatchedMatmul's
+//   - the attention core: scaled_dot_product_attention (fused, causal) / CausalAttention
 //   - RMSNorm: six operators / RmsNorm (one pass per row)
 //   - rotary positions on q: a flip, two products and a sum / Rotate (one pass)
 //   - the optimizer step: LibTorch's fused CPU AdamW / AdamWUpdate (one pass per tensor)
@@ -27,6 +27,7 @@
 #include "common/blas_kernels.h"
 #include "proto/job.pb.h"
 #include "worker/model/adamw.h"
+#include "worker/model/attention.h"
 #include "worker/model/batched_matmul.h"
 #include "worker/model/linear.h"
 #include "worker/model/rms_norm.h"
@@ -104,14 +105,20 @@ int main(int argc, char** argv) {
   };
   agree &= Compare("attention's products", "at::matmul", attention(false), "BatchedMatmul", attention(true),
                    iterations);
-  // The whole attention core against LibTorch 2.x's fused CPU attention
-  // (scaled_dot_product_attention, causal): what the model would run instead.
+  // The whole attention core as the model runs it (CausalAttention) against
+  // LibTorch 2.11's fused CPU attention (scaled_dot_product_attention,
+  // causal): what the model would run instead.
   auto sdpa = [&]() {
     const auto l = Leaves({q, k, v});
     const at::Tensor qh = l[0].transpose(1, 2), kh = l[1].transpose(1, 2), vh = l[2].transpose(1, 2);
     return Finish(at::scaled_dot_product_attention(qh, kh, vh, {}, 0.0, /*is_causal=*/true), l);
   };
-  agree &= Compare("attention core", "SDPA", sdpa, "BatchedMatmul", attention(true), iterations);
+  auto core = [&]() {
+    const auto l = Leaves({q, k, v});
+    const at::Tensor qh = l[0].transpose(1, 2), kh = l[1].transpose(1, 2), vh = l[2].transpose(1, 2);
+    return Finish(baton::CausalAttention(qh, kh, vh, 1.0 / std::sqrt(static_cast<double>(hd))), l);
+  };
+  agree &= Compare("attention core", "SDPA", sdpa, "CausalAttention", core, iterations);
 
   const at::Tensor x = at::randn({b, t, d});
   const at::Tensor norm_weight = at::randn({d});

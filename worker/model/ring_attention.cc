@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/sequence_shards.h"
+#include "worker/model/attention.h"
 
 namespace baton {
 namespace {
@@ -63,13 +64,8 @@ struct Ring {
 
 void Check(const absl::Status& s, const char* what) { TORCH_CHECK(s.ok(), "ring attention ", what, ": ", s.ToString()); }
 
-at::Tensor CausalMask(int64_t len) {
-  return at::full({len, len}, -std::numeric_limits<float>::infinity(), at::kFloat).triu(1);
-}
-
-// Key/value heads repeated to the query heads they serve, and the query
-// heads' gradients summed back onto them.
-at::Tensor Repeat(const at::Tensor& x, int64_t group) { return group == 1 ? x : x.repeat_interleave(group, 1); }
+// The query heads' gradients summed back onto the key/value heads they
+// were repeated from (RepeatHeads).
 at::Tensor SumGroups(const at::Tensor& x, int64_t group) {
   if (group == 1) return x;
   return x.unflatten(1, {x.size(1) / group, group}).sum(2);
@@ -78,7 +74,7 @@ at::Tensor SumGroups(const at::Tensor& x, int64_t group) {
 // The pair's scaled scores, masked on the diagonal (fp32).
 at::Tensor Scores(const at::Tensor& q, const at::Tensor& k, const Pair& pair, int64_t len, double scale) {
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
-  return pair.diagonal ? scores.add_(CausalMask(len)) : scores;
+  return pair.diagonal ? scores.add_(CausalMask(len, at::kFloat)) : scores;
 }
 
 class RingFunction : public torch::autograd::Function<RingFunction> {
@@ -106,7 +102,7 @@ class RingFunction : public torch::autograd::Function<RingFunction> {
       }
       const at::Tensor kf = kv.select(0, 0).to(at::kFloat), vf = kv.select(0, 1).to(at::kFloat);
       for (const Pair& pair : ring.PairsWith(ring.Source(s))) {
-        at::Tensor scores = Scores(qf.narrow(2, pair.q_begin, len), Repeat(kf.narrow(2, pair.k_begin, len), group),
+        at::Tensor scores = Scores(qf.narrow(2, pair.q_begin, len), RepeatHeads(kf.narrow(2, pair.k_begin, len), group),
                                    pair, len, scale);
         // Online softmax: the running max rises to the block's; what was
         // summed under the old max is rescaled by exp(old - new).
@@ -119,7 +115,7 @@ class RingFunction : public torch::autograd::Function<RingFunction> {
           acc_rows.mul_(alpha.unsqueeze(-1));
           sum_rows.mul_(alpha);
         }
-        acc_rows.add_(at::matmul(probs, Repeat(vf.narrow(2, pair.k_begin, len), group)));
+        acc_rows.add_(at::matmul(probs, RepeatHeads(vf.narrow(2, pair.k_begin, len), group)));
         sum_rows.add_(probs.sum(-1));
         old_max.copy_(new_max);
       }
@@ -187,8 +183,8 @@ class RingFunction : public torch::autograd::Function<RingFunction> {
       at::Tensor mine = at::zeros(kv_shape, qf.options());
       for (const Pair& pair : ring.PairsWith(ring.Source(s))) {
         const at::Tensor qs = qf.narrow(2, pair.q_begin, len), dos = dout.narrow(2, pair.q_begin, len);
-        const at::Tensor ks = Repeat(kf.narrow(2, pair.k_begin, len), group);
-        const at::Tensor vs = Repeat(vf.narrow(2, pair.k_begin, len), group);
+        const at::Tensor ks = RepeatHeads(kf.narrow(2, pair.k_begin, len), group);
+        const at::Tensor vs = RepeatHeads(vf.narrow(2, pair.k_begin, len), group);
         // The block's probabilities again, from the saved log-sum-exp.
         at::Tensor probs = Scores(qs, ks, pair, len, scale).sub_(lse.narrow(2, pair.q_begin, len).unsqueeze(-1)).exp_();
         mine.select(0, 1).narrow(2, pair.k_begin, len).add_(SumGroups(at::matmul(probs.transpose(-2, -1), dos), group));

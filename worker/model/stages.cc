@@ -9,13 +9,11 @@
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/arange.h>
-#include <ATen/ops/repeat_interleave.h>
-#include <ATen/ops/softmax.h>
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "worker/model/batched_matmul.h"
+#include "worker/model/attention.h"
 #include "worker/model/rms_norm.h"
 #include "worker/model/rotary.h"
 
@@ -23,10 +21,6 @@ namespace baton {
 namespace {
 
 using baton::v1::Stage;
-
-at::Tensor CausalMask(int64_t t, at::ScalarType dtype) {
-  return at::full({t, t}, -std::numeric_limits<float>::infinity(), at::kFloat).triu(1).to(dtype);
-}
 
 // Entering and leaving a tensor-parallel region (attention, MLP): without
 // sequence parallelism f and g (all-reduce of the gradient, of the output);
@@ -66,21 +60,13 @@ at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, con
   const bool chunks = cp != nullptr && !cp->faults.rotate_local_positions;
   const at::Tensor positions = chunks ? cp->Positions(cp->rank()) : at::arange(t, at::kLong);
   const auto [cos, sin] = RotaryTables(positions, hd, m.has_rope_theta() ? m.rope_theta() : 10000.0);
-  at::Tensor q = Rotate(heads("wq"), cos, sin), k = Rotate(heads("wk"), cos, sin), v = heads("wv");
+  const at::Tensor q = Rotate(heads("wq"), cos, sin), k = Rotate(heads("wk"), cos, sin), v = heads("wv");
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   if (cp != nullptr) {
     const at::Tensor o = RingAttention(q, k, v, *cp, scale).transpose(1, 2).reshape({b, t, q.size(1) * hd});
     return Leave(at::linear(o, w(p + "attention.wo.weight")), split, tp);
   }
-  if (const int64_t group = q.size(1) / k.size(1); group > 1) {
-    k = k.repeat_interleave(group, 1);
-    v = v.repeat_interleave(group, 1);
-  }
-  // The products per (batch, head) matrix as one sgemm each (batched_matmul.h).
-  at::Tensor scores = BatchedMatmul(q, k.transpose(-2, -1)).mul(scale);
-  scores = scores.add(CausalMask(t, scores.scalar_type()));
-  at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(normed.scalar_type());
-  at::Tensor o = BatchedMatmul(probs, v).transpose(1, 2).reshape({b, t, q.size(1) * hd});
+  const at::Tensor o = CausalAttention(q, k, v, scale).transpose(1, 2).reshape({b, t, q.size(1) * hd});
   return Leave(at::linear(o, w(p + "attention.wo.weight")), split, tp);
 }
 
