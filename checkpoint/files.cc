@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -248,6 +249,28 @@ absl::StatusOr<std::string> FindCheckpoint(const std::string& dir) {
                                             " nor a complete step-N directory)"));
   }
   return all.back().second;
+}
+
+absl::Status CheckDataFiles(const std::string& dir, const baton::v1::CheckpointMetadata& metadata) {
+  std::map<std::string, int64_t> reach;  // file -> the end of its last chunk
+  for (const auto& t : metadata.tensors()) {
+    for (const auto& c : t.chunks()) {
+      int64_t& end = reach[c.file()];
+      end = std::max(end, c.byte_offset() + c.length());
+    }
+  }
+  for (const auto& [file, end] : reach) {
+    const std::string path = absl::StrCat(dir, "/", file);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return absl::NotFoundError(absl::StrCat("checkpoint ", dir, ": its data file ", file, " is missing"));
+    }
+    if (st.st_size < end) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": its data file ", file, " holds ", st.st_size,
+                                              " bytes; its chunks reach ", end));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void RemoveUnreferencedFiles(const std::string& dir, const baton::v1::CheckpointMetadata& metadata) {

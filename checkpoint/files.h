@@ -79,6 +79,11 @@ absl::StatusOr<baton::v1::CheckpointMetadata> ReadMetadata(const std::string& di
 absl::StatusOr<std::string> FindCheckpoint(const std::string& dir);
 // The complete checkpoints under DIR (step-N directories with metadata), by step.
 std::vector<std::pair<int, std::string>> ListCheckpoints(const std::string& dir);
+// Every data file `metadata` names is in DIR, a regular file, and long
+// enough for its chunks: what a load needs before it reads a byte (a
+// checksum is checked as each block is read). NOT_FOUND or DATA_LOSS, naming
+// the file, otherwise.
+absl::Status CheckDataFiles(const std::string& dir, const baton::v1::CheckpointMetadata& metadata);
 // Deletes the data files in DIR that `metadata` does not name (left by a
 // save that failed or was superseded).
 void RemoveUnreferencedFiles(const std::string& dir, const baton::v1::CheckpointMetadata& metadata);

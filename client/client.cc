@@ -2,7 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <random>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "mesh/device_mesh.h"
@@ -197,32 +201,40 @@ absl::StatusOr<baton::v1::JobStatus> Client::RescaleJob(const std::string& job_i
   baton::v1::RescaleJobRequest req;
   req.set_job_id(job_id);
   *req.mutable_mesh() = spec->axes();
+  // The idempotency key: asked again after a lost answer (a controller
+  // that went away mid-call), the controller says what became of this
+  // request rather than taking it as a second one.
+  std::random_device random;
+  req.set_request_id(absl::StrFormat("%08x%08x", random(), random()));
+  const absl::Time until = absl::Now() + std::max(wait, absl::Seconds(20));
   baton::v1::RescaleJobResponse resp;
-  {
+  for (;;) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(20));
-    if (auto s = FromGrpcStatus(stub_->RescaleJob(&ctx, req, &resp)); !s.ok()) return s;
+    absl::Status s = FromGrpcStatus(stub_->RescaleJob(&ctx, req, &resp));
+    if (s.ok()) break;
+    if (!absl::IsUnavailable(s) || absl::Now() > until) return s;
+    absl::SleepFor(absl::Milliseconds(200));
   }
   if (wait <= absl::ZeroDuration()) return resp.job();
-  // Running again, on the new mesh (another mesh than when it was asked).
-  const std::string old_mesh = resp.job().mesh_id();
-  const absl::Time until = absl::Now() + wait;
+  const absl::Time wait_until = absl::Now() + wait;
   for (;;) {
     auto job = GetJob(job_id);
-    if (!job.ok()) return job.status();
-    const bool moved = std::equal(job->mesh().begin(), job->mesh().end(), spec->axes().begin(), spec->axes().end(),
-                                  [](const baton::v1::MeshAxis& a, const baton::v1::MeshAxis& b) {
-                                    return a.name() == b.name() && a.size() == b.size();
-                                  });
-    if (job->state() != baton::v1::JOB_RUNNING && job->state() != baton::v1::JOB_RECOVERING &&
-        job->state() != baton::v1::JOB_PENDING) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ",
-                                                        baton::v1::JobState_Name(job->state()), ": ", job->error()));
+    if (job.ok()) {
+      const baton::v1::RescaleState& r = job->rescale();
+      if (r.request_id() != req.request_id()) {
+        return absl::AbortedError(absl::StrCat("job ", job_id, " was rescaled by another request (",
+                                               r.request_id(), ") before this one was applied"));
+      }
+      if (r.phase() == baton::v1::RescaleState::APPLIED && job->state() == baton::v1::JOB_RUNNING) return *job;
+      if (r.phase() == baton::v1::RescaleState::FAILED) {
+        return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " was not rescaled to ", mesh, ": ",
+                                                          r.error()));
+      }
+    } else if (!absl::IsUnavailable(job.status())) {
+      return job.status();
     }
-    if (moved && job->state() == baton::v1::JOB_RUNNING && !job->mesh_id().empty() && job->mesh_id() != old_mesh) {
-      return *job;
-    }
-    if (absl::Now() > until) {
+    if (absl::Now() > wait_until) {
       return absl::DeadlineExceededError(absl::StrCat("job ", job_id, " is not running on ", mesh, " after ",
                                                       absl::FormatDuration(wait)));
     }

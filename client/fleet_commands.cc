@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/cli.h"
 #include "client/local_cluster.h"
+#include "common/job_state.h"
 #include "common/json.h"
 #include "common/process.h"
 #include "common/text.h"
@@ -158,12 +159,10 @@ int StatusCommand() {
   constexpr int kEndedShown = 5;
   int ended = 0, shown_ended = 0;
   for (const auto& job : status->jobs()) {
-    ended += job.state() == baton::v1::JOB_FINISHED || job.state() == baton::v1::JOB_STOPPED ||
-             job.state() == baton::v1::JOB_FAILED;
+    ended += IsEnded(job.state());
   }
   for (const auto& job : status->jobs()) {
-    const bool is_ended = job.state() == baton::v1::JOB_FINISHED || job.state() == baton::v1::JOB_STOPPED ||
-                          job.state() == baton::v1::JOB_FAILED;
+    const bool is_ended = IsEnded(job.state());
     if (is_ended && ++shown_ended <= ended - kEndedShown) continue;
     std::printf("job: %s \"%s\" %s step %d/%d%s\n", job.job_id().c_str(), Printable(job.name()).c_str(),
                 baton::v1::JobState_Name(job.state()).c_str(), job.step(), job.steps(),

@@ -3,16 +3,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/job_state.h"
 
 namespace baton {
 namespace {
 
 // How long a handle going away waits to release its job.
 constexpr absl::Duration kReleaseDeadline = absl::Seconds(3);
-
-bool IsEndedState(baton::v1::JobState s) {
-  return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
-}
 
 }  // namespace
 
@@ -25,7 +22,7 @@ absl::Status Job::ExplainLostCall(Client* client, const std::string& job_id, con
   while (absl::Now() < give_up) {
     auto job = client->GetJob(job_id);
     if (job.ok()) {
-      if (!IsEndedState(job->state())) return s;  // a blip: the job goes on
+      if (!IsEnded(job->state())) return s;  // a blip: the job goes on
       return absl::FailedPreconditionError(absl::StrCat("lost the controller during the call (", s.message(),
                                                         "); job ", job_id, " is now ",
                                                         baton::v1::JobState_Name(job->state()), ": ", job->error()));

@@ -15,6 +15,7 @@
 #include "client/job.h"
 #include "client/plan_output.h"
 #include "client/step_output.h"
+#include "common/job_state.h"
 #include "common/json.h"
 #include "common/process.h"
 #include "common/text.h"
@@ -26,10 +27,6 @@ namespace {
 // `logs --follow` across a controller restart: how long it waits for the
 // controller to answer again.
 constexpr absl::Duration kReconnectWait = absl::Seconds(60);
-
-bool Ended(baton::v1::JobState s) {
-  return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
-}
 
 // The request of `run` and `submit`.
 std::optional<baton::v1::CreateJobRequest> JobRequest(const std::string& command, const std::string& path) {
@@ -227,7 +224,7 @@ int Logs(const std::string& job_id) {
       give_up = absl::Now() + kReconnectWait;
       return true;
     });
-    if (s.ok() || !follow || Ended(last_state)) {
+    if (s.ok() || !follow || IsEnded(last_state)) {
       if (!s.ok()) return Fail("logs", s);
       break;
     }

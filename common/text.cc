@@ -1,5 +1,7 @@
 #include "common/text.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -50,6 +52,18 @@ std::string Printable(absl::string_view s, size_t max_bytes) {
   }
   if (shown < s.size()) absl::StrAppend(&out, "... (", s.size(), " bytes)");
   return out;
+}
+
+absl::Status CheckJobId(absl::string_view id) {
+  const bool valid = !id.empty() && id.size() <= kMaxJobIdBytes &&
+                     std::all_of(id.begin(), id.end(), [](char c) {
+                       return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                              c == '-' || c == '_' || c == '.';
+                     });
+  if (valid) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("\"", Printable(id, kShownIdBytes),
+                                                 "\" is not a job id (job ids are 1 to ", kMaxJobIdBytes,
+                                                 " letters, digits, '-', '_' or '.')"));
 }
 
 }  // namespace baton

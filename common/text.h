@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace baton {
@@ -16,6 +17,14 @@ namespace baton {
 // escaped (\n, \t, \x1b, ...), valid UTF-8 kept; at most `max_bytes` of the
 // input are shown, then "... (N bytes)".
 std::string Printable(absl::string_view s, size_t max_bytes = 256);
+
+// Job ids are at most kMaxJobIdBytes of [A-Za-z0-9._-]. CheckJobId refuses
+// anything else (INVALID_ARGUMENT) showing at most kShownIdBytes of it: the
+// controller and every worker check the ids a request carries before
+// anything else reads them.
+inline constexpr size_t kMaxJobIdBytes = 128;
+inline constexpr size_t kShownIdBytes = 64;
+absl::Status CheckJobId(absl::string_view id);
 
 }  // namespace baton
 

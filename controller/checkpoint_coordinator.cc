@@ -1,11 +1,13 @@
 #include "controller/checkpoint_coordinator.h"
 
 #include <dirent.h>
+#include <openssl/sha.h>
 #include <unistd.h>
 
 #include <map>
 #include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -13,6 +15,8 @@
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/layout.h"
 #include "common/file_root.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "strategies/checkpoint_plan.h"
 #include "strategies/job_spec.h"
@@ -46,6 +50,23 @@ int FirstFailure(const std::vector<CallResult<Resp>>& results) {
 
 }  // namespace
 
+std::string JobFingerprint(const baton::v1::JobSpec& spec) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&coded);
+  }
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 8));
+}
+
+bool SavedBy(const baton::v1::CheckpointMetadata& md, const std::string& job_id, const std::string& fingerprint) {
+  return !md.job_id().empty() && md.job_id() == job_id && md.job_fingerprint() == fingerprint;
+}
+
 absl::StatusOr<RestorePlan> PlanRestore(const std::string& file_root, const baton::v1::JobSpec& job,
                                         const std::vector<baton::v1::Program>& programs,
                                         const std::string& resume_from) {
@@ -62,6 +83,7 @@ absl::StatusOr<RestorePlan> PlanRestore(const std::string& file_root, const bato
     if (!found.ok()) return Prefixed(found.status(), "resume_from: ");
     auto md = ReadMetadata(*found);
     if (!md.ok()) return Prefixed(md.status(), "resume_from: ");
+    if (auto s = CheckDataFiles(*found, *md); !s.ok()) return Prefixed(s, "resume_from: ");
     const baton::v1::ModelSpec saved = WithDefaults(md->job()).model();
     if (!google::protobuf::util::MessageDifferencer::Equals(saved, job.model())) {
       return absl::InvalidArgumentError(absl::StrCat("resume_from: the checkpoint at ", *found,
@@ -336,6 +358,8 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Publish(
   *md.mutable_job() = *job_->placed_spec();  // the mesh it was saved from
   md.set_block_bytes(options_.block_bytes);
   md.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  md.set_job_id(job_->id());
+  md.set_job_fingerprint(JobFingerprint(job_->spec()));
   std::map<std::string, baton::v1::CheckpointTensor*> tensors;
   for (const auto& w : written) {
     for (const auto& t : w.response.written()) {
@@ -358,14 +382,19 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Publish(
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
   RemoveUnreferencedFiles(step_dir, md);
   // keep_last, in the job's own checkpoint.dir only (a save elsewhere, a
-  // milestone, prunes nothing): the newest checkpoints by step stay, never
-  // the one just written goes.
+  // milestone, prunes nothing), and of the checkpoints it saved itself (a
+  // directory an earlier job used keeps that job's): the newest by step
+  // stay, never the one just written goes.
   const int keep = job_->spec().checkpoint().keep_last();
   auto own_dir = job_->spec().checkpoint().dir().empty()
                      ? absl::StatusOr<std::string>(absl::NotFoundError("none"))
                      : ResolveUnderRoot(options_.file_root, job_->spec().checkpoint().dir());
   if (keep > 0 && own_dir.ok() && *own_dir == root_dir) {
-    auto all = ListCheckpoints(root_dir);
+    std::vector<std::pair<int, std::string>> all;
+    for (auto& c : ListCheckpoints(root_dir)) {
+      auto saved = ReadMetadata(c.second);
+      if (saved.ok() && SavedBy(*saved, md.job_id(), md.job_fingerprint())) all.push_back(std::move(c));
+    }
     int extra = static_cast<int>(all.size()) - keep;
     for (size_t i = 0; i < all.size() && extra > 0; ++i) {
       if (all[i].second == step_dir) continue;

@@ -108,7 +108,7 @@ void ControllerMetrics::Refresh(const baton::v1::StatusResponse& status) {
     it = mesh_series_.erase(it);
   }
   std::map<std::string, int> jobs_by_state;
-  for (int s = baton::v1::JOB_PENDING; s <= baton::v1::JOB_RECOVERING; ++s) {
+  for (int s = baton::v1::JOB_PENDING; s <= baton::v1::JOB_UNREADABLE; ++s) {
     jobs_by_state[baton::v1::JobState_Name(static_cast<baton::v1::JobState>(s))] = 0;
   }
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());

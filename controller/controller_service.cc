@@ -17,6 +17,7 @@ constexpr int64_t kDefaultStepTimeoutMs = 30000;
 constexpr int64_t kMaxStepTimeoutMs = 600000;
 constexpr int kMaxStepsAsked = 1000000;
 constexpr int64_t kDefaultWaitMs = 600000;
+constexpr size_t kMaxRequestIdBytes = 128;
 // A Step answers this long before its deadline, so the answer arrives in
 // time; a call without a deadline waits at most kMaxStepWait.
 constexpr absl::Duration kReplyMargin = absl::Milliseconds(100);
@@ -44,18 +45,6 @@ void FillCreated(const Job& job, baton::v1::CreateJobResponse* resp) {
 }
 
 }  // namespace
-
-absl::Status CheckJobId(const std::string& id) {
-  const bool valid = !id.empty() && id.size() <= kMaxJobIdBytes &&
-                     std::all_of(id.begin(), id.end(), [](char c) {
-                       return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                              c == '-' || c == '_' || c == '.';
-                     });
-  if (valid) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("\"", Printable(id, kShownIdBytes),
-                                                 "\" is not a job id (job ids are 1 to ", kMaxJobIdBytes,
-                                                 " letters, digits, '-', '_' or '.')"));
-}
 
 ControllerService::ControllerService(WorkerRegistry* registry, MeshManager* meshes, JobManager* jobs,
                                      EventLog* events, Authenticator auth)
@@ -283,7 +272,12 @@ grpc::Status ControllerService::RescaleJob(grpc::ServerContext* ctx, const baton
                                            baton::v1::RescaleJobResponse* resp) {
   if (grpc::Status denied = auth_.Check(ctx, Role::kClient); !denied.ok()) return denied;
   if (auto job = FindJob(req->job_id()); !job.ok()) return ToGrpcStatus(job.status());
-  auto status = jobs_->Rescale(req->job_id(), {req->mesh().begin(), req->mesh().end()});
+  if (req->request_id().size() > kMaxRequestIdBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("request_id is ", req->request_id().size(), " bytes; at most ",
+                                     kMaxRequestIdBytes));
+  }
+  auto status = jobs_->Rescale(req->job_id(), {req->mesh().begin(), req->mesh().end()}, req->request_id());
   if (!status.ok()) return ToGrpcStatus(status.status());
   *resp->mutable_job() = *status;
   return grpc::Status::OK;

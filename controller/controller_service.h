@@ -22,19 +22,14 @@
 #include "common/security.h"
 #include "controller/event_log.h"
 #include "controller/job_manager.h"
+#include "common/text.h"
 #include "controller/mesh_manager.h"
 #include "controller/worker_registry.h"
 #include "proto/controller.grpc.pb.h"
 
 namespace baton {
 
-// Ids a client sends are at most this long and of [A-Za-z0-9._-]; anything
-// else is refused without echoing more than kShownIdBytes of it.
-inline constexpr size_t kMaxJobIdBytes = 128;
-inline constexpr size_t kShownIdBytes = 64;
-// NOT_FOUND / INVALID_ARGUMENT for an id that is not a job's, "" when it
-// may be one.
-absl::Status CheckJobId(const std::string& id);
+// Ids a client sends: CheckJobId (common/text.h).
 
 using ControllerBase = baton::v1::Controller::WithCallbackMethod_Watch<
     baton::v1::Controller::WithCallbackMethod_JobLogs<baton::v1::Controller::Service>>;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 
 namespace baton {
@@ -16,10 +17,6 @@ namespace {
 constexpr int kDefaultDetachedRestarts = 3;
 
 }  // namespace
-
-bool IsEnded(JobState s) {
-  return s == baton::v1::JOB_FINISHED || s == baton::v1::JOB_STOPPED || s == baton::v1::JOB_FAILED;
-}
 
 Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
     : id_(record.status().job_id()),
@@ -76,9 +73,25 @@ void Job::PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::sha
   plan_ = std::move(plan);
 }
 
-void Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) {
+absl::Status Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan,
+                                 const std::string& request_id) {
   absl::MutexLock lock(&mu_);
+  const baton::v1::RescaleState& last = status_.rescale();
+  if (last.phase() == baton::v1::RescaleState::ASKED) {
+    std::vector<std::string> axes;
+    for (const auto& a : last.mesh()) axes.push_back(absl::StrCat(a.name(), "=", a.size()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id_, " is already being rescaled to ", absl::StrJoin(axes, ","),
+                     last.request_id().empty() ? "" : absl::StrCat(" (request ", last.request_id(), ")"),
+                     "; one rescale at a time: ask again once it runs on that mesh"));
+  }
+  baton::v1::RescaleState asked;
+  asked.set_request_id(request_id);
+  *asked.mutable_mesh() = own.mesh();
+  asked.set_phase(baton::v1::RescaleState::ASKED);
+  *status_.mutable_rescale() = std::move(asked);
   rescale_.emplace(std::move(own), std::move(plan));
+  return absl::OkStatus();
 }
 
 int Job::checkpoint_failures() const {
@@ -98,6 +111,16 @@ bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* p
   *plan = std::move(rescale_->second);
   rescale_.reset();
   return true;
+}
+
+void Job::NoteUnloadable(const std::string& path, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  unloadable_[path] = why;
+}
+
+std::map<std::string, std::string> Job::unloadable() const {
+  absl::MutexLock lock(&mu_);
+  return unloadable_;
 }
 
 std::shared_ptr<const baton::v1::JobSpec> Job::own_spec() const {
@@ -172,6 +195,18 @@ bool Job::Enter(JobState to, const std::string& cause) {
     status_.set_state(to);
     if (to != baton::v1::JOB_PENDING) status_.clear_waiting_for();
     if (to == baton::v1::JOB_RUNNING) status_.set_started_unix_ms(now);
+    // A rescale taken by the runner is applied once the job runs again (on
+    // its new mesh); one the job ended before is failed, saying how.
+    baton::v1::RescaleState* rescale = status_.mutable_rescale();
+    if (rescale->phase() == baton::v1::RescaleState::ASKED) {
+      if (to == baton::v1::JOB_RUNNING && !rescale_.has_value()) {
+        rescale->set_phase(baton::v1::RescaleState::APPLIED);
+      } else if (IsEnded(to)) {
+        rescale->set_phase(baton::v1::RescaleState::FAILED);
+        rescale->set_error(absl::StrCat("the job was ", baton::v1::JobState_Name(to), " before it was rescaled",
+                                        cause.empty() ? "" : absl::StrCat(": ", cause)));
+      }
+    }
     if (to == baton::v1::JOB_FAILED || to == baton::v1::JOB_STOPPED) status_.set_error(cause);
     if (to == baton::v1::JOB_PENDING && !cause.empty()) status_.set_waiting_for(cause);
     if (IsEnded(to)) {

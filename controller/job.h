@@ -24,6 +24,7 @@
 #ifndef BATON_CONTROLLER_JOB_H_
 #define BATON_CONTROLLER_JOB_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -31,16 +32,16 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/job_state.h"
 #include "controller/sequenced_log.h"
 #include "proto/controller.pb.h"
 #include "proto/controller_state.pb.h"
 #include "strategies/dry_run.h"
 
 namespace baton {
-
-bool IsEnded(baton::v1::JobState state);
 
 // What a job left on its workers when its mesh went (a failure, a rescale,
 // a grow-back): the Programs its ranks ran, that mesh (its workers by rank)
@@ -83,7 +84,10 @@ class Job {
   // on (persisted: a restarted controller places it so).
   void Rescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
   // A rescale asked for (RescaleJob), for the runner to take between steps.
-  void RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
+  // Refused (FAILED_PRECONDITION) while an earlier one is asked and not yet
+  // applied: status().rescale() says which, and then what became of it.
+  absl::Status RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan,
+                              const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
   bool rescale_asked() const ABSL_LOCKS_EXCLUDED(mu_);
   bool TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) ABSL_LOCKS_EXCLUDED(mu_);
   // What its last mesh left on its workers, for its next placement.
@@ -198,6 +202,11 @@ class Job {
   std::vector<std::string> recovery_workers(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   // Placed again: a lost mesh's interrupt no longer applies.
   void ClearMeshLost() ABSL_LOCKS_EXCLUDED(mu_);
+  // One of its own checkpoints failed to load for what it holds (a missing
+  // or damaged file, not a worker lost midway): its restarts take the next
+  // older one. Path -> why.
+  void NoteUnloadable(const std::string& path, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  std::map<std::string, std::string> unloadable() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void LogState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -232,6 +241,7 @@ class Job {
   absl::Time recovery_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_call_ ABSL_GUARDED_BY(mu_);
   int64_t collective_timeout_ms_ ABSL_GUARDED_BY(mu_) = 30000;
+  std::map<std::string, std::string> unloadable_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

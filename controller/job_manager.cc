@@ -7,9 +7,11 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/file_root.h"
 #include "common/log.h"
 #include "controller/job_fit.h"
 #include "strategies/job_spec.h"
@@ -73,7 +75,9 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   baton::v1::JobRecord record;
   *record.mutable_spec() = spec;
   baton::v1::JobStatus* status = record.mutable_status();
-  status->set_job_id(store_->NewJobId());
+  auto id = store_->NewJobId();
+  if (!id.ok()) return id.status();
+  status->set_job_id(*id);
   status->set_name(spec.name());
   status->set_state(baton::v1::JOB_PENDING);
   status->set_steps(spec.steps());
@@ -88,6 +92,21 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   // What one rank needs against what the workers said they have: the ones
   // it names, or the first live ones.
   std::vector<baton::v1::WorkerInfo> fleet = meshes_->Workers(), chosen;
+  // What no placement on the registered workers could ever satisfy is
+  // refused now: queued, it would wait forever (and, first in line, hold
+  // every job behind it).
+  if (const int need = MeshSize(spec); need > static_cast<int>(fleet.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" needs ", need,
+                                                     " workers; the fleet has ", fleet.size(), " registered"));
+  }
+  for (const std::string& name : spec.workers()) {
+    if (std::none_of(fleet.begin(), fleet.end(), [&](const auto& w) { return w.name() == name; })) {
+      return absl::InvalidArgumentError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" names worker \"",
+                                                     absl::CEscape(name.substr(0, 128)),
+                                                     "\", which is not registered (", fleet.size(),
+                                                     " workers are)"));
+    }
+  }
   for (const auto& w : fleet) {
     const bool named = std::find(spec.workers().begin(), spec.workers().end(), w.name()) != spec.workers().end();
     if (w.state() != baton::v1::DEAD && (spec.workers().empty() || named)) chosen.push_back(w);
@@ -97,11 +116,43 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   return prepared;
 }
 
+absl::Status JobManager::Admit(const std::shared_ptr<Job>& job) {
+  if (const std::string& dir = job->spec().checkpoint().dir(); !dir.empty()) {
+    const std::string& root = options_.checkpoints.file_root;
+    auto resolved = ResolveUnderRoot(root, dir);
+    if (!resolved.ok()) return resolved.status();
+    std::vector<std::pair<std::string, std::string>> live;  // (id, checkpoint.dir)
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, other] : jobs_) {
+        if (!other->ended() && !other->spec().checkpoint().dir().empty()) {
+          live.emplace_back(id, other->spec().checkpoint().dir());
+        }
+      }
+    }
+    for (const auto& [id, other_dir] : live) {
+      if (auto other = ResolveUnderRoot(root, other_dir); other.ok() && *other == *resolved) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint.dir \"", dir, "\" is in use by job ", id,
+            ", which has not ended: two jobs saving to one directory replace each other's files; give this job "
+            "its own directory (resume_from may still read that job's checkpoints)"));
+      }
+    }
+  }
+  if (auto s = store_->Write(job->Record()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("job ", job->id(), " not accepted: the job table in ", store_->dir(),
+                                               " cannot record it: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<Job>> JobManager::Submit(const baton::v1::CreateJobRequest& req) {
   auto prepared = Prepare(req, /*detached=*/true);
   if (!prepared.ok()) return prepared.status();
   std::shared_ptr<Job> job = prepared->job;
   {
+    absl::MutexLock admit(&admit_mu_);
+    if (auto s = Admit(job); !s.ok()) return s;
     absl::MutexLock lock(&mu_);
     jobs_[job->id()] = job;
     order_.push_back(job->id());
@@ -132,6 +183,11 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::Create(const baton::v1::CreateJ
     return s;
   }
   {
+    absl::MutexLock admit(&admit_mu_);
+    if (auto s = Admit(job); !s.ok()) {
+      meshes_->Release(job->id(), "not admitted");
+      return s;
+    }
     absl::MutexLock lock(&mu_);
     jobs_[job->id()] = job;
     order_.push_back(job->id());
@@ -174,25 +230,46 @@ void JobManager::Schedule() {
   std::vector<std::pair<std::shared_ptr<Job>, std::pair<baton::v1::JobState, std::string>>> ends;
   {
     absl::MutexLock lock(&mu_);
-    while (!shutting_down_ && !queue_.empty()) {
-      const std::string id = queue_.front();
+    // First in line, first placed. A job that cannot be placed yet and waits
+    // for workers it names (its own after a failure, or its spec's) keeps
+    // them, and the jobs behind it that fit on other free workers start
+    // meanwhile (backfill): they take nothing it waits for. One that waits
+    // for a number of workers holds the line: whatever started behind it
+    // would take workers it waits for, and it could wait forever.
+    std::set<std::string> kept;  // workers named by waiting jobs ahead
+    std::string held_by;         // the job that holds the line, and why
+    size_t i = 0;
+    while (!shutting_down_ && i < queue_.size()) {
+      const std::string id = queue_[i];
       auto it = jobs_.find(id);
       std::shared_ptr<Job> job = it == jobs_.end() ? nullptr : it->second;
       std::string cause;
       if (job == nullptr || job->ended() || job->interrupt(&cause) == Job::Interrupt::kStop) {
-        queue_.pop_front();
+        queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
         restores_.erase(id);
         if (job != nullptr && !job->ended()) ends.push_back({job, {baton::v1::JOB_STOPPED, cause}});
         continue;
       }
-      if (auto nb = not_before_.find(id); nb != not_before_.end() && absl::Now() < nb->second) break;
+      if (auto nb = not_before_.find(id); nb != not_before_.end() && absl::Now() < nb->second) {
+        held_by = absl::StrCat(id, ", which waits before it restarts");
+        break;
+      }
       // A restart waits for the workers it ran on for a while, then takes
       // what its spec allows - or, too few being free, shrinks if it may.
       std::vector<std::string> names = job->recovery_workers(absl::Now());
       const bool waits_for_its_own = !names.empty();
       if (names.empty()) names.assign(job->spec().workers().begin(), job->spec().workers().end());
-      auto reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), names);
-      if (!reserved.ok() && !waits_for_its_own && job->state() == baton::v1::JOB_RECOVERING) {
+      std::string taken;
+      for (const std::string& n : names) {
+        if (kept.count(n)) taken = n;
+      }
+      if (!taken.empty()) {
+        job->SetWaitingFor(absl::StrCat("worker ", taken.substr(0, 128), ", which a job ahead of it waits for"));
+        ++i;
+        continue;
+      }
+      auto reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), names, kept);
+      if (!reserved.ok() && i == 0 && !waits_for_its_own && job->state() == baton::v1::JOB_RECOVERING) {
         if (auto restore = Shrink(*job); restore.ok()) {
           restores_[id] = std::move(*restore);
           reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), {});
@@ -200,10 +277,16 @@ void JobManager::Schedule() {
       }
       if (!reserved.ok()) {
         job->SetWaitingFor(std::string(reserved.status().message()));
-        break;  // first come, first served: the ones behind it wait too
+        if (names.empty()) {
+          held_by = absl::StrCat(id, ", which ", reserved.status().message());
+          break;
+        }
+        kept.insert(names.begin(), names.end());
+        ++i;
+        continue;
       }
       const baton::v1::JobSpec& spec = *job->placed_spec();
-      queue_.pop_front();
+      queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
       not_before_.erase(id);
       RestorePlan restore = std::move(restores_[id]);
       restores_.erase(id);
@@ -213,6 +296,12 @@ void JobManager::Schedule() {
         continue;
       }
       StartRunner(job, std::move(restore));
+    }
+    // The jobs behind the one that holds the line say so.
+    for (size_t j = i + 1; !held_by.empty() && j < queue_.size(); ++j) {
+      if (auto it = jobs_.find(queue_[j]); it != jobs_.end()) {
+        it->second->SetWaitingFor(absl::StrCat("queued behind job ", held_by.substr(0, 512)));
+      }
     }
   }
   for (auto& [job, end] : ends) EndPending(*job, end.first, end.second);
@@ -387,6 +476,7 @@ void JobManager::WriteProgress(bool now) {
 }
 
 void JobManager::Persist(Job& job) {
+  if (job.state() == baton::v1::JOB_UNREADABLE) return;
   absl::MutexLock lock(&persist_mu_);
   unwritten_.erase(job.id());
   if (auto s = store_->Write(job.Record()); !s.ok()) Logf("job store: %s", s.ToString().c_str());

@@ -96,10 +96,13 @@ class JobManager {
   absl::StatusOr<baton::v1::JobStatus> Stop(const std::string& id, const std::string& cause) ABSL_LOCKS_EXCLUDED(mu_);
   // Asks a running job to move onto `mesh` (its axes, resized) at its next
   // step boundary, worker to worker. INVALID_ARGUMENT when the mesh does
-  // not fit its plan, FAILED_PRECONDITION unless it is RUNNING,
-  // RESOURCE_EXHAUSTED when the fleet has too few workers for it.
-  absl::StatusOr<baton::v1::JobStatus> Rescale(const std::string& id, const std::vector<baton::v1::MeshAxis>& mesh)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // not fit its plan, FAILED_PRECONDITION unless it is RUNNING or while an
+  // earlier rescale is not yet applied, RESOURCE_EXHAUSTED when the fleet
+  // has too few workers for it. The status's `rescale` follows it (ASKED,
+  // then APPLIED or FAILED); a retry with the same `request_id` gets that
+  // status and asks nothing again.
+  absl::StatusOr<baton::v1::JobStatus> Rescale(const std::string& id, const std::vector<baton::v1::MeshAxis>& mesh,
+                                               const std::string& request_id = "");
 
   struct StepOutcome {
     std::vector<baton::v1::StepMetrics> metrics;
@@ -138,6 +141,14 @@ class JobManager {
   // controller.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Where a requeued or recovering job resumes (job_recovery.cc), newest
+  // first: its own complete checkpoints - the one its record names and
+  // those in its checkpoint.dir that it saved (CheckpointMetadata's job id
+  // and spec fingerprint; never another job's, whatever directory they
+  // share) - less those in `unloadable`.
+  static std::vector<std::string> ResumePoints(const baton::v1::JobRecord& record, const std::string& file_root,
+                                               const std::map<std::string, std::string>& unloadable);
+
  private:
   // Validated, compiled and its restore planned; not yet in the table.
   struct Prepared {
@@ -163,11 +174,24 @@ class JobManager {
   // by shrinking its data-parallel axis, compiled and its restore planned;
   // FAILED_PRECONDITION when it may not or cannot.
   absl::StatusOr<RestorePlan> Shrink(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Where a requeued job resumes (job_recovery.cc): the checkpoint its
-  // record names, or the newest complete one of its own directory; "" when
-  // neither.
-  static std::string ResumePoint(const baton::v1::JobRecord& record, const std::string& file_root);
-  // Writes the job's record and its new log entries to the store.
+  // `attempt` on each of `points` in turn, until one succeeds; `skipped`
+  // says why the newer ones could not be used. With no points, attempt(""):
+  // the spec's resume_from or init_from, or step 0 - unless it had
+  // checkpoints of its own and none can be loaded (`unloadable`): then
+  // FAILED_PRECONDITION saying why, never a silent start from step 0.
+  static absl::Status FromNewest(const std::vector<std::string>& points,
+                                 const std::map<std::string, std::string>& unloadable,
+                                 const std::function<absl::Status(const std::string&)>& attempt, std::string* skipped);
+  // Admission's last checks, then the job's first record made durable, and
+  // only then the job in the table (under admit_mu_, so two submissions
+  // cannot both pass): its checkpoint.dir in no other live job's use (their
+  // saves would replace each other's files), and the record written - a job
+  // the table cannot hold is refused with the disk's error, never
+  // acknowledged and then lost.
+  absl::Status Admit(const std::shared_ptr<Job>& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(admit_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
+  // Writes the job's record and its new log entries to the store (not a
+  // JOB_UNREADABLE one's: its file stays as it was found).
   void Persist(Job& job) ABSL_LOCKS_EXCLUDED(persist_mu_);
   // Writes the jobs whose steps advanced since they were last written: at
   // most once per kProgressInterval unless `now`. A record is replaced
@@ -197,6 +221,7 @@ class JobManager {
   std::vector<std::shared_ptr<JobRunner>> finished_runners_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
+  absl::Mutex admit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::map<std::string, int64_t> persisted_ ABSL_GUARDED_BY(persist_mu_);  // log sequence written
   std::set<std::string> unwritten_ ABSL_GUARDED_BY(persist_mu_);  // steps done, not written yet

@@ -1,7 +1,11 @@
 // JobManager::Recover: a controller starting on a --state_dir takes up the
 // job table its predecessor left.
+#include <algorithm>
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "checkpoint/files.h"
 #include "common/file_root.h"
@@ -10,21 +14,61 @@
 
 namespace baton {
 
-// Where a requeued job resumes: the checkpoint its record names, or - when
-// that one is gone (published, then pruned by keep_last after a newer one,
-// before the record said so) - the newest complete checkpoint of its own
-// directory past it. "" when neither: the spec's resume_from, or step 0.
-std::string JobManager::ResumePoint(const baton::v1::JobRecord& record, const std::string& file_root) {
+std::vector<std::string> JobManager::ResumePoints(const baton::v1::JobRecord& record, const std::string& file_root,
+                                                  const std::map<std::string, std::string>& unloadable) {
+  const std::string& id = record.status().job_id();
+  const std::string fingerprint = JobFingerprint(record.spec());
   const baton::v1::CheckpointInfo& recorded = record.status().last_checkpoint();
-  if (!recorded.path().empty() && ReadMetadata(recorded.path()).ok()) return recorded.path();
-  if (record.spec().checkpoint().dir().empty()) return "";
-  auto dir = ResolveUnderRoot(file_root, record.spec().checkpoint().dir());
-  if (!dir.ok()) return "";
-  const auto all = ListCheckpoints(*dir);
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->first > recorded.step() && it->first <= record.spec().steps()) return it->second;
+  std::vector<std::pair<int, std::string>> found;  // (step, path)
+  auto consider = [&](const std::string& path) {
+    if (unloadable.count(path)) return;
+    for (const auto& f : found) {
+      if (f.second == path) return;
+    }
+    auto md = ReadMetadata(path);
+    if (!md.ok() || md->step() > record.spec().steps()) return;
+    // Its own; or, named by its record, one saved before checkpoints named
+    // their job.
+    if (SavedBy(*md, id, fingerprint) || (path == recorded.path() && md->job_id().empty())) {
+      found.emplace_back(md->step(), path);
+    }
+  };
+  // The recorded one may be a milestone saved elsewhere; its directory may
+  // hold newer ones published after the record was last written (and the
+  // recorded one pruned by keep_last since).
+  if (!recorded.path().empty()) consider(recorded.path());
+  if (!record.spec().checkpoint().dir().empty()) {
+    if (auto dir = ResolveUnderRoot(file_root, record.spec().checkpoint().dir()); dir.ok()) {
+      for (const auto& [step, path] : ListCheckpoints(*dir)) consider(path);
+    }
   }
-  return "";
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> points;
+  for (auto& f : found) points.push_back(std::move(f.second));
+  return points;
+}
+
+absl::Status JobManager::FromNewest(const std::vector<std::string>& points,
+                                    const std::map<std::string, std::string>& unloadable,
+                                    const std::function<absl::Status(const std::string&)>& attempt,
+                                    std::string* skipped) {
+  std::vector<std::string> why;
+  for (const auto& [path, reason] : unloadable) why.push_back(absl::StrCat(path, ": ", reason));
+  if (points.empty()) {
+    if (why.empty()) return attempt("");
+    return absl::FailedPreconditionError(
+        absl::StrCat("none of its checkpoints can be loaded (", absl::StrJoin(why, "; "), ")"));
+  }
+  for (const std::string& point : points) {
+    absl::Status s = attempt(point);
+    if (s.ok()) {
+      *skipped = absl::StrJoin(why, "; ");
+      return s;
+    }
+    why.push_back(std::string(s.message()));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("none of its checkpoints can be loaded (", absl::StrJoin(why, "; "), ")"));
 }
 
 void JobManager::Recover() {
@@ -37,7 +81,20 @@ void JobManager::Recover() {
     std::shared_ptr<Job> job;
     RestorePlan restore;
     bool queue = false;
-    std::string cause;
+    std::string cause, skipped;
+    if (baton::v1::RescaleState* rescale = status->mutable_rescale();
+        rescale->phase() == baton::v1::RescaleState::ASKED) {
+      // Asked of the controller that died: applied if its record already
+      // holds the new mesh (the runner had taken it), else never will be.
+      const bool taken = std::equal(
+          record.spec().mesh().begin(), record.spec().mesh().end(), rescale->mesh().begin(), rescale->mesh().end(),
+          [](const auto& a, const auto& b) { return a.name() == b.name() && a.size() == b.size(); });
+      rescale->set_phase(taken && record.spec().mesh_size() == rescale->mesh_size() ? baton::v1::RescaleState::APPLIED
+                                                                                    : baton::v1::RescaleState::FAILED);
+      if (rescale->phase() == baton::v1::RescaleState::FAILED) {
+        rescale->set_error("the controller restarted before the runner took it");
+      }
+    }
     if (IsEnded(status->state())) {
       ++ended;
     } else if (!status->detached()) {
@@ -56,14 +113,22 @@ void JobManager::Recover() {
       status->clear_mesh_id();
       status->clear_workers();
       status->set_state(baton::v1::JOB_PENDING);
-      auto prepared = Compile(record, ResumePoint(record, options_.checkpoints.file_root));
-      if (prepared.ok()) {
+      std::optional<Prepared> prepared;
+      absl::Status compiled = FromNewest(
+          ResumePoints(record, options_.checkpoints.file_root, {}), {},
+          [&](const std::string& point) {
+            auto p = Compile(record, point);
+            if (p.ok()) prepared = std::move(*p);
+            return p.status();
+          },
+          &skipped);
+      if (compiled.ok()) {
         job = prepared->job;
         restore = std::move(prepared->restore);
         queue = true;
         ++requeued;
       } else {
-        cause = absl::StrCat("the controller restarted and cannot resume it: ", prepared.status().message());
+        cause = absl::StrCat("the controller restarted and cannot resume it: ", compiled.message());
         ++failed;
       }
     }
@@ -84,9 +149,11 @@ void JobManager::Recover() {
       events_->Append(JobEvent(baton::v1::Event::JOB_FAILED, id, job->step(), "", cause));
     } else if (queue) {
       job->Enter(baton::v1::JOB_PENDING,
-                 restore.info.path().empty() ? "requeued after a controller restart; starts from step 0"
-                                             : absl::StrCat("requeued after a controller restart; resumes from ",
-                                                            restore.info.path(), " (step ", restore.info.step(), ")"));
+                 absl::StrCat(restore.info.path().empty()
+                                  ? "requeued after a controller restart; starts from step 0"
+                                  : absl::StrCat("requeued after a controller restart; resumes from ",
+                                                 restore.info.path(), " (step ", restore.info.step(), ")"),
+                              skipped.empty() ? "" : absl::StrCat("; newer checkpoints cannot be loaded: ", skipped)));
       events_->Append(JobEvent(baton::v1::Event::JOB_REQUEUED, id, job->step(),
                                restore.info.path().empty() ? "from step 0" : absl::StrCat("from ", restore.info.path()),
                                "the controller restarted"));
@@ -102,16 +169,39 @@ void JobManager::Recover() {
     }
     Persist(*job);
   }
+  // A record that cannot be read stays listed, UNREADABLE with why, and its
+  // file stays as it is (nothing writes it): its id is never handed out
+  // again, and whoever repairs the file finds it at the next start.
+  for (const auto& [id, why] : contents.unreadable) {
+    baton::v1::JobRecord record;
+    record.mutable_status()->set_job_id(id);
+    record.mutable_status()->set_state(baton::v1::JOB_UNREADABLE);
+    record.mutable_status()->set_error(absl::StrCat("its record cannot be read: ", why));
+    auto job = std::make_shared<Job>(record, std::make_shared<const JobPlan>());
+    job->log().Close();
+    events_->Append(JobEvent(baton::v1::Event::JOB_FAILED, id, 0, "", record.status().error()));
+    absl::MutexLock lock(&mu_);
+    jobs_[id] = job;
+    order_.push_back(id);
+  }
   baton::v1::Event e;
   e.set_kind(baton::v1::Event::CONTROLLER_STARTED);
   e.set_rank(-1);
   e.set_detail(store_->persistent()
-                   ? absl::StrFormat("start %d on %s: %d jobs read (%d ended, %d requeued, %d failed)%s",
+                   ? absl::StrFormat("start %d on %s: %d jobs read (%d ended, %d requeued, %d failed)%s%s%s",
                                      contents.starts, store_->dir(), contents.jobs.size(), ended, requeued, failed,
+                                     store_->open_error().empty()
+                                         ? ""
+                                         : absl::StrCat("; ", store_->open_error()),
                                      contents.unreadable.empty()
                                          ? ""
-                                         : absl::StrCat("; ", contents.unreadable.size(), " files unreadable: ",
-                                                        contents.unreadable.front()))
+                                         : absl::StrCat("; ", contents.unreadable.size(),
+                                                        " records unreadable, listed as JOB_UNREADABLE: ",
+                                                        contents.unreadable.front().second),
+                                     contents.log_errors.empty()
+                                         ? ""
+                                         : absl::StrCat("; ", contents.log_errors.size(), " logs unreadable: ",
+                                                        contents.log_errors.front()))
                    : "no --state_dir: jobs do not outlive this controller");
   e.set_time_unix_ms(now_ms);
   events_->Append(std::move(e));

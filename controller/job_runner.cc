@@ -110,6 +110,17 @@ void JobRunner::Run() {
     const Job::Interrupt interrupt = job_->interrupt(&why);
     if (interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
     if (interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
+    if (const std::string path = restore_.info.path();
+        (placed.code() == absl::StatusCode::kNotFound || placed.code() == absl::StatusCode::kDataLoss) &&
+        restore_.optimizer && !restore_.info.from_peers() &&
+        SavedBy(restore_.metadata, job_->id(), JobFingerprint(job_->spec()))) {
+      // One of its own checkpoints is missing a file or holds damaged bytes:
+      // restored again from the next older one (PlanRecovery), not failed.
+      job_->NoteUnloadable(path, std::string(placed.message()));
+      return End(baton::v1::JOB_RECOVERING,
+                 absl::StrCat("its checkpoint ", path, " cannot be loaded, so it resumes from an older one: ",
+                              placed.message()));
+    }
     if (job_->detached() && Retriable(placed)) {
       // Back in line; a restart goes on RECOVERING (it may still shrink).
       if (recovering) context_.meshes->DeclareGone(mesh_);

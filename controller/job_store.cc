@@ -23,13 +23,23 @@ namespace {
 constexpr int64_t kMaxRecordBytes = 16 << 20;
 constexpr int64_t kMaxLogBytes = 256 << 20;
 
-// job-N sorts by N, then by name.
+// job-N sorts by N, then by name. 0 for a name of another form.
 int64_t JobNumber(const std::string& id) {
   int64_t n = 0;
   const size_t dash = id.find('-');
   const size_t end = id.find('-', dash + 1);
   if (dash == std::string::npos || !absl::SimpleAtoi(id.substr(dash + 1, end - dash - 1), &n)) return 0;
-  return n;
+  return std::max<int64_t>(n, 0);
+}
+
+// The names in DIR (none when it cannot be read).
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = ::readdir(d)) names.push_back(e->d_name);
+  ::closedir(d);
+  return names;
 }
 
 absl::StatusOr<std::vector<baton::v1::JobLogEntry>> ReadLog(const std::string& path, bool* compact) {
@@ -81,21 +91,43 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   ReadFileOptions options;
   options.limit = kMaxRecordBytes;
   auto bytes = ReadRegularFile(absl::StrCat(dir, "/controller.pb"), options);
+  std::string damaged;
   if (bytes.ok()) {
     if (!store->state_.ParseFromString(*bytes)) {
-      return absl::DataLossError(absl::StrCat(dir, "/controller.pb is not a ControllerState"));
+      // The counters are a floor only: rebuilt below from the table and
+      // the clock, and written again.
+      store->state_.Clear();
+      damaged = absl::StrCat(dir, "/controller.pb was not a ControllerState; its counters were rebuilt from the "
+                                  "job table");
     }
   } else if (bytes.status().code() != absl::StatusCode::kNotFound) {
     return bytes.status();
   }
+  // The table itself says which ids were used: every file of jobs/ (a
+  // record, a log, a temporary) counts, whatever controller.pb says.
+  int64_t highest = 0;
+  for (const std::string& name : Names(absl::StrCat(dir, "/jobs"))) {
+    if (absl::StartsWith(name, "job-")) highest = std::max(highest, JobNumber(name.substr(0, name.find('.'))));
+  }
   absl::MutexLock lock(&store->mu_);
-  store->state_.set_next_job(std::max<int64_t>(1, store->state_.next_job()));
-  store->state_.set_next_epoch(std::max<int64_t>(1, store->state_.next_epoch()));
+  store->state_.set_next_job(std::max<int64_t>({1, store->state_.next_job(), highest + 1}));
+  // Epochs: past the persisted limit and past the clock (microseconds), so
+  // that a lost controller.pb repeats none.
+  store->state_.set_next_epoch(
+      std::max<int64_t>({1, store->state_.next_epoch(), absl::ToUnixMicros(absl::Now())}));
   store->state_.set_starts(store->state_.starts() + 1);
   // Nothing at or above the persisted limit was handed out.
   store->epoch_ = store->state_.next_epoch() - 1;
   store->epoch_limit_ = store->state_.next_epoch();
-  if (auto s = store->SaveState(); !s.ok()) return s;
+  // A full disk does not keep the controller from serving the jobs it has:
+  // it reads the table; new ids are refused until the counter can be
+  // written (NewJobId), and epochs past the clock need none.
+  if (auto s = store->SaveState(); !s.ok()) {
+    store->open_error_ = absl::StrCat("its counters cannot be written, so new jobs are refused until they can: ",
+                                      s.message());
+  }
+  if (!damaged.empty()) store->open_error_ = absl::StrCat(damaged, store->open_error_.empty() ? "" : "; ",
+                                                            store->open_error_);
   return store;
 }
 
@@ -115,15 +147,10 @@ JobStore::Contents JobStore::Read() {
     contents.starts = state_.starts();
   }
   if (!persistent()) return contents;
-  const std::string jobs_dir = absl::StrCat(dir_, "/jobs");
-  DIR* d = ::opendir(jobs_dir.c_str());
-  if (d == nullptr) return contents;
   std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
+  for (const std::string& name : Names(absl::StrCat(dir_, "/jobs"))) {
     if (absl::EndsWith(name, ".pb")) names.push_back(name.substr(0, name.size() - 3));
   }
-  ::closedir(d);
   ReadFileOptions options;
   options.limit = kMaxRecordBytes;
   for (const std::string& id : names) {
@@ -131,7 +158,8 @@ JobStore::Contents JobStore::Read() {
     baton::v1::JobRecord record;
     if (!bytes.ok() || !record.ParseFromString(*bytes) || record.status().job_id() != id) {
       contents.unreadable.push_back(
-          absl::StrCat(JobPath(id, ".pb"), ": ", bytes.ok() ? "not a JobRecord of that job" : bytes.status().ToString()));
+          {id, absl::StrCat(JobPath(id, ".pb"), ": ",
+                            bytes.ok() ? "not a JobRecord of that job" : bytes.status().ToString())});
       continue;
     }
     bool compact = false;
@@ -144,7 +172,8 @@ JobStore::Contents JobStore::Read() {
       }
       contents.logs[id] = std::move(*log);
     } else if (log.status().code() != absl::StatusCode::kNotFound) {
-      contents.unreadable.push_back(absl::StrCat(JobPath(id, ".log"), ": ", log.status().ToString()));
+      // The record is read; only its history is lost.
+      contents.log_errors.push_back(absl::StrCat(JobPath(id, ".log"), ": ", log.status().ToString()));
     }
     contents.jobs.push_back(std::move(record));
   }
@@ -155,13 +184,13 @@ JobStore::Contents JobStore::Read() {
   return contents;
 }
 
-std::string JobStore::NewJobId() {
+absl::StatusOr<std::string> JobStore::NewJobId() {
   absl::MutexLock lock(&mu_);
   const int64_t n = state_.next_job();
+  // Used up even when the write fails: this run never hands it out twice.
   state_.set_next_job(n + 1);
   if (auto s = SaveState(); !s.ok()) {
-    // The counter is still unique within this run; a restart might repeat
-    // an id only if this write never lands.
+    return absl::Status(s.code(), absl::StrCat("the job table in ", dir_, " cannot record a new job: ", s.message()));
   }
   return tag_.empty() ? absl::StrCat("job-", n) : absl::StrCat("job-", n, "-", tag_);
 }

@@ -1,7 +1,11 @@
 // JobStore: the job table in the controller's --state_dir, so that a
 // controller that is killed and started again carries on with its jobs.
 //
-//   STATE_DIR/controller.pb     ControllerState: id and epoch counters
+//   STATE_DIR/controller.pb     ControllerState: id and epoch counters (a
+//                               floor only: ids also start past every job
+//                               file the table holds, epochs past the
+//                               clock, so a lost or truncated file repeats
+//                               neither)
 //   STATE_DIR/jobs/JOB_ID.pb    JobRecord: spec and status, replaced
 //                               durably (temp, fsync, rename, fsync dir) on
 //                               every change
@@ -42,18 +46,27 @@ class JobStore {
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& dir);
 
   bool persistent() const { return !dir_.empty(); }
+  // What went wrong with the counters at Open, though it opened: a damaged
+  // controller.pb (rebuilt), or one that cannot be written. "" when nothing.
+  const std::string& open_error() const { return open_error_; }
   const std::string& dir() const { return dir_; }
 
   struct Contents {
     std::vector<baton::v1::JobRecord> jobs;  // oldest first
     std::map<std::string, std::vector<baton::v1::JobLogEntry>> logs;
-    std::vector<std::string> unreadable;     // files skipped, with why
+    // Records that cannot be read: the job id (from the file's name) and
+    // why. Their files stay as they are.
+    std::vector<std::pair<std::string, std::string>> unreadable;
+    std::vector<std::string> log_errors;  // logs that cannot be read, with why
     int64_t starts = 0;                      // this start included
   };
   // What the directory holds (nothing in memory).
   Contents Read() ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::string NewJobId() ABSL_LOCKS_EXCLUDED(mu_);
+  // A job id never handed out before on this directory: the counter is
+  // made durable first, so an id that could repeat after a restart is
+  // refused (the disk's error) rather than given.
+  absl::StatusOr<std::string> NewJobId() ABSL_LOCKS_EXCLUDED(mu_);
   int64_t NewEpoch() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Status Write(const baton::v1::JobRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
@@ -69,6 +82,7 @@ class JobStore {
 
   const std::string dir_;
   std::string tag_;  // in memory: this controller's tag in job ids
+  std::string open_error_;
   absl::Mutex mu_;
   baton::v1::ControllerState state_ ABSL_GUARDED_BY(mu_);
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;       // the last handed out

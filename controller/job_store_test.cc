@@ -1,12 +1,18 @@
 // What a job leaves on disk: checkpoint directories checked at submission,
 // saves that fail in a row, the job table read back after a controller
 // restart, ids and epochs that never repeat.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -119,12 +125,12 @@ TEST(JobStoreTest, IdsAndEpochsNeverRepeatAcrossRestarts) {
     auto store = JobStore::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
     for (int i = 0; i < 3; ++i) {
-      EXPECT_TRUE(ids.insert((*store)->NewJobId()).second);
+      EXPECT_TRUE(ids.insert((*store)->NewJobId().value()).second);
       EXPECT_TRUE(epochs.insert((*store)->NewEpoch()).second);
     }
   }
   auto a = JobStore::InMemory(), b = JobStore::InMemory();
-  const std::string ia = a->NewJobId(), ib = b->NewJobId();
+  const std::string ia = a->NewJobId().value(), ib = b->NewJobId().value();
   const int64_t ea = a->NewEpoch();
   absl::SleepFor(absl::Milliseconds(2));
   const int64_t eb = b->NewEpoch();
@@ -134,6 +140,135 @@ TEST(JobStoreTest, IdsAndEpochsNeverRepeatAcrossRestarts) {
   EXPECT_EQ(*ids.begin(), "job-1");
   EXPECT_NE(ia, ib);
   EXPECT_LT(ea, eb);
+}
+
+std::string Contents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool AllEnded(ControllerHarness& h) {
+  for (const auto& job : h.jobs().Jobs()) {
+    if (!job->ended()) return false;
+  }
+  return true;
+}
+
+TEST(JobStoreTest, ALostOrDamagedCounterFileRepeatsNoId) {
+  HarnessOptions options;
+  options.state_dir = TempDir("counters");
+  std::set<std::string> ids, before;
+  {
+    ControllerHarness h(options);
+    for (int i = 0; i < 3; ++i) {
+      auto job = h.jobs().Submit(MlpJob("before", 1));
+      ASSERT_TRUE(job.ok()) << job.status();
+      ids.insert((*job)->id());
+    }
+    ASSERT_TRUE(WaitFor([&] { return AllEnded(h); }));
+  }
+  before = ids;
+  const std::string counters = options.state_dir + "/controller.pb";
+  for (const std::string damage : {"truncated to 2 bytes", "overwritten with garbage", "deleted"}) {
+    if (damage == "deleted") {
+      ASSERT_EQ(::unlink(counters.c_str()), 0);
+    } else if (damage == "truncated to 2 bytes") {
+      ASSERT_EQ(::truncate(counters.c_str(), 2), 0);
+    } else {
+      std::ofstream(counters, std::ios::binary | std::ios::trunc) << "\xff\xff\xff not a ControllerState";
+    }
+    ControllerHarness h(options);
+    auto next = h.jobs().Submit(MlpJob("after", 1));
+    ASSERT_TRUE(next.ok()) << next.status();
+    int listed = 0;
+    for (const auto& id : before) listed += h.jobs().Find(id).ok();
+    std::printf("controller.pb %s: the next job is %s (used before: %s); %d of %zu earlier jobs listed\n",
+                damage.c_str(), (*next)->id().c_str(), absl::StrJoin(ids, ",").c_str(), listed, before.size());
+    EXPECT_TRUE(ids.insert((*next)->id()).second) << (*next)->id() << " was handed out before";
+    EXPECT_EQ(listed, static_cast<int>(before.size()));
+    ASSERT_TRUE(WaitFor([&] { return AllEnded(h); }));
+  }
+}
+
+TEST(JobStoreTest, AFullStateDirRefusesWhatItCannotRecordAndLosesNothingAcknowledged) {
+  const std::string dir = TempDir("full-state");
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=512k") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << strerror(errno) << "; needs root)";
+  }
+  HarnessOptions options;
+  options.state_dir = dir;
+  std::vector<std::string> acknowledged;
+  std::string refusal;
+  int refused = 0;
+  {
+    ControllerHarness h(options);
+    SlowSteps(h, absl::Milliseconds(20));
+    // All but 48 KiB taken: a handful of records fit, then the disk is full.
+    struct statvfs fs;
+    ASSERT_EQ(::statvfs(dir.c_str(), &fs), 0);
+    const int64_t fill = static_cast<int64_t>(fs.f_bavail) * fs.f_frsize - (48 << 10);
+    {
+      std::ofstream filler(dir + "/filler", std::ios::binary);
+      filler << std::string(std::max<int64_t>(fill, 0), 'x');
+    }
+    for (int i = 0; i < 60; ++i) {
+      auto job = h.jobs().Submit(MlpJob(absl::StrCat("fill-", i), 100000));
+      if (job.ok()) {
+        acknowledged.push_back((*job)->id());
+      } else {
+        ++refused;
+        refusal = job.status().ToString();
+      }
+    }
+  }  // the controller goes away; the disk is still full
+  int listed = 0;
+  std::string more;
+  {
+    ControllerHarness h(options);
+    for (const auto& id : acknowledged) listed += h.jobs().Find(id).ok();
+    auto again = h.jobs().Submit(MlpJob("more", 1));
+    more = again.ok() ? absl::StrCat("accepted as ", (*again)->id()) : again.status().ToString();
+    for (const auto& id : acknowledged) h.jobs().Stop(id, "test over").IgnoreError();
+  }
+  ::umount2(dir.c_str(), MNT_DETACH);
+  std::printf("60 submissions on a full --state_dir: %zu acknowledged, %d refused (%s); after a restart on the "
+              "still-full disk %d of the %zu acknowledged are listed; one more: %s\n",
+              acknowledged.size(), refused, refusal.c_str(), listed, acknowledged.size(), more.c_str());
+  EXPECT_GE(acknowledged.size(), 1u);
+  EXPECT_GE(refused, 1);
+  EXPECT_EQ(acknowledged.size() + refused, 60u);
+  EXPECT_TRUE(absl::StrContains(refusal, "No space left on device")) << refusal;
+  EXPECT_EQ(listed, static_cast<int>(acknowledged.size()));
+  EXPECT_TRUE(absl::StrContains(more, "No space left on device")) << more;
+}
+
+TEST(JobStoreTest, AnUnreadableRecordStaysListedAndItsFileIsKept) {
+  HarnessOptions options;
+  options.state_dir = TempDir("unreadable");
+  std::string id;
+  {
+    ControllerHarness h(options);
+    auto job = h.jobs().Submit(MlpJob("damaged", 1));
+    ASSERT_TRUE(job.ok()) << job.status();
+    id = (*job)->id();
+    ASSERT_TRUE(WaitFor([&] { return (*job)->ended(); }));
+  }
+  const std::string path = absl::StrCat(options.state_dir, "/jobs/", id, ".pb");
+  const std::string damage = "\x0a\xff\xff\xff\xff not a JobRecord";
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << damage;
+  ControllerHarness h(options);
+  auto job = h.jobs().Find(id);
+  ASSERT_TRUE(job.ok()) << "the job vanished from the table";
+  auto next = h.jobs().Submit(MlpJob("next", 1));
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(WaitFor([&] { return (*next)->ended(); }));
+  std::printf("%s with a damaged record: %s: %s; the next job is %s; the file %s\n", id.c_str(),
+              baton::v1::JobState_Name((*job)->state()).c_str(), (*job)->status().error().c_str(),
+              (*next)->id().c_str(), Contents(path) == damage ? "is as it was" : "CHANGED");
+  EXPECT_EQ((*job)->state(), baton::v1::JOB_UNREADABLE);
+  EXPECT_TRUE(absl::StrContains((*job)->status().error(), path)) << (*job)->status().error();
+  EXPECT_NE((*next)->id(), id);
+  EXPECT_EQ(Contents(path), damage);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // JobManager's supervision: what a RECOVERING job restores, and shrinking it
 // onto the workers left when too few are free (RestartPolicy.min_workers).
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "controller/job_manager.h"
 #include "strategies/job_spec.h"
@@ -8,8 +10,19 @@ namespace baton {
 
 absl::StatusOr<RestorePlan> JobManager::PlanRecovery(const Job& job, const baton::v1::JobSpec& placed,
                                                      const JobPlan& plan) {
-  return PlanRestore(options_.checkpoints.file_root, placed, plan.programs,
-                     ResumePoint(job.Record(), options_.checkpoints.file_root));
+  const std::map<std::string, std::string> unloadable = job.unloadable();
+  std::optional<RestorePlan> restore;
+  std::string skipped;
+  absl::Status planned = FromNewest(
+      ResumePoints(job.Record(), options_.checkpoints.file_root, unloadable), unloadable,
+      [&](const std::string& point) {
+        auto r = PlanRestore(options_.checkpoints.file_root, placed, plan.programs, point);
+        if (r.ok()) restore = std::move(*r);
+        return r.status();
+      },
+      &skipped);
+  if (!planned.ok()) return planned;
+  return std::move(*restore);
 }
 
 absl::StatusOr<RestorePlan> JobManager::Shrink(Job& job) {
@@ -54,9 +67,12 @@ absl::StatusOr<RestorePlan> JobManager::Shrink(Job& job) {
 }
 
 absl::StatusOr<baton::v1::JobStatus> JobManager::Rescale(const std::string& id,
-                                                        const std::vector<baton::v1::MeshAxis>& mesh) {
+                                                        const std::vector<baton::v1::MeshAxis>& mesh,
+                                                        const std::string& request_id) {
   auto job = Find(id);
   if (!job.ok()) return job.status();
+  // A retry of a request already taken (its answer lost): what became of it.
+  if (!request_id.empty() && (*job)->status().rescale().request_id() == request_id) return (*job)->status();
   const baton::v1::JobSpec own = *(*job)->own_spec();
   if (static_cast<int>(mesh.size()) != own.mesh_size()) {
     return absl::InvalidArgumentError(absl::StrCat("job ", id, " has ", own.mesh_size(), " mesh axes; the rescale names ",
@@ -82,7 +98,12 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::Rescale(const std::string& id,
     return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", baton::v1::JobState_Name((*job)->state()),
                                                       "; only a running job is rescaled"));
   }
-  (*job)->RequestRescale(std::move(rescaled), std::make_shared<const JobPlan>(std::move(*plan)));
+  if (auto s = (*job)->RequestRescale(std::move(rescaled), std::make_shared<const JobPlan>(std::move(*plan)),
+                                      request_id);
+      !s.ok()) {
+    return s;
+  }
+  Persist(**job);
   return (*job)->status();
 }
 

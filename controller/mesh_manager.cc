@@ -56,7 +56,8 @@ std::vector<baton::v1::WorkerInfo> MeshManager::FreeWorkers() const {
 }
 
 absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const std::string& owner, int need,
-                                                                        const std::vector<std::string>& named) {
+                                                                        const std::vector<std::string>& named,
+                                                                        const std::set<std::string>& spare) {
   const std::vector<baton::v1::WorkerInfo> fleet = registry_->List();
   absl::MutexLock lock(&mu_);
   if (reserved_.count(owner)) return absl::FailedPreconditionError(absl::StrCat(owner, " already holds workers"));
@@ -100,10 +101,12 @@ absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const st
   } else {
     for (const auto& w : fleet) {
       if (static_cast<int>(chosen.size()) == need) break;
-      if (w.state() != baton::v1::DEAD && !held_by_.count(w.name())) chosen.push_back(w);
+      if (w.state() != baton::v1::DEAD && !held_by_.count(w.name()) && !spare.count(w.name())) chosen.push_back(w);
     }
     if (static_cast<int>(chosen.size()) < need) {
-      return absl::ResourceExhaustedError(absl::StrCat("needs ", need, " workers but ", counts()));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "needs ", need, " workers but ", counts(),
+          spare.empty() ? "" : absl::StrCat("; ", spare.size(), " kept for the job at the head of the queue")));
     }
   }
   auto& names = reserved_[owner];

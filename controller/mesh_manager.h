@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,10 +74,12 @@ class MeshManager {
   // Every worker, with `held_by` filled in.
   std::vector<baton::v1::WorkerInfo> Workers() const ABSL_LOCKS_EXCLUDED(mu_);
   // Takes `need` free workers for `owner`: the ones `named` (in that order)
-  // when it names any, else the first free ones. RESOURCE_EXHAUSTED naming
-  // the needed and free counts (or the named worker that is not free).
+  // when it names any, else the first free ones not in `spare` (kept for a
+  // job ahead of it in the queue). RESOURCE_EXHAUSTED naming the needed and
+  // free counts (or the named worker that is not free).
   absl::StatusOr<std::vector<baton::v1::WorkerInfo>> Reserve(const std::string& owner, int need,
-                                                             const std::vector<std::string>& named)
+                                                             const std::vector<std::string>& named,
+                                                             const std::set<std::string>& spare = {})
       ABSL_LOCKS_EXCLUDED(mu_);
   // Forms a mesh of `axes` on the workers `owner` reserved (rank r = the
   // r-th of them) and configures every one of them (their rendezvous).

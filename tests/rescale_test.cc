@@ -9,13 +9,17 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "checkpoint/files.h"
 #include "client/client.h"
@@ -73,10 +77,36 @@ TEST(RescaleTest, RescaleTwoFourTwoMovesStateWorkerToWorker) {
   const int up_at = s.start_step();
   const baton::v1::CheckpointInfo grown = s.restored();
   ASSERT_EQ(s.workers_size(), 4);
-  // ... and down through the SDK.
+  // ... and down through the SDK, asked twice at once: one is applied, the
+  // other refused at once (one rescale at a time), neither left waiting.
   Await(**client, job, [&](const auto& s) { return s.step() >= up_at + 8; }, absl::Seconds(60));
-  auto down = (*client)->RescaleJob(job, "dp=2", absl::Seconds(120));
-  ASSERT_TRUE(down.ok()) << down.status() << fleet.log();
+  absl::StatusOr<baton::v1::JobStatus> answers[2];
+  double seconds[2] = {0, 0};
+  {
+    absl::Notification go;
+    std::vector<std::thread> callers;
+    for (int i = 0; i < 2; ++i) {
+      callers.emplace_back([&, i] {
+        auto own = Client::Connect(fleet.addr);
+        go.WaitForNotification();
+        const absl::Time asked = absl::Now();
+        answers[i] = own.ok() ? (*own)->RescaleJob(job, "dp=2", absl::Seconds(120)) : own.status();
+        seconds[i] = absl::ToDoubleSeconds(absl::Now() - asked);
+      });
+    }
+    go.Notify();
+    for (auto& t : callers) t.join();
+  }
+  const int applied = answers[0].ok() ? 0 : 1;
+  const absl::Status& other = answers[1 - applied].status();
+  std::printf("two rescales to dp=2 at once: one applied in %.2f s; the other answered in %.2f s: %s\n",
+              seconds[applied], seconds[1 - applied], other.ToString().c_str());
+  ASSERT_TRUE(answers[applied].ok()) << answers[applied].status() << fleet.log();
+  EXPECT_FALSE(other.ok());
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(other.message(), "already being rescaled")) << other;
+  EXPECT_LT(std::max(seconds[0], seconds[1]), 5.0);
+  const absl::StatusOr<baton::v1::JobStatus>& down = answers[applied];
   const int down_at = down->start_step();
   const baton::v1::CheckpointInfo shrunk = down->restored();
   EXPECT_EQ(down->workers_size(), 2);

@@ -5,6 +5,12 @@
 // detached job resumes from its last checkpoint and finishes, its losses
 // after the resume bit-identical to an uninterrupted run; the attached
 // client's run ends naming the controller restart.
+//
+// The detached job saves into the directory the uninterrupted run left its
+// checkpoints in (up to step 240, past the kill): it must resume from its
+// own newest one, never from the other job's (CheckpointMetadata's job id
+// and fingerprint); and while it runs, a third job naming that directory is
+// refused at submission.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -55,8 +61,15 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
   const std::map<int, double> uninterrupted = testing::StepLosses(straight_log.output);
   ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
 
-  // The same job again, and an attached run beside it.
-  const std::string detached = fleet.Submit(WriteJob(fleet, "detached", kSteps, "detached"));
+  // The same job again, in the finished run's directory, and an attached
+  // run beside it.
+  const std::string detached = fleet.Submit(WriteJob(fleet, "detached", kSteps, "straight"));
+  ASSERT_FALSE(detached.empty());
+  auto sharing = fleet.Cli({"submit", WriteJob(fleet, "sharing", kSteps, "straight")});
+  std::printf("a third job in that directory while %s runs: exit %d: %s", detached.c_str(), sharing.exit_code,
+              sharing.output.c_str());
+  EXPECT_NE(sharing.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(sharing.output, "is in use by job " + detached)) << sharing.output;
   auto attached = testing::StartBackground(
       {Baton(), "run", "--controller=" + addr, WriteJob(fleet, "attached", 100000, "")}, dir + "/attached.log");
   auto client = Client::Connect(addr);

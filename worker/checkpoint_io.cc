@@ -12,6 +12,7 @@
 #include "checkpoint/files.h"
 #include "checkpoint/layout.h"
 #include "common/file_root.h"
+#include "common/text.h"
 #include "mesh/box_copy.h"
 
 namespace baton {
@@ -93,7 +94,8 @@ absl::StatusOr<std::vector<std::string>> ReadBoxes(
     if (!p.ok()) return p.status();
     const at::Tensor* field = FieldOf(**p, box.field());
     if (field == nullptr || !field->defined()) {
-      return absl::InvalidArgumentError(absl::StrCat("no state ", box.field(), " of ", box.param()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("no state ", box.field(), " of ", Printable(box.param(), 128)));
     }
     const Piece region{{box.offsets().begin(), box.offsets().end()}, {box.sizes().begin(), box.sizes().end()}};
     auto n = CheckedNumel(region);
@@ -103,7 +105,7 @@ absl::StatusOr<std::vector<std::string>> ReadBoxes(
                                                        " bytes: ask in smaller batches"));
     }
     if (!(*p)->master_piece.Contains(region)) {
-      return absl::InvalidArgumentError(absl::StrCat("box ", region.ToString(), " of ", box.param(),
+      return absl::InvalidArgumentError(absl::StrCat("box ", region.ToString(), " of ", Printable(box.param(), 128),
                                                      " lies outside the piece held, ", (*p)->master_piece.ToString()));
     }
     const at::Tensor values = Narrow(*field, (*p)->master_piece, region).to(at::kFloat).contiguous();

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/program_check.h"
+#include "common/text.h"
 #include "common/wire.h"
 #include "worker/model/init.h"
 
@@ -104,7 +105,7 @@ ShardStore::Unit* ShardStore::unit(int index) {
 absl::StatusOr<ShardStore::Param*> ShardStore::param(const std::string& name) const {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) {
-    return absl::NotFoundError(absl::StrCat("parameter ", name, " is not held by this rank"));
+    return absl::NotFoundError(absl::StrCat("parameter ", Printable(name, 128), " is not held by this rank"));
   }
   return it->second;
 }

@@ -13,6 +13,7 @@
 #include "common/collective_ops.h"
 #include "common/file_root.h"
 #include "common/grpc_status.h"
+#include "common/text.h"
 #include "common/log.h"
 #include "common/process.h"
 #include "common/wire.h"
@@ -253,7 +254,8 @@ grpc::Status WorkerService::AwaitTurn(MeshState& mesh, const grpc::ServerContext
 
 grpc::Status WorkerService::RequireJob(const MeshState& mesh, const std::string& job_id) {
   if (mesh.executor == nullptr || mesh.job_id != job_id) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("job ", job_id, " is not loaded on worker ", name()));
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("job ", Printable(job_id, kShownIdBytes), " is not loaded on worker ", name()));
   }
   return grpc::Status::OK;
 }

@@ -9,6 +9,7 @@
 #include "common/collective_ops.h"
 #include "common/file_root.h"
 #include "common/grpc_status.h"
+#include "common/text.h"
 #include "common/security.h"
 #include "worker/checkpoint_io.h"
 #include "worker/rpc_guard.h"
@@ -181,6 +182,7 @@ grpc::Status WorkerService::GetRetained(grpc::ServerContext* ctx, const baton::v
   if (req->wait_ms() < 0 || req->wait_ms() > kMaxRetainedWaitMs) {
     return Invalid(absl::StrCat("wait_ms ", req->wait_ms(), " outside [0, ", kMaxRetainedWaitMs, "]"));
   }
+  if (absl::Status id = CheckJobId(req->job_id()); !id.ok()) return ToGrpcStatus(id);
   std::shared_ptr<const RetainedStates::Held> held =
       retained_->Get(req->job_id(), absl::Milliseconds(req->wait_ms()));
   if (held != nullptr) {
@@ -194,6 +196,8 @@ grpc::Status WorkerService::GetRetained(grpc::ServerContext* ctx, const baton::v
 grpc::Status WorkerService::ReadPieces(grpc::ServerContext* ctx, const baton::v1::ReadPiecesRequest* req,
                                        baton::v1::ReadPiecesResponse* resp) {
   if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  // Checked before anything reads or echoes it (a 15 MiB id took 34 s).
+  if (absl::Status id = CheckJobId(req->job_id()); !id.ok()) return ToGrpcStatus(id);
   return Guarded("ReadPieces", [&]() -> grpc::Status {
     auto values = ReadRetained(req->job_id(), req->step(), req->boxes());
     if (!values.ok()) return ToGrpcStatus(values.status());
@@ -204,6 +208,7 @@ grpc::Status WorkerService::ReadPieces(grpc::ServerContext* ctx, const baton::v1
 
 absl::StatusOr<std::vector<std::string>> WorkerService::ReadRetained(
     const std::string& job_id, int step, const google::protobuf::RepeatedPtrField<baton::v1::PieceBox>& boxes) {
+  if (absl::Status id = CheckJobId(job_id); !id.ok()) return id;
   std::shared_ptr<const RetainedStates::Held> held = retained_->Get(job_id, absl::ZeroDuration());
   if (held == nullptr) return absl::NotFoundError(absl::StrCat("worker ", name(), " keeps no state of job ", job_id));
   if (held->step != step) {
@@ -216,6 +221,7 @@ absl::StatusOr<std::vector<std::string>> WorkerService::ReadRetained(
 grpc::Status WorkerService::ReleaseState(grpc::ServerContext* ctx, const baton::v1::ReleaseStateRequest* req,
                                          baton::v1::ReleaseStateResponse* resp) {
   if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+  if (absl::Status id = CheckJobId(req->job_id()); !id.ok()) return ToGrpcStatus(id);
   resp->set_bytes(retained_->Release(req->job_id()));
   return grpc::Status::OK;
 }

@@ -3,7 +3,9 @@
 
 1. A gRPC client that is not ours (python3-grpcio) with a valid token sends
    Step, StopJob and ListJobs for a 15 MiB job id of NUL bytes: each is
-   answered within 1 s, with a bounded message.
+   answered within 1 s, with a bounded message. So is a worker's ReadPieces
+   (GetRetained, ReleaseState) for that id, sent with the fleet's worker
+   token.
 2. `baton plan` of /dev/zero, of a FIFO and of a 5 MiB file: refused within
    1 s each.
 3. 200 slow HTTP connections (a header byte every 2 s) held for 30 s from
@@ -72,6 +74,34 @@ def grpc_part(fleet):
             check(took < 1.0 and code == "INVALID_ARGUMENT" and len(message) < 512,
                   "%s with a 15 MiB job id of NULs: %s in %.3f s, message of %d bytes: %r"
                   % (method, code, took, len(message), message[:160]))
+
+
+def worker_part(fleet):
+    import grpc
+    token_line = [l for l in open(fleet.log.name).read().splitlines() if l.startswith("worker token: ")]
+    check(bool(token_line), "baton up printed where the worker token is")
+    if not token_line:
+        return
+    token = open(token_line[0].split()[2]).read().strip()
+    worker = fleet.status()["workers"][0]
+    name, address = worker["name"], worker["address"]
+    huge = b"\0" * (15 << 20)
+    options = [("grpc.max_send_message_length", 32 << 20), ("grpc.max_receive_message_length", 32 << 20)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        for method in ("ReadPieces", "GetRetained", "ReleaseState"):
+            rpc = channel.unary_unary("/baton.v1.Worker/" + method, request_serializer=lambda b: b,
+                                      response_deserializer=lambda b: b)
+            start = time.time()
+            try:
+                rpc(string_field(1, huge), timeout=10,
+                    metadata=[("authorization", "Bearer " + token), ("x-baton-worker", name)])
+                code, message = "OK", ""
+            except grpc.RpcError as e:
+                code, message = e.code().name, e.details() or ""
+            took = time.time() - start
+            check(took < 1.0 and code == "INVALID_ARGUMENT" and len(message) < 512,
+                  "worker %s %s with a 15 MiB job id of NULs: %s in %.3f s, message of %d bytes: %r"
+                  % (name, method, code, took, len(message), message[:160]))
 
 
 def plan_part(fleet, tmp):
@@ -170,6 +200,7 @@ def main():
     try:
         fleet = Fleet(baton, controller_bin, worker_bin, tmp, workers=2)
         grpc_part(fleet)
+        worker_part(fleet)
         plan_part(fleet, tmp)
         http_part(fleet)
         names_part(fleet, tmp, example)
