@@ -270,6 +270,11 @@ int StopCommand(const std::string& job_id) {
   if (!stopped.ok()) return Fail("stop", stopped.status());
   std::printf("%s %s after %d of %d steps\n", stopped->job().job_id().c_str(),
               baton::v1::JobState_Name(stopped->job().state()).c_str(), stopped->job().step(), stopped->job().steps());
+  if (!stopped->job().record_error().empty()) {
+    // Stopped here, but a restarted controller would not know: say so.
+    std::fprintf(stderr, "baton stop: warning: %s\n", Printable(stopped->job().record_error()).c_str());
+    return 1;
+  }
   return 0;
 }
 

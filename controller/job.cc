@@ -113,6 +113,11 @@ bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* p
   return true;
 }
 
+void Job::SetRecordError(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  status_.set_record_error(why);
+}
+
 void Job::NoteUnloadable(const std::string& path, const std::string& why) {
   absl::MutexLock lock(&mu_);
   unloadable_[path] = why;
@@ -177,6 +182,7 @@ baton::v1::JobRecord Job::Record() const {
   absl::MutexLock lock(&mu_);
   *record.mutable_spec() = *own_;  // its mesh as last rescaled
   *record.mutable_status() = status_;
+  record.mutable_status()->clear_record_error();  // about this controller's writes only
   return record;
 }
 

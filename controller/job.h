@@ -206,6 +206,8 @@ class Job {
   // or damaged file, not a worker lost midway): its restarts take the next
   // older one. Path -> why.
   void NoteUnloadable(const std::string& path, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why the job table could not record its last change; "" once it could.
+  void SetRecordError(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   std::map<std::string, std::string> unloadable() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -475,16 +475,31 @@ void JobManager::WriteProgress(bool now) {
   }
 }
 
+std::shared_ptr<JobManager::JobWriter> JobManager::WriterOf(const std::string& id) {
+  absl::MutexLock lock(&persist_mu_);
+  std::shared_ptr<JobWriter>& writer = writers_[id];
+  if (writer == nullptr) writer = std::make_shared<JobWriter>();
+  return writer;
+}
+
 void JobManager::Persist(Job& job) {
   if (job.state() == baton::v1::JOB_UNREADABLE) return;
-  absl::MutexLock lock(&persist_mu_);
-  unwritten_.erase(job.id());
-  if (auto s = store_->Write(job.Record()); !s.ok()) Logf("job store: %s", s.ToString().c_str());
-  int64_t& written = persisted_[job.id()];
-  const std::vector<baton::v1::JobLogEntry> entries = job.log().After(written);
-  if (entries.empty()) return;
-  if (auto s = store_->AppendLog(job.id(), entries); !s.ok()) Logf("job store: %s", s.ToString().c_str());
-  written = entries.back().sequence();
+  {
+    absl::MutexLock lock(&persist_mu_);
+    unwritten_.erase(job.id());
+  }
+  std::shared_ptr<JobWriter> writer = WriterOf(job.id());
+  absl::MutexLock lock(&writer->mu);
+  absl::Status s = store_->Write(job.Record());
+  if (s.ok()) {
+    const std::vector<baton::v1::JobLogEntry> entries = job.log().After(writer->written);
+    if (!entries.empty()) {
+      s = store_->AppendLog(job.id(), entries);
+      if (s.ok()) writer->written = entries.back().sequence();
+    }
+  }
+  if (!s.ok()) Logf("job store: %s", s.ToString().c_str());
+  job.SetRecordError(s.ok() ? "" : absl::StrCat("the job table could not record its last change: ", s.message()));
 }
 
 }  // namespace baton

@@ -191,7 +191,9 @@ class JobManager {
   absl::Status Admit(const std::shared_ptr<Job>& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(admit_mu_)
       ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
   // Writes the job's record and its new log entries to the store (not a
-  // JOB_UNREADABLE one's: its file stays as it was found).
+  // JOB_UNREADABLE one's: its file stays as it was found). A failure is
+  // logged and shown in the job's status (record_error) until a write
+  // succeeds.
   void Persist(Job& job) ABSL_LOCKS_EXCLUDED(persist_mu_);
   // Writes the jobs whose steps advanced since they were last written: at
   // most once per kProgressInterval unless `now`. A record is replaced
@@ -222,10 +224,19 @@ class JobManager {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Mutex admit_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // One job's writes, in order: the log sequence it has written.
+  struct JobWriter {
+    absl::Mutex mu;
+    int64_t written ABSL_GUARDED_BY(mu) = 0;
+  };
+  // Bookkeeping only, never held while writing: a step's path takes it
+  // (persist_progress), so one job's slow fsync stalls no other job's
+  // steps, and no heartbeat.
   absl::Mutex persist_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::map<std::string, int64_t> persisted_ ABSL_GUARDED_BY(persist_mu_);  // log sequence written
+  std::map<std::string, std::shared_ptr<JobWriter>> writers_ ABSL_GUARDED_BY(persist_mu_);
   std::set<std::string> unwritten_ ABSL_GUARDED_BY(persist_mu_);  // steps done, not written yet
   absl::Time progress_written_ ABSL_GUARDED_BY(persist_mu_) = absl::InfinitePast();
+  std::shared_ptr<JobWriter> WriterOf(const std::string& id) ABSL_LOCKS_EXCLUDED(persist_mu_);
 };
 
 }  // namespace baton

@@ -140,8 +140,9 @@ void JobManager::Recover() {
       job->log().Restore(e);
     }
     {
-      absl::MutexLock lock(&persist_mu_);
-      persisted_[id] = job->log().last_sequence();
+      std::shared_ptr<JobWriter> writer = WriterOf(id);
+      absl::MutexLock lock(&writer->mu);
+      writer->written = job->log().last_sequence();
     }
     if (IsEnded(record.status().state())) job->log().Close();
     if (!cause.empty()) {
