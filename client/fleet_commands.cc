@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -63,6 +64,9 @@ int Up() {
     if (auto status = (*client)->Status(); status.ok() && !status->http_address().empty()) {
       std::printf("status page: http://%s/  (metrics: http://%s/metrics)\n", status->http_address().c_str(),
                   status->http_address().c_str());
+      int http_port = 0;
+      const std::string& http = status->http_address();
+      if (absl::SimpleAtoi(http.substr(http.rfind(':') + 1), &http_port)) (*cluster)->set_controller_http_port(http_port);
     }
   }
   std::printf("client token: %s (baton commands read it from --token_file or $BATON_TOKEN_FILE)\n",

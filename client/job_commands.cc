@@ -213,13 +213,20 @@ int Logs(const std::string& job_id) {
   int64_t after = 0;
   baton::v1::JobState last_state = job->state();
   // Followed across a controller that restarts: the stream is taken up
-  // again after the last entry printed.
+  // again after the last entry printed. The steps the job runs again from
+  // its checkpoint are not printed twice: a step is printed once.
   absl::Time give_up = absl::Now() + kReconnectWait;
+  bool reconnected = false;
+  int printed_step = 0;
   while (true) {
     absl::Status s = (*client)->Logs(job_id, after, follow, [&](const baton::v1::JobLogEntry& e) {
+      after = e.sequence();
+      if (e.has_step()) {
+        if (reconnected && e.step().step() <= printed_step) return true;
+        printed_step = std::max(printed_step, e.step().step());
+      }
       std::printf("%s\n", FormatLogEntry(e, job->steps(), json).c_str());
       std::fflush(stdout);
-      after = e.sequence();
       if (e.has_state()) last_state = e.state().state();
       give_up = absl::Now() + kReconnectWait;
       return true;
@@ -229,6 +236,7 @@ int Logs(const std::string& job_id) {
       break;
     }
     if (s.code() != absl::StatusCode::kUnavailable || absl::Now() > give_up) return Fail("logs", s);
+    reconnected = true;
     absl::SleepFor(absl::Milliseconds(200));
   }
   if (!follow) return 0;

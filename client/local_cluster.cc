@@ -1,5 +1,6 @@
 #include "client/local_cluster.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -67,6 +69,30 @@ absl::StatusOr<std::string> AwaitAddressFile(const std::string& path, pid_t pid,
 void RemoveTree(const std::string& dir) {
   nftw(dir.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
        FTW_DEPTH | FTW_PHYS);
+}
+
+// The directories of earlier `baton up`s that were killed before they could
+// remove them (SIGKILL): their tokens (secrets), address and own job table.
+// Each names its owner in owner.pid; one whose owner is gone is removed. A
+// pid taken again by another process keeps its directory (never one too
+// many removed).
+void RemoveAbandoned(const std::string& tmp) {
+  DIR* d = ::opendir(tmp.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> abandoned;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind("baton-up-", 0) != 0) continue;
+    const std::string dir = absl::StrCat(tmp, "/", name);
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) continue;
+    std::ifstream in(dir + "/owner.pid");
+    pid_t owner = 0;
+    if (!(in >> owner) || owner <= 0) continue;
+    if (::kill(owner, 0) != 0 && errno == ESRCH) abandoned.push_back(dir);
+  }
+  ::closedir(d);
+  for (const std::string& dir : abandoned) RemoveTree(dir);
 }
 
 }  // namespace
@@ -157,11 +183,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   std::unique_ptr<LocalCluster> cluster(new LocalCluster());
   const char* tmp = std::getenv("TEST_TMPDIR");
   if (tmp == nullptr) tmp = std::getenv("TMPDIR");
+  RemoveAbandoned(tmp ? tmp : "/tmp");
   std::string pattern = absl::StrCat(tmp ? tmp : "/tmp", "/baton-up-XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp failed: ", strerror(errno)));
   }
   cluster->dir_ = pattern;
+  std::ofstream(cluster->dir_ + "/owner.pid") << ::getpid() << "\n";
   const absl::Time deadline = absl::Now() + options.start_timeout;
 
   // A fleet of its own is closed: a fresh worker token, and the client token
@@ -245,6 +273,7 @@ absl::Status LocalCluster::RestartController(absl::Duration timeout) {
   const std::string port = controller_address_.substr(controller_address_.rfind(':') + 1);
   for (auto& a : args) {
     if (a == "--port=0") a = absl::StrCat("--port=", port);
+    if (a == "--http_port=0" && controller_http_port_ > 0) a = absl::StrCat("--http_port=", controller_http_port_);
   }
   const std::string controller_file = dir_ + "/controller.addr";
   std::remove(controller_file.c_str());
@@ -298,6 +327,7 @@ int LocalCluster::Stop(absl::Duration grace) {
     std::remove((dir_ + "/controller.addr").c_str());
     std::remove(worker_token_file_.c_str());
     if (client_token_file_ == dir_ + "/client.token") std::remove(client_token_file_.c_str());
+    std::remove((dir_ + "/owner.pid").c_str());
     rmdir(dir_.c_str());
     dir_.clear();
   }

@@ -66,6 +66,10 @@ class LocalCluster {
   // Starts the controller again on the same address and state directory,
   // once it has exited; returns when it serves.
   absl::Status RestartController(absl::Duration timeout = absl::Seconds(30));
+  // The status page's port the controller chose (its --http_port=0): a
+  // restarted controller serves the page there too, so the address printed
+  // stays good.
+  void set_controller_http_port(int port) { controller_http_port_ = port; }
   // The workers whose process has exited (after Reap).
   std::vector<std::string> exited_workers() const;
   // Starts worker `name` again under its name (a new instance: it registers
@@ -94,6 +98,7 @@ class LocalCluster {
   std::map<std::string, std::vector<std::string>> worker_args_;  // by name
   std::string client_token_file_, worker_token_file_;
   std::string controller_address_;
+  int controller_http_port_ = 0;
   std::vector<Process> processes_;
 };
 

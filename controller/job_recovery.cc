@@ -139,6 +139,10 @@ void JobManager::Recover() {
     for (const auto& e : contents.logs.count(id) ? contents.logs.at(id) : std::vector<baton::v1::JobLogEntry>{}) {
       job->log().Restore(e);
     }
+    // The controller that died numbered entries it never wrote: this one's
+    // follow them all (start N numbers from N << 32), so a client following
+    // the log across the restart (after its last sequence) misses none.
+    job->log().SkipTo(static_cast<int64_t>(contents.starts) << 32);
     {
       std::shared_ptr<JobWriter> writer = WriterOf(id);
       absl::MutexLock lock(&writer->mu);

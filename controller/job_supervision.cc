@@ -22,6 +22,11 @@ absl::StatusOr<RestorePlan> JobManager::PlanRecovery(const Job& job, const baton
       },
       &skipped);
   if (!planned.ok()) return planned;
+  if (!skipped.empty()) {
+    events_->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job.id(), job.step(),
+                             absl::StrCat("restores from ", restore->info.path(), ": newer checkpoints cannot be loaded"),
+                             skipped));
+  }
   return std::move(*restore);
 }
 

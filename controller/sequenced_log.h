@@ -43,6 +43,13 @@ class SequencedLog {
     Notify();
     return sequence;
   }
+  // Numbers from `next` on (if past the next one): what a controller that
+  // restarted numbers its entries from, so that they follow every entry
+  // its predecessor numbered, written or not.
+  void SkipTo(int64_t next) {
+    absl::MutexLock lock(&mu_);
+    next_sequence_ = std::max(next_sequence_, next);
+  }
   // Keeps an entry that was numbered before (read back from a file): the
   // log continues after the largest number it has seen.
   void Restore(Entry e) {

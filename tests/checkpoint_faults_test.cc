@@ -1,15 +1,18 @@
 // Sharded checkpoints under faults, end to end through the controller with
 // the SDK (baton::Job): a worker SIGKILLed mid-save leaves the previous
 // checkpoint, an async save lets steps go on, a flipped byte fails the load
-// naming file and tensor, and bad input is refused with the fleet still
-// usable. Real binaries on loopback, hard timeouts, nothing left behind.
+// naming file and tensor, a job whose newest checkpoint lost its files or
+// holds a damaged byte recovers from its next older one, and bad input is
+// refused with the fleet still usable. Real binaries on loopback, hard timeouts, nothing left behind.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <random>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -158,6 +161,119 @@ TEST(CheckpointTest, FlippedByteFailsTheLoadNamingFileAndTensor) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_TRUE((*next)->Step(1).ok());
   StopAndExpectAllGone(*fleet);
+}
+
+// The losses of a job's steps, from its log (a step run twice: the later).
+std::map<int, double> Losses(Client& client, const std::string& job) {
+  std::map<int, double> losses;
+  client.Logs(job, 0, /*follow=*/false, [&](const baton::v1::JobLogEntry& e) {
+    if (e.has_step()) losses[e.step().step()] = e.step().loss();
+    return true;
+  }).IgnoreError();
+  return losses;
+}
+
+// A detached job checkpointing every 5 steps loses a worker just after a
+// save; that newest checkpoint has lost its data files, or one byte of it is
+// flipped. The job recovers from its next older checkpoint (the missing
+// files seen before any worker reads, the flipped byte when a worker
+// reads it) and finishes, every loss equal to an uninterrupted run's.
+void NewestCheckpointDamagedThenAWorkerKilled(bool flip_a_byte) {
+  auto fleet = CheckpointFleet(3);
+  ASSERT_NE(fleet, nullptr);
+  auto client = ConnectTo(*fleet);
+  constexpr int kSteps = 80;
+  auto submit = [&](const std::string& dir) {
+    baton::v1::CreateJobRequest req;
+    *req.mutable_job() = FsdpDecoder(2, kSteps);
+    req.mutable_job()->set_name(dir);
+    req.mutable_job()->mutable_checkpoint()->set_dir(dir);
+    req.mutable_job()->mutable_checkpoint()->set_every_n_steps(5);
+    req.mutable_job()->mutable_restart()->set_replacement_timeout_ms(100);
+    auto created = client->Submit(req);
+    return created.ok() ? created->job().job_id() : std::string();
+  };
+  auto await_end = [&](const std::string& id) {
+    const absl::Time until = absl::Now() + absl::Seconds(120);
+    absl::StatusOr<baton::v1::JobStatus> s;
+    do {
+      absl::SleepFor(absl::Milliseconds(20));
+      s = client->GetJob(id);
+    } while (s.ok() && s->state() != baton::v1::JOB_FINISHED && s->state() != baton::v1::JOB_FAILED &&
+             absl::Now() < until);
+    return s;
+  };
+  const std::string straight = submit(flip_a_byte ? "straight_flip" : "straight_gone");
+  ASSERT_FALSE(straight.empty());
+  ASSERT_TRUE(await_end(straight).ok());
+  const std::map<int, double> uninterrupted = Losses(*client, straight);
+  ASSERT_EQ(uninterrupted.size(), static_cast<size_t>(kSteps));
+
+  const std::string job = submit(flip_a_byte ? "flipped" : "gone");
+  ASSERT_FALSE(job.empty());
+  // Just after a save past step 10 is published.
+  absl::StatusOr<baton::v1::JobStatus> s;
+  int seen = -1;
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < until) {
+    s = client->GetJob(job);
+    if (!s.ok()) break;
+    const int published = s->last_checkpoint().step();
+    if (published >= 10 && seen >= 0 && published != seen) break;
+    seen = published;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string newest = s->last_checkpoint().path();
+  const int damaged = s->last_checkpoint().step();
+  ASSERT_GE(damaged, 10) << "no save was published in time";
+  auto md = ReadMetadata(newest);
+  ASSERT_TRUE(md.ok()) << md.status();
+  std::string what;
+  if (flip_a_byte) {
+    const baton::v1::CheckpointChunk& chunk = md->tensors(0).chunks(0);
+    const std::string file = absl::StrCat(newest, "/", chunk.file());
+    const int fd = ::open(file.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char b;
+    const off_t at = chunk.byte_offset() + chunk.length() / 2;
+    ASSERT_EQ(::pread(fd, &b, 1, at), 1);
+    b ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
+    ::close(fd);
+    what = absl::StrCat("byte ", at, " of ", chunk.file(), " flipped");
+  } else {
+    std::set<std::string> files;
+    for (const auto& t : md->tensors()) {
+      for (const auto& c : t.chunks()) files.insert(c.file());
+    }
+    for (const auto& f : files) ASSERT_EQ(::unlink(absl::StrCat(newest, "/", f).c_str()), 0);
+    what = absl::StrCat(files.size(), " data files deleted");
+  }
+  const std::string victim = s->workers(0);
+  ASSERT_EQ(kill(testing::PidOf(*fleet, victim), SIGKILL), 0);
+  auto end = await_end(job);
+  ASSERT_TRUE(end.ok()) << end.status();
+  const std::map<int, double> losses = Losses(*client, job);
+  int identical = 0;
+  for (const auto& [step, loss] : losses) identical += uninterrupted.count(step) && uninterrupted.at(step) == loss;
+  std::printf("%s: step %d's checkpoint (%s), then %s SIGKILLed: %s after %d restart(s), resumed from step %d (%s); "
+              "%d of %zu losses equal to the uninterrupted run's\n",
+              job.c_str(), damaged, what.c_str(), victim.c_str(), baton::v1::JobState_Name(end->state()).c_str(),
+              end->restarts(), end->start_step(), end->restored().path().c_str(), identical, losses.size());
+  EXPECT_EQ(end->state(), baton::v1::JOB_FINISHED) << end->error();
+  EXPECT_EQ(end->start_step(), damaged - 5);
+  EXPECT_EQ(losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(identical, kSteps);
+  StopAndExpectAllGone(*fleet);
+}
+
+TEST(CheckpointTest, NewestCheckpointLostItsFilesRecoversFromTheOlderOne) {
+  NewestCheckpointDamagedThenAWorkerKilled(/*flip_a_byte=*/false);
+}
+
+TEST(CheckpointTest, NewestCheckpointHoldsAFlippedByteRecoversFromTheOlderOne) {
+  NewestCheckpointDamagedThenAWorkerKilled(/*flip_a_byte=*/true);
 }
 
 TEST(CheckpointTest, BadInputIsRefusedAndTheFleetStaysUsable) {

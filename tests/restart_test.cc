@@ -46,7 +46,8 @@ std::string WriteJob(const testing::UpFleet& fleet, const std::string& name, int
 }
 
 TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
-  testing::UpFleet fleet = testing::StartUpFleet("restart", 4);
+  // The status page on (a port of its choosing): it must stay there.
+  testing::UpFleet fleet = testing::StartUpFleet("restart", 4, {"--http_port=0"});
   const std::string& dir = fleet.dir;
   const std::string addr = fleet.addr;
   ASSERT_FALSE(addr.empty()) << fleet.log();
@@ -72,6 +73,10 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
   EXPECT_TRUE(absl::StrContains(sharing.output, "is in use by job " + detached)) << sharing.output;
   auto attached = testing::StartBackground(
       {Baton(), "run", "--controller=" + addr, WriteJob(fleet, "attached", 100000, "")}, dir + "/attached.log");
+  // Followed from before the kill to the end: every step printed once, and
+  // the requeue line between.
+  auto follower = testing::StartBackground(
+      {Baton(), "logs", detached, "--follow", "--output=json", "--controller=" + addr}, dir + "/follow.log");
   auto client = Client::Connect(addr);
   ASSERT_TRUE(client.ok());
   auto step_of = [&](const std::string& id) {
@@ -83,6 +88,8 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
          absl::Now() < wait_until) {
     absl::SleepFor(absl::Milliseconds(50));
   }
+  auto before = (*client)->Status();
+  const std::string http_before = before.ok() ? before->http_address() : "";
   const int killed_at = step_of(detached);
   ASSERT_GE(killed_at, 12);
   ASSERT_LT(killed_at, kSteps) << "the job ended before the kill";
@@ -111,6 +118,11 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   const double back_s = absl::ToDoubleSeconds(absl::Now() - answered);
+  auto after_restart = (*again)->Status();
+  const std::string http_after = after_restart.ok() ? after_restart->http_address() : "";
+  std::printf("status page before the kill: %s; after the restart: %s\n", http_before.c_str(), http_after.c_str());
+  EXPECT_FALSE(http_before.empty());
+  EXPECT_EQ(http_after, http_before) << "the printed status page address went stale";
   std::printf("controller SIGKILLed at step %d of %s; answering again %.2f s later; all 4 workers re-registered %.2f s "
               "after that (limit 3.0 s)\n",
               killed_at, detached.c_str(), absl::ToDoubleSeconds(answered - killed), back_s);
@@ -143,6 +155,26 @@ TEST(RestartTest, ADetachedJobSurvivesTheControllerAndAnAttachedOneIsToldWhy) {
   EXPECT_LE(resumed_from, killed_at);
   EXPECT_EQ(after.rbegin()->first, kSteps);
   EXPECT_EQ(identical, static_cast<int>(after.size()));
+
+  bool follow_timed_out = false;
+  const int follow_code = testing::WaitBackground(follower, absl::Seconds(60), &follow_timed_out);
+  const std::string followed = ReadFile(dir + "/follow.log");
+  const size_t step_lines = JsonLines(followed).size();
+  const std::map<int, double> followed_steps = testing::StepLosses(followed);
+  int followed_identical = 0;
+  for (const auto& [step, loss] : followed_steps) {
+    followed_identical += uninterrupted.count(step) && uninterrupted.at(step) == loss;
+  }
+  const bool requeue_line = absl::StrContains(followed, "requeued after a controller restart");
+  std::printf("baton logs --follow across the restart: exit %d%s, %zu step lines, %zu distinct steps (of %d), %d "
+              "bit-identical to the uninterrupted run; the requeue line %s\n",
+              follow_code, follow_timed_out ? " (timed out)" : "", step_lines, followed_steps.size(), kSteps,
+              followed_identical, requeue_line ? "printed" : "MISSING");
+  EXPECT_EQ(follow_code, 0);
+  EXPECT_EQ(step_lines, static_cast<size_t>(kSteps));
+  EXPECT_EQ(followed_steps.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(followed_identical, kSteps);
+  EXPECT_TRUE(requeue_line);
 
   // The attached client: its run ends, naming the restart.
   bool timed_out = false;
