@@ -148,8 +148,10 @@ int Run(const std::string& path) {
     if (!streamed.ok()) {
       progress.Finish();
       const absl::Status why = Job::ExplainLostCall(client->get(), job_id, streamed);
-      std::fprintf(stderr, "baton run: %s\n", why.ToString().c_str());
-      std::printf("run FAILED at step %d: %s\n", std::max(step, at + 1), why.ToString().c_str());
+      // The reason once (a job past its restarts lists every failure):
+      // on stderr, with the step it failed at.
+      std::fflush(stdout);
+      std::fprintf(stderr, "baton run: FAILED at step %d: %s\n", std::max(step, at + 1), why.ToString().c_str());
       return 1;
     }
     step = std::max(step + 1, at + 1);

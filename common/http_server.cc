@@ -2,14 +2,18 @@
 
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 
@@ -19,11 +23,17 @@ namespace {
 // Bounds: a scrape or a page load is small; nothing waits long. Connections
 // cost no thread (epoll), only a descriptor: a client that opens many and
 // sends slowly takes at most kMaxConnectionsPerClient of them and is dropped
-// after kConnectionTimeoutS of silence, so others are still answered.
+// after kConnectionTimeoutS of silence. Once the server is crowded (3/4 of
+// kMaxConnections held) a client already holding kCrowdedShare is refused
+// more, so the last quarter stays for clients holding few: 9 addresses
+// holding 64 slow connections each no longer fill it (tests/service/
+// hostile_test); it takes kMaxConnections / kCrowdedShare of them.
 constexpr unsigned kThreads = 2;
 constexpr unsigned kConnectionTimeoutS = 5;
 constexpr unsigned kMaxConnections = 512;
 constexpr unsigned kMaxConnectionsPerClient = 64;
+constexpr int kCrowded = kMaxConnections * 3 / 4;
+constexpr int kCrowdedShare = 8;
 
 // libmicrohttpd's complaints (a refused connection, a client gone), at most
 // one line a second.
@@ -37,9 +47,73 @@ void LogHttpError(void*, const char* format, va_list args) {
   Logf("http: %s", buf);
 }
 
+// A client: its IPv4 address, or its IPv6 /64 (one host's share of a
+// network that hands out whole /64s).
+std::string ClientOf(const sockaddr* addr) {
+  if (addr == nullptr) return "";
+  if (addr->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(addr);
+    return std::string(reinterpret_cast<const char*>(&in->sin_addr), sizeof(in->sin_addr));
+  }
+  if (addr->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    return std::string(reinterpret_cast<const char*>(&in6->sin6_addr), 8);
+  }
+  return "";
+}
+
 }  // namespace
 
+// The connections each client holds, for the accept policy.
+class ConnectionShares {
+ public:
+  bool Admit(const sockaddr* addr) {
+    const std::string client = ClientOf(addr);
+    absl::MutexLock lock(&mu_);
+    const auto it = held_.find(client);
+    const int mine = it == held_.end() ? 0 : it->second;
+    if (mine >= static_cast<int>(kMaxConnectionsPerClient)) return false;
+    return total_ < kCrowded || mine < kCrowdedShare;
+  }
+  void Opened(const std::string& client) {
+    absl::MutexLock lock(&mu_);
+    ++held_[client];
+    ++total_;
+  }
+  void Closed(const std::string& client) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = held_.find(client); it != held_.end() && --it->second <= 0) held_.erase(it);
+    --total_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, int> held_ ABSL_GUARDED_BY(mu_);
+  int total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+HttpServer::HttpServer(std::map<std::string, HttpHandler> routes)
+    : routes_(std::move(routes)), shares_(std::make_unique<ConnectionShares>()) {}
+
 struct HttpServerAccess {
+  static MHD_Result Accept(void* self, const sockaddr* addr, socklen_t) {
+    return static_cast<HttpServer*>(self)->shares_->Admit(addr) ? MHD_YES : MHD_NO;
+  }
+  static void Notify(void* self, MHD_Connection* conn, void** socket_context, MHD_ConnectionNotificationCode code) {
+    ConnectionShares& shares = *static_cast<HttpServer*>(self)->shares_;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+      const MHD_ConnectionInfo* info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+      auto* client = new std::string(ClientOf(info == nullptr ? nullptr : info->client_addr));
+      shares.Opened(*client);
+      *socket_context = client;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context != nullptr) {
+      auto* client = static_cast<std::string*>(*socket_context);
+      shares.Closed(*client);
+      delete client;
+      *socket_context = nullptr;
+    }
+  }
+
   // libmicrohttpd's request callback: answers once the request is complete
   // (GET and HEAD carry no body; a body sent anyway is read and ignored).
   static MHD_Result Handle(void* self, MHD_Connection* conn, const char* url, const char* method, const char*,
@@ -98,8 +172,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(routes)));
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
   if (ipv6) flags |= MHD_USE_IPv6;
-  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), nullptr, nullptr, &HttpServerAccess::Handle,
-                                     server.get(), MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&addr),
+  server->daemon_ = MHD_start_daemon(flags, static_cast<uint16_t>(port), &HttpServerAccess::Accept, server.get(),
+                                     &HttpServerAccess::Handle, server.get(), MHD_OPTION_SOCK_ADDR,
+                                     reinterpret_cast<sockaddr*>(&addr), MHD_OPTION_NOTIFY_CONNECTION,
+                                     &HttpServerAccess::Notify, server.get(),
                                      MHD_OPTION_THREAD_POOL_SIZE, kThreads, MHD_OPTION_CONNECTION_TIMEOUT,
                                      kConnectionTimeoutS, MHD_OPTION_CONNECTION_LIMIT, kMaxConnections,
                                      MHD_OPTION_PER_IP_CONNECTION_LIMIT, kMaxConnectionsPerClient,

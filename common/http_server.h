@@ -18,6 +18,8 @@ struct MHD_Daemon;
 
 namespace baton {
 
+class ConnectionShares;
+
 struct HttpResponse {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
@@ -40,11 +42,12 @@ class HttpServer {
   int port() const { return port_; }
 
  private:
-  explicit HttpServer(std::map<std::string, HttpHandler> routes) : routes_(std::move(routes)) {}
+  explicit HttpServer(std::map<std::string, HttpHandler> routes);
   HttpResponse Answer(const std::string& method, const std::string& path) const;
   friend struct HttpServerAccess;
 
   const std::map<std::string, HttpHandler> routes_;
+  std::unique_ptr<ConnectionShares> shares_;  // before daemon_: the daemon's callbacks use it
   MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
 };

@@ -96,14 +96,19 @@ TEST(AdmissionTest, AJobResumesOnlyFromItsOwnCheckpointsNewestFirst) {
     return absl::StrJoin(out, ",");
   };
   const std::string own = names(JobManager::ResumePoints(mine, root, {}));
+  // Its record names step 2, but step 3 was published after the record was
+  // last written: the newer one first.
+  mine.mutable_status()->mutable_last_checkpoint()->set_path(absl::StrFormat("%s/step-%08d", dir, 2));
+  const std::string behind = names(JobManager::ResumePoints(mine, root, {}));
   mine.mutable_status()->mutable_last_checkpoint()->set_path(absl::StrFormat("%s/step-%08d", dir, 8));
   const std::string recorded = names(JobManager::ResumePoints(mine, root, {}));
   const std::string skipping =
       names(JobManager::ResumePoints(mine, root, {{absl::StrFormat("%s/step-%08d", dir, 3), "damaged"}}));
-  std::printf("job-7's resume points in a directory it shares: %s; with step 8 (no owner) in its record: %s; with "
-              "step 3 unloadable: %s\n",
-              own.c_str(), recorded.c_str(), skipping.c_str());
+  std::printf("job-7's resume points in a directory it shares: %s; with step 2 in its record: %s; with step 8 (no "
+              "owner) in its record: %s; with step 3 unloadable: %s\n",
+              own.c_str(), behind.c_str(), recorded.c_str(), skipping.c_str());
   EXPECT_EQ(own, "step-00000003,step-00000002");
+  EXPECT_EQ(behind, "step-00000003,step-00000002");
   EXPECT_EQ(recorded, "step-00000008,step-00000003,step-00000002");
   EXPECT_EQ(skipping, "step-00000008,step-00000002");
   EXPECT_NE(fp, other_fp);

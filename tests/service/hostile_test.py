@@ -8,9 +8,9 @@
    token.
 2. `baton plan` of /dev/zero, of a FIFO and of a 5 MiB file: refused within
    1 s each.
-3. 200 slow HTTP connections (a header byte every 2 s) held for 30 s from
-   127.0.0.1, while /api/status is probed from 127.0.0.2 every 0.5 s: every
-   probe is answered.
+3. 576 slow HTTP connections (a header byte every 2 s) held for 30 s, 64
+   from each of 127.0.0.1 to 127.0.0.9, while /api/status is probed from
+   127.0.0.10 every 0.5 s: every probe is answered.
 4. A job named with terminal escapes, CR and LF: `baton jobs`, `baton status`
    and `baton watch` print it escaped (no raw control byte reaches the
    terminal).
@@ -31,7 +31,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from observability_test import Fleet, check, failures, field  # noqa: E402
 
-SLOW_CONNECTIONS = 200
+SLOW_ADDRESSES = 9
+SLOW_PER_ADDRESS = 64
+SLOW_CONNECTIONS = SLOW_ADDRESSES * SLOW_PER_ADDRESS
 SLOW_SECONDS = 30
 
 
@@ -126,9 +128,10 @@ def http_part(fleet):
 
     def slowloris():
         socks = []
-        for _ in range(SLOW_CONNECTIONS):
+        for i in range(SLOW_CONNECTIONS):
+            source = "127.0.0.%d" % (1 + i % SLOW_ADDRESSES)
             try:
-                s = socket.create_connection((host, port), timeout=5)
+                s = socket.create_connection((host, port), timeout=5, source_address=(source, 0))
                 s.sendall(b"GET /api/status HTTP/1.1\r\nHost: x\r\n")
                 socks.append(s)
             except OSError:
@@ -153,7 +156,7 @@ def http_part(fleet):
         probes += 1
         start = time.time()
         try:
-            c = http.client.HTTPConnection(host, port, timeout=5, source_address=("127.0.0.2", 0))
+            c = http.client.HTTPConnection(host, port, timeout=5, source_address=("127.0.0.10", 0))
             c.request("GET", "/api/status")
             r = c.getresponse()
             body = r.read()
@@ -167,10 +170,10 @@ def http_part(fleet):
     stop.set()
     attacker.join()
     check(answered == probes and probes >= 30,
-          "%d slow HTTP connections from 127.0.0.1 (%d connected, %d still held by the server after %d s: the "
-          "per-client bound) while /api/status was probed from 127.0.0.2: %d of %d probes answered, the slowest in "
-          "%.3f s" % (SLOW_CONNECTIONS, opened[0] if opened else 0, opened[-1] if opened else 0, SLOW_SECONDS,
-                      answered, probes, slowest))
+          "%d slow HTTP connections from %d addresses (%d connected, %d still held by the server after %d s: the "
+          "per-client bounds) while /api/status was probed from 127.0.0.10: %d of %d probes answered, the slowest "
+          "in %.3f s" % (SLOW_CONNECTIONS, SLOW_ADDRESSES, opened[0] if opened else 0, opened[-1] if opened else 0,
+                         SLOW_SECONDS, answered, probes, slowest))
 
 
 def names_part(fleet, tmp, example):
