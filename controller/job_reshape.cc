@@ -1,0 +1,164 @@
+// Job: its mesh as it changes (shrunk onto the workers left, grown back,
+// rescaled), its failures and restarts, and what those restarts restore
+// from (live state on its last workers; which of its checkpoints cannot be
+// loaded). The rest of Job is in job.cc.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "controller/job.h"
+
+namespace baton {
+
+std::shared_ptr<const baton::v1::JobSpec> Job::placed_spec() const {
+  absl::MutexLock lock(&mu_);
+  return placed_;
+}
+
+bool Job::shrunk() const {
+  absl::MutexLock lock(&mu_);
+  return own_plan_ != nullptr;
+}
+
+void Job::Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) {
+  absl::MutexLock lock(&mu_);
+  if (own_plan_ == nullptr) own_plan_ = plan_;
+  PlaceLocked(std::make_shared<const baton::v1::JobSpec>(std::move(placed)), std::move(plan));
+}
+
+void Job::Unshrink() {
+  absl::MutexLock lock(&mu_);
+  if (own_plan_ == nullptr) return;
+  PlaceLocked(own_, std::move(own_plan_));
+  own_plan_ = nullptr;
+}
+
+void Job::Rescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) {
+  absl::MutexLock lock(&mu_);
+  own_plan_ = nullptr;
+  own_ = std::make_shared<const baton::v1::JobSpec>(std::move(own));
+  PlaceLocked(own_, std::move(plan));
+}
+
+void Job::PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::shared_ptr<const JobPlan> plan) {
+  *status_.mutable_mesh() = placed->mesh();
+  int size = 1;
+  for (const auto& axis : placed->mesh()) size *= axis.size();
+  status_.set_workers_needed(size);
+  placed_ = std::move(placed);
+  plan_ = std::move(plan);
+}
+
+absl::Status Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan,
+                                 const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  const baton::v1::RescaleState& last = status_.rescale();
+  if (last.phase() == baton::v1::RescaleState::ASKED) {
+    std::vector<std::string> axes;
+    for (const auto& a : last.mesh()) axes.push_back(absl::StrCat(a.name(), "=", a.size()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id_, " is already being rescaled to ", absl::StrJoin(axes, ","),
+                     last.request_id().empty() ? "" : absl::StrCat(" (request ", last.request_id(), ")"),
+                     "; one rescale at a time: ask again once it runs on that mesh"));
+  }
+  baton::v1::RescaleState asked;
+  asked.set_request_id(request_id);
+  *asked.mutable_mesh() = own.mesh();
+  asked.set_phase(baton::v1::RescaleState::ASKED);
+  *status_.mutable_rescale() = std::move(asked);
+  rescale_.emplace(std::move(own), std::move(plan));
+  return absl::OkStatus();
+}
+
+bool Job::rescale_asked() const {
+  absl::MutexLock lock(&mu_);
+  return rescale_.has_value();
+}
+
+bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) {
+  absl::MutexLock lock(&mu_);
+  if (!rescale_.has_value()) return false;
+  *own = std::move(rescale_->first);
+  *plan = std::move(rescale_->second);
+  rescale_.reset();
+  return true;
+}
+
+void Job::NoteUnloadable(const std::string& path, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  unloadable_[path] = why;
+}
+
+std::map<std::string, std::string> Job::unloadable() const {
+  absl::MutexLock lock(&mu_);
+  return unloadable_;
+}
+
+std::shared_ptr<const baton::v1::JobSpec> Job::own_spec() const {
+  absl::MutexLock lock(&mu_);
+  return own_;
+}
+
+void Job::SetLive(LiveState live) {
+  absl::MutexLock lock(&mu_);
+  live_ = std::move(live);
+}
+
+std::optional<LiveState> Job::TakeLive() {
+  absl::MutexLock lock(&mu_);
+  std::optional<LiveState> out = std::move(live_);
+  live_.reset();
+  return out;
+}
+
+bool Job::NoteFailure(const std::string& cause) {
+  absl::MutexLock lock(&mu_);
+  baton::v1::JobFailure* f = status_.add_failures();
+  f->set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+  f->set_step(status_.step());
+  f->set_cause(cause);
+  if (status_.restarts() >= restarts_allowed_) return false;
+  status_.set_restarts(status_.restarts() + 1);
+  // In the same update as the failure: a reader that sees it counted sees
+  // the job RECOVERING, never RUNNING on the mesh it lost.
+  if (!IsEnded(status_.state())) {
+    status_.set_state(baton::v1::JOB_RECOVERING);
+    status_.clear_waiting_for();
+    LogState();
+  }
+  return true;
+}
+
+std::string Job::FailureHistory() const {
+  absl::MutexLock lock(&mu_);
+  std::string out = absl::StrCat(status_.failures_size(), " failure", status_.failures_size() == 1 ? "" : "s", " (",
+                                 status_.restarts(), " of ", restarts_allowed_, " restarts used)");
+  for (const auto& f : status_.failures()) {
+    absl::StrAppend(&out, "\n  ", absl::FormatTime("%Y-%m-%d %H:%M:%E3S", absl::FromUnixMillis(f.time_unix_ms()),
+                                                   absl::UTCTimeZone()),
+                    " at step ", f.step(), ": ", f.cause());
+  }
+  return out;
+}
+
+void Job::SetRecoveryWorkers(std::vector<std::string> names, absl::Time until) {
+  absl::MutexLock lock(&mu_);
+  recovery_workers_ = std::move(names);
+  recovery_until_ = until;
+}
+
+std::vector<std::string> Job::recovery_workers(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  return now < recovery_until_ ? recovery_workers_ : std::vector<std::string>{};
+}
+
+void Job::ClearMeshLost() {
+  absl::MutexLock lock(&mu_);
+  if (interrupt_ == Interrupt::kMeshLost) {
+    interrupt_ = Interrupt::kNone;
+    interrupt_cause_.clear();
+  }
+}
+
+}  // namespace baton
