@@ -14,6 +14,8 @@
 4. A job named with terminal escapes, CR and LF: `baton jobs`, `baton status`
    and `baton watch` print it escaped (no raw control byte reaches the
    terminal).
+5. The directory of an earlier `baton up` that was SIGKILLed (its tokens
+   left behind) is removed when the next one starts.
 
 Usage: hostile_test.py BATON CONTROLLER_BIN WORKER_BIN EXAMPLE_JOB
 Every process it starts is ended by pid; every wait is bounded.
@@ -196,12 +198,29 @@ def names_part(fleet, tmp, example):
               % (args[0], len(raw), shown[0][:120] if shown else "(not shown)"))
 
 
+def abandoned_up_dir():
+    """A directory as a `baton up` SIGKILLed would leave it: its owner gone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    root = os.environ.get("TEST_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    d = tempfile.mkdtemp(prefix="baton-up-", dir=root)
+    with open(os.path.join(d, "owner.pid"), "w") as f:
+        f.write("%d\n" % gone.pid)
+    with open(os.path.join(d, "worker.token"), "w") as f:
+        f.write("secret\n")
+    return d
+
+
 def main():
     baton, controller_bin, worker_bin, example = sys.argv[1:5]
     tmp = tempfile.mkdtemp(prefix="baton-hostile-")
     fleet = None
     try:
+        left = abandoned_up_dir()
         fleet = Fleet(baton, controller_bin, worker_bin, tmp, workers=2)
+        check(not os.path.exists(left),
+              "the directory of a baton up whose process is gone (%s, with its worker.token) %s when the next "
+              "started" % (os.path.basename(left), "still there" if os.path.exists(left) else "was removed"))
         grpc_part(fleet)
         worker_part(fleet)
         plan_part(fleet, tmp)
