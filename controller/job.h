@@ -3,20 +3,27 @@
 // the steps asked of it) changes under its own mutex, so jobs never wait on
 // each other.
 //
-// States (JobStatus.state):
+// States (JobStatus.state): the one drawing of them; proto/controller.proto
+// and docs/control_plane.md point here.
 //
-//   JOB_PENDING ──placed and loaded──> JOB_RUNNING ──last step──> JOB_FINISHED
-//      │  ^                              │    │  ^
-//      │  └──── controller restarted ────┘    │  └── JOB_RECOVERING (restored,
-//      │        (detached: requeued)          │      goes on; supervision)
-//      │                                      │
-//      ├────────── stop / lease lapsed ───────┴──> JOB_STOPPED
-//      └────────── failure ───────────────────────> JOB_FAILED
+//   submitted ─> PENDING ──placed, restored──> RUNNING ──last step──> FINISHED
+//                 │  ^                          │  │  ^
+//                 │  └── controller restarted ──┘  │  │ placed again, restored (from
+//                 │      (detached: requeued; an   │  │ its live workers, else its
+//                 │       attached job FAILS)      │  │ newest loadable checkpoint)
+//                 │                                v  │
+//                 │   failure, restarts left ──> RECOVERING <── rescale, grow back
+//                 │   (waits for its workers,                   (between steps)
+//                 │    then any; may shrink)
+//                 ├── stop / lease lapsed (from any but a final state) ──> STOPPED
+//                 └── failure, no restart left (every cause listed) ─────> FAILED
 //
-// FINISHED, STOPPED and FAILED are final. Every state change and every
-// completed step is an entry of the job's log: the log is what counts, so a
-// step is counted everywhere (status, metrics, Step's answer, `baton logs`)
-// or nowhere.
+//   a record the controller cannot read at start-up ──────────────────> UNREADABLE
+//
+// FINISHED, STOPPED, FAILED and UNREADABLE are final (common/job_state.h).
+// Every state change and every completed step is an entry of the job's log:
+// the log is what counts, so a step is counted everywhere (status, metrics,
+// Step's answer, `baton logs`) or nowhere.
 //
 // Thread-safety: every method may be called from any thread. The job's
 // runner (controller/job_runner.h) advances it; RPC threads read it, ask
