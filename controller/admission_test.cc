@@ -5,6 +5,7 @@
 // Whose checkpoints a restarting job may load: only its own.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -112,12 +113,41 @@ TEST(AdmissionTest, AJobResumesOnlyFromItsOwnCheckpointsNewestFirst) {
   EXPECT_EQ(recorded, "step-00000008,step-00000003,step-00000002");
   EXPECT_EQ(skipping, "step-00000008,step-00000002");
   EXPECT_NE(fp, other_fp);
+  // Rescaled (its record now holds dp=4): the same checkpoints are its own.
+  mine.mutable_spec()->mutable_mesh(0)->set_size(4);
+  mine.mutable_status()->clear_last_checkpoint();
+  const std::string rescaled = names(JobManager::ResumePoints(mine, root, {}));
+  std::printf("after a rescale to dp=4: %s\n", rescaled.c_str());
+  EXPECT_EQ(rescaled, "step-00000003,step-00000002");
+  // Its record names a checkpoint that is gone, and none of its own is
+  // left: said (the job then fails, never starting over from step 0).
+  baton::v1::JobRecord orphan = mine;
+  orphan.mutable_status()->set_job_id("job-8");
+  orphan.mutable_status()->mutable_last_checkpoint()->set_path(root + "/gone/step-00000040");
+  std::map<std::string, std::string> lost;
+  const auto none = JobManager::ResumePoints(orphan, root, {}, &lost);
+  std::printf("job-8, whose recorded checkpoint is gone: %zu resume points; lost: %s\n", none.size(),
+              lost.empty() ? "(nothing)" : lost.begin()->second.c_str());
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(lost.count(root + "/gone/step-00000040"), 1u);
 }
 
 TEST(AdmissionTest, WhatTheFleetCanNeverPlaceIsRefused) {
   HarnessOptions options;
   options.workers = 4;
+  options.jobs.registration_grace = absl::ZeroDuration();
   ControllerHarness h(options);
+  // While the fleet is still registering the same job is queued, not refused.
+  {
+    HarnessOptions fresh = options;
+    fresh.jobs.registration_grace = absl::Minutes(1);
+    ControllerHarness starting(fresh);
+    auto queued = starting.jobs().Submit(MlpJob("early", 10, "mesh { name: \"dp\" size: 8 } plan { mode: FSDP }"));
+    std::printf("8 workers on a fleet of 4 still registering: %s\n",
+                queued.ok() ? absl::StrCat("queued as ", (*queued)->id()).c_str() : queued.status().ToString().c_str());
+    EXPECT_TRUE(queued.ok()) << queued.status();
+    if (queued.ok()) starting.jobs().Stop((*queued)->id(), "test").IgnoreError();
+  }
   auto big = h.jobs().Submit(MlpJob("big", 10, "mesh { name: \"dp\" size: 8 } plan { mode: FSDP }"));
   auto ghost = h.jobs().Submit(MlpJob("ghost", 10, absl::StrCat(kDp2, "workers: \"fake-0\" workers: \"nope\"")));
   std::printf("8 workers on a fleet of 4: %s\nnaming an unregistered worker: %s\n", big.status().ToString().c_str(),

@@ -281,6 +281,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Publish(
   }
   if (auto s = CheckMetadata(md); !s.ok()) return s;
   if (auto s = PublishMetadata(step_dir, md); !s.ok()) return s;
+  job_->ClearUnloadable(step_dir);
   // Published: the save's time ends here; what follows is clean-up.
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
   RemoveUnreferencedFiles(step_dir, md);

@@ -54,8 +54,9 @@ struct RestorePlan {
 absl::StatusOr<RestorePlan> PlanRestore(const std::string& file_root, const baton::v1::JobSpec& job,
                                         const std::vector<baton::v1::Program>& programs,
                                         const std::string& resume_from);
-// A fingerprint of a job's spec as submitted (16 hex digits of the SHA-256
-// of its deterministic encoding): what, with the job's id, marks the
+// A fingerprint of a job's spec as submitted, less its mesh's sizes and the
+// workers it names, which a rescale changes (16 hex digits of the SHA-256 of
+// its deterministic encoding): what, with the job's id, marks the
 // checkpoints it saves as its own (CheckpointMetadata.job_fingerprint).
 std::string JobFingerprint(const baton::v1::JobSpec& spec);
 // Whether `md` was saved by the job `job_id` whose spec has `fingerprint`.

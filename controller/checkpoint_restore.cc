@@ -27,12 +27,17 @@ absl::Status Prefixed(const absl::Status& s, const std::string& prefix) {
 }  // namespace
 
 std::string JobFingerprint(const baton::v1::JobSpec& spec) {
+  // What a rescale changes (the axes' sizes, the workers named) is left out:
+  // the job's own checkpoints stay its own on every mesh it moves to.
+  baton::v1::JobSpec what = spec;
+  what.clear_mesh();
+  what.clear_workers();
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream out(&bytes);
     google::protobuf::io::CodedOutputStream coded(&out);
     coded.SetSerializationDeterministic(true);
-    spec.SerializeToCodedStream(&coded);
+    what.SerializeToCodedStream(&coded);
   }
   unsigned char digest[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);

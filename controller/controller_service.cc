@@ -80,10 +80,10 @@ baton::v1::StatusResponse ControllerService::Snapshot(bool with_history) const {
     for (size_t i = jobs.size() > kHistoryJobs ? jobs.size() - kHistoryJobs : 0; i < jobs.size(); ++i) {
       baton::v1::JobHistory* history = resp.add_histories();
       history->set_job_id(jobs[i]->id());
-      // Steps are most of a log: twice the steps shown is enough to read.
-      const int64_t from = std::max<int64_t>(0, jobs[i]->log().last_sequence() - 2 * kHistorySteps);
+      // Steps are most of a log: its newest twice the steps shown are enough
+      // to read (by count: sequence numbers jump after a controller restart).
       std::vector<baton::v1::StepMetrics> steps;
-      for (const auto& e : jobs[i]->log().After(from)) {
+      for (const auto& e : jobs[i]->log().After(0, absl::ZeroDuration(), 2 * kHistorySteps)) {
         if (e.has_step()) steps.push_back(e.step());
       }
       for (size_t s = steps.size() > kHistorySteps ? steps.size() - kHistorySteps : 0; s < steps.size(); ++s) {

@@ -216,6 +216,8 @@ class Job {
   // Why the job table could not record its last change; "" once it could.
   void SetRecordError(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   std::map<std::string, std::string> unloadable() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A save published at `path` again: loadable once more.
+  void ClearUnloadable(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void LogState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -85,13 +85,14 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   std::vector<baton::v1::WorkerInfo> fleet = meshes_->Workers(), chosen;
   // What no placement on the registered workers could ever satisfy is
   // refused now: queued, it would wait forever (and, first in line, hold
-  // every job behind it).
-  if (const int need = MeshSize(spec); need > static_cast<int>(fleet.size())) {
+  // every job behind it). Not while the fleet is still registering.
+  const bool settled = !fleet.empty() && absl::Now() - started_ >= options_.registration_grace;
+  if (const int need = MeshSize(spec); settled && need > static_cast<int>(fleet.size())) {
     return absl::ResourceExhaustedError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" needs ", need,
                                                      " workers; the fleet has ", fleet.size(), " registered"));
   }
   for (const std::string& name : spec.workers()) {
-    if (std::none_of(fleet.begin(), fleet.end(), [&](const auto& w) { return w.name() == name; })) {
+    if (settled && std::none_of(fleet.begin(), fleet.end(), [&](const auto& w) { return w.name() == name; })) {
       return absl::InvalidArgumentError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" names worker \"",
                                                      absl::CEscape(name.substr(0, 128)),
                                                      "\", which is not registered (", fleet.size(),

@@ -212,6 +212,7 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::Stop(const std::string& id, con
 void JobManager::Tick(absl::Time now) {
   std::vector<std::shared_ptr<Job>> lapsed;
   std::vector<std::shared_ptr<JobRunner>> reaped;
+  std::vector<std::pair<std::string, baton::v1::JobState>> forgotten;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, runner] : runners_) {
@@ -225,9 +226,23 @@ void JobManager::Tick(absl::Time now) {
         ++it;
       }
     }
-    Forget();
+    forgotten = Forget();
   }
   reaped.clear();  // joined here, outside the lock
+  // Their files, outside the table's lock, after any write of theirs in
+  // flight (which would otherwise bring a record back).
+  for (const auto& [id, state] : forgotten) {
+    std::shared_ptr<JobWriter> writer = WriterOf(id);
+    {
+      absl::MutexLock lock(&writer->mu);
+      // A record that could not be read is never deleted: it stays for
+      // whoever repairs it, and is listed again at the next start.
+      if (state != baton::v1::JOB_UNREADABLE) store_->Remove(id).IgnoreError();
+    }
+    absl::MutexLock lock(&persist_mu_);
+    writers_.erase(id);
+    unwritten_.erase(id);
+  }
   WriteProgress(/*now=*/false);
   for (const auto& job : lapsed) {
     const baton::v1::JobStatus s = job->status();
@@ -237,7 +252,8 @@ void JobManager::Tick(absl::Time now) {
   Schedule();
 }
 
-void JobManager::Forget() {
+std::vector<std::pair<std::string, baton::v1::JobState>> JobManager::Forget() {
+  std::vector<std::pair<std::string, baton::v1::JobState>> forgotten;
   size_t ended = 0;
   for (const auto& id : order_) ended += jobs_.at(id)->ended();
   for (auto it = order_.begin(); it != order_.end() && ended > options_.max_ended_jobs;) {
@@ -246,11 +262,12 @@ void JobManager::Forget() {
       ++it;
       continue;
     }
-    store_->Remove(*it).IgnoreError();
+    forgotten.emplace_back(*it, job->second->state());
     jobs_.erase(job);
     it = order_.erase(it);
     --ended;
   }
+  return forgotten;
 }
 
 void JobManager::OnMeshLost(const std::string& owner, const baton::v1::Mesh& mesh, const std::string& why) {

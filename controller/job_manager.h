@@ -52,6 +52,12 @@ struct JobManagerOptions {
   absl::Duration retry_backoff = absl::Seconds(1);
   // The per-collective timeout of detached jobs' steps.
   int64_t collective_timeout_ms = 30000;
+  // For this long after the controller starts its fleet is still
+  // registering (a restarted controller's workers come back within a few
+  // seconds): a job needing more workers than are registered, or naming one
+  // that is not, is queued rather than refused. So is any job while no
+  // worker is registered at all.
+  absl::Duration registration_grace = absl::Seconds(10);
 };
 
 class JobManager {
@@ -145,9 +151,11 @@ class JobManager {
   // first: its own complete checkpoints - the one its record names and
   // those in its checkpoint.dir that it saved (CheckpointMetadata's job id
   // and spec fingerprint; never another job's, whatever directory they
-  // share) - less those in `unloadable`.
+  // share) - less those in `unloadable`. `lost`, when given, gets the one
+  // its record names if that one cannot be read (with why).
   static std::vector<std::string> ResumePoints(const baton::v1::JobRecord& record, const std::string& file_root,
-                                               const std::map<std::string, std::string>& unloadable);
+                                               const std::map<std::string, std::string>& unloadable,
+                                               std::map<std::string, std::string>* lost = nullptr);
 
  private:
   // Validated, compiled and its restore planned; not yet in the table.
@@ -202,7 +210,9 @@ class JobManager {
   static constexpr absl::Duration kProgressInterval = absl::Seconds(1);
   void WriteProgress(bool now) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
   void EndPending(Job& job, baton::v1::JobState state, const std::string& cause);
-  void Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the oldest ended jobs past options_.max_ended_jobs from the table;
+  // returns them (id, state) for Tick to remove their files outside mu_.
+  std::vector<std::pair<std::string, baton::v1::JobState>> Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runner of job `id` while it holds workers, else nullptr.
   std::shared_ptr<JobRunner> RunnerOf(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -211,6 +221,7 @@ class JobManager {
   ControllerMetrics* const metrics_;
   JobStore* const store_;
   const JobManagerOptions options_;
+  const absl::Time started_ = absl::Now();
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -15,7 +15,8 @@
 namespace baton {
 
 std::vector<std::string> JobManager::ResumePoints(const baton::v1::JobRecord& record, const std::string& file_root,
-                                                  const std::map<std::string, std::string>& unloadable) {
+                                                  const std::map<std::string, std::string>& unloadable,
+                                                  std::map<std::string, std::string>* lost) {
   const std::string& id = record.status().job_id();
   const std::string fingerprint = JobFingerprint(record.spec());
   const baton::v1::CheckpointInfo& recorded = record.status().last_checkpoint();
@@ -26,7 +27,13 @@ std::vector<std::string> JobManager::ResumePoints(const baton::v1::JobRecord& re
       if (f.second == path) return;
     }
     auto md = ReadMetadata(path);
-    if (!md.ok() || md->step() > record.spec().steps()) return;
+    if (!md.ok()) {
+      // The one its record names is gone or damaged: said, so that a job
+      // left with none of its own fails rather than starts over.
+      if (path == recorded.path() && lost != nullptr) (*lost)[path] = std::string(md.status().message());
+      return;
+    }
+    if (md->step() > record.spec().steps()) return;
     // Its own; or, named by its record, one saved before checkpoints named
     // their job.
     if (SavedBy(*md, id, fingerprint) || (path == recorded.path() && md->job_id().empty())) {
@@ -114,8 +121,10 @@ void JobManager::Recover() {
       status->clear_workers();
       status->set_state(baton::v1::JOB_PENDING);
       std::optional<Prepared> prepared;
+      std::map<std::string, std::string> lost;
+      const std::vector<std::string> points = ResumePoints(record, options_.checkpoints.file_root, {}, &lost);
       absl::Status compiled = FromNewest(
-          ResumePoints(record, options_.checkpoints.file_root, {}), {},
+          points, lost,
           [&](const std::string& point) {
             auto p = Compile(record, point);
             if (p.ok()) prepared = std::move(*p);
@@ -140,9 +149,10 @@ void JobManager::Recover() {
       job->log().Restore(e);
     }
     // The controller that died numbered entries it never wrote: this one's
-    // follow them all (start N numbers from N << 32), so a client following
+    // follow them all (start N numbers from N << 32, and past the block of
+    // the last one read, should the counters have been lost), so a client following
     // the log across the restart (after its last sequence) misses none.
-    job->log().SkipTo(static_cast<int64_t>(contents.starts) << 32);
+    job->log().SkipTo(std::max<int64_t>(contents.starts, (job->log().last_sequence() >> 32) + 1) << 32);
     {
       std::shared_ptr<JobWriter> writer = WriterOf(id);
       absl::MutexLock lock(&writer->mu);

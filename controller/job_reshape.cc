@@ -53,6 +53,10 @@ void Job::PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::sha
 absl::Status Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan,
                                  const std::string& request_id) {
   absl::MutexLock lock(&mu_);
+  if (status_.state() != baton::v1::JOB_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id_, " is ", baton::v1::JobState_Name(status_.state()),
+                                                      "; only a running job is rescaled"));
+  }
   const baton::v1::RescaleState& last = status_.rescale();
   if (last.phase() == baton::v1::RescaleState::ASKED) {
     std::vector<std::string> axes;
@@ -88,6 +92,11 @@ bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* p
 void Job::NoteUnloadable(const std::string& path, const std::string& why) {
   absl::MutexLock lock(&mu_);
   unloadable_[path] = why;
+}
+
+void Job::ClearUnloadable(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  unloadable_.erase(path);
 }
 
 std::map<std::string, std::string> Job::unloadable() const {

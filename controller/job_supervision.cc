@@ -10,11 +10,13 @@ namespace baton {
 
 absl::StatusOr<RestorePlan> JobManager::PlanRecovery(const Job& job, const baton::v1::JobSpec& placed,
                                                      const JobPlan& plan) {
-  const std::map<std::string, std::string> unloadable = job.unloadable();
+  std::map<std::string, std::string> unloadable = job.unloadable();
+  const std::vector<std::string> points =
+      ResumePoints(job.Record(), options_.checkpoints.file_root, unloadable, &unloadable);
   std::optional<RestorePlan> restore;
   std::string skipped;
   absl::Status planned = FromNewest(
-      ResumePoints(job.Record(), options_.checkpoints.file_root, unloadable), unloadable,
+      points, unloadable,
       [&](const std::string& point) {
         auto r = PlanRestore(options_.checkpoints.file_root, placed, plan.programs, point);
         if (r.ok()) restore = std::move(*r);
