@@ -1,6 +1,5 @@
 #include "client/local_cluster.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
@@ -20,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/file_root.h"
 #include "common/security.h"
 
 namespace baton {
@@ -77,11 +77,8 @@ void RemoveTree(const std::string& dir) {
 // pid taken again by another process keeps its directory (never one too
 // many removed).
 void RemoveAbandoned(const std::string& tmp) {
-  DIR* d = ::opendir(tmp.c_str());
-  if (d == nullptr) return;
   std::vector<std::string> abandoned;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
+  for (const std::string& name : DirectoryEntries(tmp)) {
     if (name.rfind("baton-up-", 0) != 0) continue;
     const std::string dir = absl::StrCat(tmp, "/", name);
     struct stat st;
@@ -91,7 +88,6 @@ void RemoveAbandoned(const std::string& tmp) {
     if (!(in >> owner) || owner <= 0) continue;
     if (::kill(owner, 0) != 0 && errno == ESRCH) abandoned.push_back(dir);
   }
-  ::closedir(d);
   for (const std::string& dir : abandoned) RemoveTree(dir);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -116,6 +117,19 @@ absl::Status PreadAll(int fd, char* data, int64_t n, int64_t at, const std::stri
   if (r < 0) return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
   if (r < n) return absl::DataLossError(absl::StrCat(path, " is shorter than its checkpoint metadata says"));
   return absl::OkStatus();
+}
+
+std::vector<std::string> DirectoryEntries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::Status MakeDirs(const std::string& path) {

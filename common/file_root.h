@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -42,6 +43,9 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, const ReadF
 
 // mkdir -p (mode 0755).
 absl::Status MakeDirs(const std::string& path);
+// The names in directory `dir`, sorted, without "." and ".."; none when it
+// cannot be read.
+std::vector<std::string> DirectoryEntries(const std::string& dir);
 
 // Writes all of `n` bytes to `fd` through short writes and EINTR; an error
 // naming `path` (and errno: a full disk says so) otherwise.

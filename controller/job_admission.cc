@@ -14,7 +14,6 @@
 
 namespace baton {
 
-
 absl::StatusOr<JobManager::Prepared> JobManager::Compile(baton::v1::JobRecord record, const std::string& resume_from) {
   const std::string id = record.status().job_id();
   auto plan = PlanJob(record.spec(), id);
@@ -63,6 +62,24 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   }
   // Saves must be able to land: refused now, not at the first crash.
   if (auto s = CheckCheckpointDir(options_.checkpoints.file_root, spec); !s.ok()) return s;
+  const std::vector<baton::v1::WorkerInfo> fleet = meshes_->Workers();
+  // What no placement on the registered workers could ever satisfy is
+  // refused now: queued, it would wait forever (and, first in line, hold
+  // every job behind it). Not while the fleet is still registering.
+  const bool settled = !fleet.empty() && absl::Now() - started_ >= options_.registration_grace;
+  if (const int need = MeshSize(spec); settled && need > static_cast<int>(fleet.size())) {
+    return absl::ResourceExhaustedError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" needs ", need,
+                                                     " workers; the fleet has ", fleet.size(), " registered"));
+  }
+  for (const std::string& name : spec.workers()) {
+    if (settled && std::none_of(fleet.begin(), fleet.end(), [&](const auto& w) { return w.name() == name; })) {
+      return absl::InvalidArgumentError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" names worker \"",
+                                                     absl::CEscape(name.substr(0, 128)),
+                                                     "\", which is not registered (", fleet.size(),
+                                                     " workers are)"));
+    }
+  }
+  // Only what passed the checks above takes an id (a durable write).
   baton::v1::JobRecord record;
   *record.mutable_spec() = spec;
   baton::v1::JobStatus* status = record.mutable_status();
@@ -82,23 +99,7 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   if (!prepared.ok()) return prepared.status();
   // What one rank needs against what the workers said they have: the ones
   // it names, or the first live ones.
-  std::vector<baton::v1::WorkerInfo> fleet = meshes_->Workers(), chosen;
-  // What no placement on the registered workers could ever satisfy is
-  // refused now: queued, it would wait forever (and, first in line, hold
-  // every job behind it). Not while the fleet is still registering.
-  const bool settled = !fleet.empty() && absl::Now() - started_ >= options_.registration_grace;
-  if (const int need = MeshSize(spec); settled && need > static_cast<int>(fleet.size())) {
-    return absl::ResourceExhaustedError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" needs ", need,
-                                                     " workers; the fleet has ", fleet.size(), " registered"));
-  }
-  for (const std::string& name : spec.workers()) {
-    if (settled && std::none_of(fleet.begin(), fleet.end(), [&](const auto& w) { return w.name() == name; })) {
-      return absl::InvalidArgumentError(absl::StrCat("job \"", spec.name().substr(0, 128), "\" names worker \"",
-                                                     absl::CEscape(name.substr(0, 128)),
-                                                     "\", which is not registered (", fleet.size(),
-                                                     " workers are)"));
-    }
-  }
+  std::vector<baton::v1::WorkerInfo> chosen;
   for (const auto& w : fleet) {
     const bool named = std::find(spec.workers().begin(), spec.workers().end(), w.name()) != spec.workers().end();
     if (w.state() != baton::v1::DEAD && (spec.workers().empty() || named)) chosen.push_back(w);

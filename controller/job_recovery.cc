@@ -9,7 +9,9 @@
 #include "absl/time/clock.h"
 #include "checkpoint/files.h"
 #include "common/file_root.h"
+#include "common/wire.h"
 #include "controller/job_manager.h"
+#include "mesh/device_mesh.h"
 #include "strategies/job_spec.h"
 
 namespace baton {
@@ -93,11 +95,8 @@ void JobManager::Recover() {
         rescale->phase() == baton::v1::RescaleState::ASKED) {
       // Asked of the controller that died: applied if its record already
       // holds the new mesh (the runner had taken it), else never will be.
-      const bool taken = std::equal(
-          record.spec().mesh().begin(), record.spec().mesh().end(), rescale->mesh().begin(), rescale->mesh().end(),
-          [](const auto& a, const auto& b) { return a.name() == b.name() && a.size() == b.size(); });
-      rescale->set_phase(taken && record.spec().mesh_size() == rescale->mesh_size() ? baton::v1::RescaleState::APPLIED
-                                                                                    : baton::v1::RescaleState::FAILED);
+      const bool taken = FormatMeshSpec(ToMeshAxes(record.spec().mesh())) == FormatMeshSpec(ToMeshAxes(rescale->mesh()));
+      rescale->set_phase(taken ? baton::v1::RescaleState::APPLIED : baton::v1::RescaleState::FAILED);
       if (rescale->phase() == baton::v1::RescaleState::FAILED) {
         rescale->set_error("the controller restarted before the runner took it");
       }

@@ -5,9 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/wire.h"
 #include "controller/job.h"
+#include "mesh/device_mesh.h"
 
 namespace baton {
 
@@ -59,10 +60,8 @@ absl::Status Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const J
   }
   const baton::v1::RescaleState& last = status_.rescale();
   if (last.phase() == baton::v1::RescaleState::ASKED) {
-    std::vector<std::string> axes;
-    for (const auto& a : last.mesh()) axes.push_back(absl::StrCat(a.name(), "=", a.size()));
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", id_, " is already being rescaled to ", absl::StrJoin(axes, ","),
+        absl::StrCat("job ", id_, " is already being rescaled to ", FormatMeshSpec(ToMeshAxes(last.mesh())),
                      last.request_id().empty() ? "" : absl::StrCat(" (request ", last.request_id(), ")"),
                      "; one rescale at a time: ask again once it runs on that mesh"));
   }

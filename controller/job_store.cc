@@ -1,6 +1,5 @@
 #include "controller/job_store.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -32,15 +31,6 @@ int64_t JobNumber(const std::string& id) {
   return std::max<int64_t>(n, 0);
 }
 
-// The names in DIR (none when it cannot be read).
-std::vector<std::string> Names(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (dirent* e = ::readdir(d)) names.push_back(e->d_name);
-  ::closedir(d);
-  return names;
-}
 
 absl::StatusOr<std::vector<baton::v1::JobLogEntry>> ReadLog(const std::string& path, bool* compact) {
   ReadFileOptions options;
@@ -106,7 +96,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   // The table itself says which ids were used: every file of jobs/ (a
   // record, a log, a temporary) counts, whatever controller.pb says.
   int64_t highest = 0;
-  for (const std::string& name : Names(absl::StrCat(dir, "/jobs"))) {
+  for (const std::string& name : DirectoryEntries(absl::StrCat(dir, "/jobs"))) {
     if (absl::StartsWith(name, "job-")) highest = std::max(highest, JobNumber(name.substr(0, name.find('.'))));
   }
   absl::MutexLock lock(&store->mu_);
@@ -148,7 +138,7 @@ JobStore::Contents JobStore::Read() {
   }
   if (!persistent()) return contents;
   std::vector<std::string> names;
-  for (const std::string& name : Names(absl::StrCat(dir_, "/jobs"))) {
+  for (const std::string& name : DirectoryEntries(absl::StrCat(dir_, "/jobs"))) {
     if (absl::EndsWith(name, ".pb")) names.push_back(name.substr(0, name.size() - 3));
   }
   ReadFileOptions options;

@@ -54,30 +54,36 @@ def string_field(number, value):
     return varint(number << 3 | 2) + varint(len(value)) + value
 
 
+HUGE_ID = b"\0" * (15 << 20)
+GRPC_OPTIONS = [("grpc.max_send_message_length", 32 << 20), ("grpc.max_receive_message_length", 32 << 20)]
+
+
+def check_huge_id(channel, service, method, metadata, label):
+    """Sends `method` a 15 MiB job id of NULs: answered within 1 s, INVALID_ARGUMENT, a bounded message."""
+    import grpc
+    kind = channel.unary_stream if method == "StepStream" else channel.unary_unary
+    rpc = kind("/baton.v1.%s/%s" % (service, method), request_serializer=lambda b: b,
+               response_deserializer=lambda b: b)
+    start = time.time()
+    try:
+        answer = rpc(string_field(1, HUGE_ID), timeout=10, metadata=metadata)
+        if method == "StepStream":
+            list(answer)
+        code, message = "OK", ""
+    except grpc.RpcError as e:
+        code, message = e.code().name, e.details() or ""
+    took = time.time() - start
+    check(took < 1.0 and code == "INVALID_ARGUMENT" and len(message) < 512,
+          "%s%s with a 15 MiB job id of NULs: %s in %.3f s, message of %d bytes: %r"
+          % (label, method, code, took, len(message), message[:160]))
+
+
 def grpc_part(fleet):
     import grpc
     token = open(fleet.env["BATON_TOKEN_FILE"]).read().strip()
-    huge = b"\0" * (15 << 20)
-    options = [("grpc.max_send_message_length", 32 << 20), ("grpc.max_receive_message_length", 32 << 20)]
-    with grpc.insecure_channel(fleet.address, options=options) as channel:
-        for method, request in (("Step", string_field(1, huge)), ("StepStream", string_field(1, huge)),
-                                ("StopJob", string_field(1, huge)), ("ListJobs", string_field(1, huge)),
-                                ("KeepAlive", string_field(1, huge))):
-            kind = channel.unary_stream if method == "StepStream" else channel.unary_unary
-            rpc = kind("/baton.v1.Controller/" + method, request_serializer=lambda b: b,
-                       response_deserializer=lambda b: b)
-            start = time.time()
-            try:
-                answer = rpc(request, timeout=10, metadata=[("authorization", "Bearer " + token)])
-                if method == "StepStream":
-                    list(answer)
-                code, message = "OK", ""
-            except grpc.RpcError as e:
-                code, message = e.code().name, e.details() or ""
-            took = time.time() - start
-            check(took < 1.0 and code == "INVALID_ARGUMENT" and len(message) < 512,
-                  "%s with a 15 MiB job id of NULs: %s in %.3f s, message of %d bytes: %r"
-                  % (method, code, took, len(message), message[:160]))
+    with grpc.insecure_channel(fleet.address, options=GRPC_OPTIONS) as channel:
+        for method in ("Step", "StepStream", "StopJob", "ListJobs", "KeepAlive"):
+            check_huge_id(channel, "Controller", method, [("authorization", "Bearer " + token)], "")
 
 
 def worker_part(fleet):
@@ -89,23 +95,10 @@ def worker_part(fleet):
     token = open(token_line[0].split()[2]).read().strip()
     worker = fleet.status()["workers"][0]
     name, address = worker["name"], worker["address"]
-    huge = b"\0" * (15 << 20)
-    options = [("grpc.max_send_message_length", 32 << 20), ("grpc.max_receive_message_length", 32 << 20)]
-    with grpc.insecure_channel(address, options=options) as channel:
+    with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
         for method in ("ReadPieces", "GetRetained", "ReleaseState"):
-            rpc = channel.unary_unary("/baton.v1.Worker/" + method, request_serializer=lambda b: b,
-                                      response_deserializer=lambda b: b)
-            start = time.time()
-            try:
-                rpc(string_field(1, huge), timeout=10,
-                    metadata=[("authorization", "Bearer " + token), ("x-baton-worker", name)])
-                code, message = "OK", ""
-            except grpc.RpcError as e:
-                code, message = e.code().name, e.details() or ""
-            took = time.time() - start
-            check(took < 1.0 and code == "INVALID_ARGUMENT" and len(message) < 512,
-                  "worker %s %s with a 15 MiB job id of NULs: %s in %.3f s, message of %d bytes: %r"
-                  % (name, method, code, took, len(message), message[:160]))
+            check_huge_id(channel, "Worker", method,
+                          [("authorization", "Bearer " + token), ("x-baton-worker", name)], "worker %s " % name)
 
 
 def plan_part(fleet, tmp):
