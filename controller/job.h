@@ -51,13 +51,18 @@
 namespace baton {
 
 // What a job left on its workers when its mesh went (a failure, a rescale,
-// a grow-back): the Programs its ranks ran, that mesh (its workers by rank)
+// a grow-back, a controller restart): the Programs its ranks ran, that mesh (its workers by rank)
 // and the step it was at. Its restore reads it from them when they keep all
 // of it (controller/live_restore.h); its data stream is the job's own.
 struct LiveState {
   std::shared_ptr<const JobPlan> plan;
+  // Its workers by rank; an address left empty is the one the worker of
+  // that name has registered now (a restarted controller knows the names).
   baton::v1::Mesh mesh;
   int step = 0;
+  // The last step whose figures the job's log holds: the steps after it
+  // that the workers ran are recorded from the figures they kept.
+  int logged_step = 0;
 };
 
 class Job {

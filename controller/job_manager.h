@@ -24,6 +24,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,12 @@ class JobManager {
   absl::StatusOr<Prepared> Prepare(const baton::v1::CreateJobRequest& req, bool detached);
   // Compiles `record`'s job and plans what it restores (`resume_from`
   // overriding the spec's).
+  // What a detached job placed when the previous controller died left on
+  // its workers: its Programs on that mesh, the workers by rank (names
+  // only), the step its record holds and the last one its log (`log`)
+  // does. nullopt when it was not placed (or its plan no longer compiles).
+  static std::optional<LiveState> LeftOnWorkers(const baton::v1::JobRecord& record,
+                                                const std::vector<baton::v1::JobLogEntry>& log);
   absl::StatusOr<Prepared> Compile(baton::v1::JobRecord record, const std::string& resume_from);
   // Places queued jobs, first in line first, while workers allow.
   void Schedule() ABSL_LOCKS_EXCLUDED(mu_);

@@ -80,6 +80,31 @@ absl::Status JobManager::FromNewest(const std::vector<std::string>& points,
       absl::StrCat("none of its checkpoints can be loaded (", absl::StrJoin(why, "; "), ")"));
 }
 
+std::optional<LiveState> JobManager::LeftOnWorkers(const baton::v1::JobRecord& record,
+                                                  const std::vector<baton::v1::JobLogEntry>& log) {
+  const baton::v1::JobStatus& status = record.status();
+  // Not placed. (At step 0 by its record it may still have run steps whose
+  // record the controller never wrote.)
+  if (status.workers().empty()) return std::nullopt;
+  // The Programs its ranks ran: its spec on the mesh it was placed on
+  // (shrunk, or its own).
+  baton::v1::JobSpec placed = record.spec();
+  if (!status.mesh().empty()) *placed.mutable_mesh() = status.mesh();
+  if (MeshSize(placed) != status.workers_size()) return std::nullopt;
+  auto plan = PlanJob(placed, status.job_id());
+  if (!plan.ok()) return std::nullopt;
+  LiveState live;
+  live.plan = std::make_shared<const JobPlan>(std::move(*plan));
+  live.mesh.set_mesh_id(status.mesh_id());
+  *live.mesh.mutable_worker_names() = status.workers();
+  live.step = status.step();
+  live.logged_step = status.step();
+  for (const auto& e : log) {
+    if (e.has_step()) live.logged_step = std::max(live.logged_step, static_cast<int>(e.step().step()));
+  }
+  return live;
+}
+
 void JobManager::Recover() {
   const JobStore::Contents contents = store_->Read();
   int ended = 0, requeued = 0, failed = 0;
@@ -89,6 +114,7 @@ void JobManager::Recover() {
     baton::v1::JobStatus* status = record.mutable_status();
     std::shared_ptr<Job> job;
     RestorePlan restore;
+    std::optional<LiveState> live;
     bool queue = false;
     std::string cause, skipped;
     if (baton::v1::RescaleState* rescale = status->mutable_rescale();
@@ -113,8 +139,10 @@ void JobManager::Recover() {
                                : absl::StrCat("; its last checkpoint is ", status->last_checkpoint().path()));
       ++failed;
     } else {
-      // Detached: back in line, from its last complete checkpoint (or the
+      // Detached: back in line, from the state its workers kept when they
+      // still hold all of it, else from its last complete checkpoint (or the
       // one its spec resumes from, or step 0).
+      live = LeftOnWorkers(record, contents.logs.count(id) ? contents.logs.at(id) : std::vector<baton::v1::JobLogEntry>{});
       status->set_resumes(status->resumes() + 1);
       status->clear_mesh_id();
       status->clear_workers();
@@ -162,11 +190,21 @@ void JobManager::Recover() {
       job->Enter(baton::v1::JOB_FAILED, cause);
       events_->Append(JobEvent(baton::v1::Event::JOB_FAILED, id, job->step(), "", cause));
     } else if (queue) {
+      if (live.has_value()) {
+        // Placed on the workers it ran on while they come back (then on
+        // any): in place, its restore moves nothing.
+        std::vector<std::string> names(live->mesh.worker_names().begin(), live->mesh.worker_names().end());
+        job->SetRecoveryWorkers(std::move(names), absl::Now() + options_.registration_grace);
+        job->SetLive(std::move(*live));
+      }
       job->Enter(baton::v1::JOB_PENDING,
                  absl::StrCat(restore.info.path().empty()
                                   ? "requeued after a controller restart; starts from step 0"
                                   : absl::StrCat("requeued after a controller restart; resumes from ",
                                                  restore.info.path(), " (step ", restore.info.step(), ")"),
+                              live.has_value() ? absl::StrCat(" unless its workers still hold its state at step ",
+                                                              live->step, " or later")
+                                               : "",
                               skipped.empty() ? "" : absl::StrCat("; newer checkpoints cannot be loaded: ", skipped)));
       events_->Append(JobEvent(baton::v1::Event::JOB_REQUEUED, id, job->step(),
                                restore.info.path().empty() ? "from step 0" : absl::StrCat("from ", restore.info.path()),

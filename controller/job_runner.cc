@@ -96,6 +96,7 @@ absl::Status JobRunner::Place() {
     if (!loaded.ok()) return loaded.status();
     restored = *loaded;
     step = restore_.optimizer ? restore_.metadata.step() : 0;
+    if (live.has_value()) restored.set_steps_redone(std::max(0, live->logged_step - step));
   }
   if (live.has_value()) ReleaseLiveState(*context_.meshes, job_->id(), live->mesh);
   job_->SetStart(step, restore_.data_seed, restored);

@@ -118,6 +118,9 @@ class JobRunner {
   bool Rescale();
   // Leaves its mesh for another (GrowBack, Rescale): RECOVERING, back in line.
   void Move(const std::string& detail);
+  // Records the steps (logged, step] from the figures the workers kept
+  // (every rank that kept them all); the number recorded.
+  int RecordKeptFigures(const std::vector<CallResult<baton::v1::RunStepResponse>>& figures, int logged, int step);
   // What the job leaves on its workers now.
   LiveState CurrentLiveState() const;
   // Its restore from what `live` left on live workers when they keep all of

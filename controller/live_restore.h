@@ -27,9 +27,12 @@ namespace baton {
 // (survivors of a failed K-step call may be a step ahead of the record);
 // the plan's step says which. NOT_FOUND (nothing touched) when no step's
 // holders keep all of it.
+// `figures`: each holder's figures of the steps after live.logged_step up
+// to the plan's step (a RunStepResponse of its rank in live.mesh).
 absl::StatusOr<RestorePlan> PlanLiveRestore(MeshManager& meshes, const std::string& job_id, const LiveState& live,
                                             const baton::v1::Mesh& mesh,
-                                            const std::vector<baton::v1::Program>& programs);
+                                            const std::vector<baton::v1::Program>& programs,
+                                            std::vector<CallResult<baton::v1::RunStepResponse>>* figures);
 
 // Tells the workers of `mesh` to drop what they keep of `job_id` (best
 // effort, bounded).

@@ -11,7 +11,8 @@ void RetainedStates::Begin() {
   ++taking_;
 }
 
-void RetainedStates::Keep(const std::string& job_id, std::unique_ptr<ShardStore> store, int step) {
+void RetainedStates::Keep(const std::string& job_id, std::unique_ptr<ShardStore> store, int step,
+                          std::vector<baton::v1::StepMetrics> recent) {
   std::vector<std::shared_ptr<const Held>> dropped;  // freed outside the lock (declared before it)
   absl::MutexLock lock(&mu_);
   --taking_;
@@ -21,6 +22,9 @@ void RetainedStates::Keep(const std::string& job_id, std::unique_ptr<ShardStore>
   held->bytes = store->state_bytes();
   held->store = std::move(store);
   held->since = absl::Now();
+  for (auto& m : recent) {
+    if (m.step() <= step) held->recent.push_back(std::move(m));
+  }
   dropped.push_back(std::move(held_[job_id]));
   held_[job_id] = std::move(held);
   ExpireLocked(&dropped);

@@ -37,6 +37,10 @@ class RetainedStates {
  public:
   // A kept state nobody released is dropped after this long.
   static constexpr absl::Duration kMaxAge = absl::Minutes(15);
+  // The figures of this many of a mesh's last steps are kept with its job's
+  // state: a controller that lost a call's answer (it restarted, the call
+  // failed) records those steps from them instead of running them again.
+  static constexpr size_t kRecentSteps = 512;
 
   struct Held {
     // First, so last to go: the store's blocks are cached while it is kept.
@@ -45,14 +49,19 @@ class RetainedStates {
     int64_t bytes = 0;
     std::unique_ptr<const ShardStore> store;
     absl::Time since;
+    // This rank's figures of the steps it ran last on the dropped mesh, up
+    // to `step`, oldest first.
+    std::vector<baton::v1::StepMetrics> recent;
   };
 
   // A mesh is being dropped: a copy may follow. Get waits for every begun
   // one to end.
   void Begin();
-  // Ends a Begin: keeps `store` at `step` for `job_id` (replacing an older
-  // copy of that job), or keeps nothing when `store` is null.
-  void Keep(const std::string& job_id, std::unique_ptr<ShardStore> store, int step);
+  // Ends a Begin: keeps `store` at `step` for `job_id` with the figures of
+  // its last steps (replacing an older copy of that job), or keeps nothing
+  // when `store` is null.
+  void Keep(const std::string& job_id, std::unique_ptr<ShardStore> store, int step,
+            std::vector<baton::v1::StepMetrics> recent = {});
 
   // The copy of `job_id`, after waiting up to `wait` for copies still being
   // taken; nullptr when none is held.

@@ -240,17 +240,19 @@ void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const 
     std::string job_id;
     std::unique_ptr<ShardStore> store;
     int step = 0;
+    std::vector<baton::v1::StepMetrics> recent;
     {
       absl::MutexLock lock(&s->run_mu);
       job_id = s->job_id;
       if (s->executor != nullptr && !drop_job) {
         step = static_cast<int>(s->executor->committed_step());
         store = s->executor->TakeStore();
+        recent.assign(s->recent.begin(), s->recent.end());
       }
       s->executor.reset();
     }
     if (drop_job && !job_id.empty()) retained->Release(job_id);
-    retained->Keep(job_id, std::move(store), step);
+    retained->Keep(job_id, std::move(store), step, std::move(recent));
     LetGo(std::move(s));
   }).detach();
 }

@@ -99,6 +99,7 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext* ctx, const baton::v
     resp->set_state_bytes((*executor)->state_bytes());
     (*state)->job_id = program.job_id();
     (*state)->executor = std::move(*executor);
+    (*state)->recent.clear();
     return grpc::Status::OK;
   });
 }
@@ -128,6 +129,8 @@ std::pair<absl::Status, int64_t> WorkerService::RunSteps(MeshState& mesh, const 
     if (options_.metrics != nullptr) options_.metrics->ObserveStep(req.job_id(), *metrics);
     metrics->clear_comm_bytes_by_collective();
     metrics->clear_instruction_seconds();
+    mesh.recent.push_back(*metrics);
+    if (mesh.recent.size() > RetainedStates::kRecentSteps) mesh.recent.pop_front();
     *resp->add_metrics() = std::move(*metrics);
   }
   return {absl::OkStatus(), 0};

@@ -13,6 +13,7 @@
 #ifndef BATON_WORKER_WORKER_SERVICE_H_
 #define BATON_WORKER_WORKER_SERVICE_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -133,6 +134,9 @@ class WorkerService final : public baton::v1::Worker::Service {
     int64_t memory_baseline ABSL_GUARDED_BY(run_mu) = 0;
     // At most one async save in flight; a new save waits for it.
     std::shared_ptr<PendingSave> pending_save ABSL_GUARDED_BY(run_mu);
+    // The figures of its last steps (RetainedStates::kRecentSteps), kept
+    // with the job's state when the mesh goes.
+    std::deque<baton::v1::StepMetrics> recent ABSL_GUARDED_BY(run_mu);
     // The controller's step channel, if one was offered; served by `steps`
     // (declared after it: the thread is joined before it goes).
     std::unique_ptr<StepChannelServer> channel;

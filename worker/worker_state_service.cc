@@ -189,6 +189,9 @@ grpc::Status WorkerService::GetRetained(grpc::ServerContext* ctx, const baton::v
     resp->set_held(true);
     resp->set_step(held->step);
     resp->set_bytes(held->bytes);
+    for (const auto& m : held->recent) {
+      if (m.step() > req->figures_after()) *resp->add_figures() = m;
+    }
   }
   return grpc::Status::OK;
 }
