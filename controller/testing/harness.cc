@@ -57,6 +57,12 @@ std::string TempDir(const std::string& name) {
   return mkdtemp(dir.data()) ? dir : "";
 }
 
+HarnessOptions CheckpointingHarnessOptions() {
+  HarnessOptions options;
+  options.jobs.checkpoints.file_root = TempDir("root");
+  return options;
+}
+
 void SlowSteps(ControllerHarness& h, absl::Duration delay) {
   FakeScript script;
   script.step_delay = delay;

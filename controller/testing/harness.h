@@ -58,6 +58,8 @@ class ControllerHarness {
 
 // A fresh directory under TEST_TMPDIR.
 std::string TempDir(const std::string& name);
+// Options whose jobs checkpoint under a fresh file root.
+HarnessOptions CheckpointingHarnessOptions();
 // Every fake's RunStep takes `delay`.
 void SlowSteps(ControllerHarness& h, absl::Duration delay);
 // Whether `job` is in `state` now.
