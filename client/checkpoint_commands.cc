@@ -14,7 +14,7 @@
 #include "checkpoint/files.h"
 #include "checkpoint/hf_llama.h"
 #include "checkpoint/safetensors.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/device_mesh.h"
 
 namespace baton {

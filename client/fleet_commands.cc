@@ -22,7 +22,7 @@
 #include "common/json.h"
 #include "common/process.h"
 #include "common/text.h"
-#include "common/wire.h"
+#include "program/wire.h"
 
 namespace baton {
 namespace {

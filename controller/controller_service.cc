@@ -1,4 +1,4 @@
-#include "common/wire.h"
+#include "program/wire.h"
 #include "controller/controller_service.h"
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/collective_ops.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/device_mesh.h"
 
 namespace baton {

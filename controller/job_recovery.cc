@@ -9,7 +9,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/files.h"
 #include "common/file_root.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "controller/job_manager.h"
 #include "mesh/device_mesh.h"
 #include "strategies/job_spec.h"

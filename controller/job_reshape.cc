@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "controller/job.h"
 #include "mesh/device_mesh.h"
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "controller/controller_metrics.h"
 #include "controller/live_restore.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "controller/step_call.h"
 #include "strategies/job_spec.h"
 

@@ -9,7 +9,7 @@
 #include "controller/job_runner.h"
 #include "controller/live_restore.h"
 #include "controller/step_metrics.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/device_mesh.h"
 #include "strategies/job_spec.h"
 

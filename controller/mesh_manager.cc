@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/device_mesh.h"
 
 namespace baton {

@@ -4,7 +4,7 @@
 
 #include "google/protobuf/stubs/logging.h"
 
-#include "common/program_check.h"
+#include "program/program_check.h"
 #include "proto/program.pb.h"
 
 // Protobuf's complaints about malformed inputs are expected by the thousand.

@@ -6,15 +6,15 @@
 //                    tensor-parallel plan and its dataflow check
 //                    (strategies/tensor_parallel.cc), the plan theory's
 //                    bytes, memory and FLOPs (strategies/plan_theory.cc);
-//   the Program check common/program_check.cc: which stages fit a model,
+//   the Program check program/program_check.cc: which stages fit a model,
 //                    read the batch, return the loss, may be recomputed,
 //                    and which weights a tensor-parallel stage splits;
-//   the spec check   the parameter count (common/spec_check.cc);
+//   the spec check   the parameter count (program/spec_check.cc);
 //   the worker test  worker/model/stages_test.cc runs every stage kind and
 //                    holds worker/model/stages.cc to the allocations and
 //                    collectives written here.
 //
-// A stage kind (models/model.proto) is defined by a StageDef: its
+// A stage kind (proto/model.proto) is defined by a StageDef: its
 // traits, its unit's parameters (name, shape, init), the tensor-parallel
 // regions it enters and leaves, and its footprint on one rank for one
 // microbatch (what it returns, what autograd saves from the forward until the
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "models/model.pb.h"
+#include "proto/model.pb.h"
 #include "proto/job.pb.h"
 #include "proto/program.pb.h"
 
@@ -183,7 +183,7 @@ const StageDef* FindStage(baton::v1::StageKind kind);
 // ValidateProgram, a layout BuildModelLayout made).
 const StageDef& StageOf(baton::v1::StageKind kind);
 
-// `model` valid (common/spec_check.h) with defaults applied.
+// `model` valid (program/spec_check.h) with defaults applied.
 ModelLayout BuildModelLayout(const baton::v1::ModelSpec& model);
 // Tokens one batch row carries: seq_len for the decoder, 1 for the MLP.
 int64_t TokensPerRow(const baton::v1::ModelSpec& model);

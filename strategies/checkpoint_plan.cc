@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/layout.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/box_copy.h"
 
 namespace baton {

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/layout.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/box_copy.h"
 #include "strategies/job_spec.h"
 #include "strategies/planner.h"

@@ -7,9 +7,9 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "common/program_check.h"
-#include "common/sequence_shards.h"
-#include "common/wire.h"
+#include "program/program_check.h"
+#include "program/sequence_shards.h"
+#include "program/wire.h"
 #include "mesh/device_mesh.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"

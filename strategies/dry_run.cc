@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/program_check.h"
-#include "common/wire.h"
+#include "program/program_check.h"
+#include "program/wire.h"
 #include "strategies/job_spec.h"
 #include "models/model.h"
 #include "strategies/planner.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/program_check.h"
+#include "program/program_check.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"
 #include "strategies/planner.h"

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/wire.h"
+#include "program/wire.h"
 
 namespace baton {
 namespace {

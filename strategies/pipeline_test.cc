@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "common/program_check.h"
+#include "program/program_check.h"
 #include "strategies/dry_run.h"
 #include "strategies/job_spec.h"
 #include "models/model.h"

@@ -6,9 +6,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/program_check.h"
-#include "common/sequence_shards.h"
-#include "common/wire.h"
+#include "program/program_check.h"
+#include "program/sequence_shards.h"
+#include "program/wire.h"
 #include "mesh/collective_cost.h"
 #include "mesh/layout.h"
 #include "mesh/shard_geometry.h"

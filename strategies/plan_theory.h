@@ -89,7 +89,7 @@ struct PlanTheory {
   std::vector<RankTheory> ranks;  // by rank
 };
 
-// `programs`: one per rank of a job, valid (common/program_check.h).
+// `programs`: one per rank of a job, valid (program/program_check.h).
 absl::StatusOr<PlanTheory> AnalyzePrograms(const std::vector<baton::v1::Program>& programs);
 // Compiles `job` (valid, defaults applied) and analyzes its Programs.
 absl::StatusOr<PlanTheory> ComputeTheory(const baton::v1::JobSpec& job);

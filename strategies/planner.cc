@@ -2,9 +2,9 @@
 
 #include <set>
 
-#include "common/program_check.h"
-#include "common/sequence_shards.h"
-#include "common/wire.h"
+#include "program/program_check.h"
+#include "program/sequence_shards.h"
+#include "program/wire.h"
 #include "mesh/device_mesh.h"
 #include "strategies/channel_check.h"
 #include "strategies/job_spec.h"

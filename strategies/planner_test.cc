@@ -7,8 +7,8 @@
 
 #include <set>
 
-#include "common/program_check.h"
-#include "common/wire.h"
+#include "program/program_check.h"
+#include "program/wire.h"
 #include "mesh/layout.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "common/program_check.h"
+#include "program/program_check.h"
 #include "strategies/job_spec.h"
 
 namespace baton {

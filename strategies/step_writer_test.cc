@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/layout.h"
 #include "strategies/planner.h"
 #include "strategies/testing/plan_jobs.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "strategies/job_spec.h"
 
 namespace baton {

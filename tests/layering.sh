@@ -4,6 +4,9 @@
 # compile from anywhere - what the sources include.
 #   mesh/         a leaf: absl only
 #   models/       the model definition: mesh, proto and absl only (no LibTorch, gRPC, file I/O)
+#   program/      the Program contract: mesh, models, proto and absl only
+#   proto/        every wire format; imports nothing of ours
+#   no two folders depend on each other, directly or through others
 #   strategies/   plans: no LibTorch, no gRPC, no file I/O
 #   worker/       never the planner (strategies/) or the controller
 #   client/       no LibTorch, nothing of worker/ (nor the controller's daemon)
@@ -35,6 +38,25 @@ query 'deps(//client:baton) union deps(//client:job) union deps(//examples/scrip
   'torch|^//worker' "client/ (or a job script) reaches LibTorch or worker/"
 query 'deps(//checkpoint/...)' 'torch|grpc|^//(strategies|worker|controller)' "checkpoint/ reaches LibTorch, gRPC or the planner"
 query 'deps(//controller:baton-controller)' 'torch|^//worker' "the controller reaches LibTorch or worker/"
+query 'deps(//program/...)' '^//(common|strategies|worker|controller|client|checkpoint)|torch|grpc' \
+  "program/ depends on more than mesh, models, proto and absl"
+query 'deps(//proto/...)' '^//(common|mesh|models|program|strategies|worker|controller|client|checkpoint)' \
+  "proto/ depends on our code"
+
+# Folders: the graph of which folder's targets depend on which folder's
+# (tests/, bench/ and the like included) has no cycle (tsort finds any).
+if graph=$(bazel query 'deps(//...)' --output=graph --nograph:factored 2>"$errors"); then
+  edges=$(echo "$graph" | grep -- '->' | sed -E 's/^ *"([^"]*)" -> "([^"]*)".*/\1 \2/' |
+    awk '$1 ~ /^\/\/[a-z]/ && $2 ~ /^\/\/[a-z]/ { split(substr($1, 3), a, "[/:]"); split(substr($2, 3), b, "[/:]");
+         if (a[1] != b[1]) print a[1], b[1] }' | sort -u)
+  if ! loop=$(echo "$edges" | tsort 2>&1 >/dev/null) || [ -n "$loop" ]; then
+    fail "folders depend on each other in a cycle: $(echo "$loop" | tr '\n' ' ')"
+  fi
+  echo "layering: $(echo "$edges" | wc -l) dependencies between $(echo "$edges" | tr ' ' '\n' | sort -u | wc -l) folders, no cycle checked"
+  queries=$((queries + 1))
+else
+  fail "bazel query for the folder graph failed: $(tail -2 "$errors")"
+fi
 
 # Includes: a header found on the system path compiles from any package.
 files=0
@@ -46,6 +68,8 @@ scan() {  # scan DIR REGEX WHAT
 }
 scan mesh 'torch|ATen|c10|grpc|google/protobuf|proto/|strategies/|worker/|controller/|common/|fstream|sys/stat|fcntl|dirent' \
   "mesh/ includes more than the standard library and absl"
+scan program 'torch|ATen|c10|grpc|strategies/|worker/|controller/|common/|checkpoint/|fstream|sys/stat|fcntl|dirent|unistd' \
+  "program/ includes LibTorch, gRPC, a daemon's code or file I/O"
 scan models 'torch|ATen|c10|grpc|strategies/|worker/|controller/|common/|checkpoint/|fstream|sys/stat|fcntl|dirent|unistd' \
   "models/ includes LibTorch, gRPC, file I/O or a layer above it"
 scan strategies 'torch|ATen|c10|grpc|worker/|controller/|checkpoint/files|common/file_root|fstream|sys/stat|fcntl|dirent|unistd' \

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/layout.h"
 #include "mesh/shard_geometry.h"
 #include "reference/reference_trainer.h"

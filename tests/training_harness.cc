@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/layout.h"
 #include "strategies/job_spec.h"
 #include "strategies/plan_theory.h"

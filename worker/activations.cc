@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/program_check.h"
+#include "program/program_check.h"
 #include "worker/model/stages.h"
 
 namespace baton {

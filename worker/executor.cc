@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "common/program_check.h"
-#include "common/wire.h"
+#include "program/program_check.h"
+#include "program/wire.h"
 #include "worker/optimizer.h"
 #include "common/exceptions.h"
 

@@ -33,7 +33,7 @@ namespace baton {
 
 class Executor {
  public:
-  // Validates `program` (common/program_check.h), initialises this rank's
+  // Validates `program` (program/program_check.h), initialises this rank's
   // pieces and opens its data. `comms` maps "world" and every mesh axis to
   // this rank's communicator.
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const baton::v1::Program& program,

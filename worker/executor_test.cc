@@ -13,7 +13,7 @@
 #include <functional>
 
 #include "common/counter_rng.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "worker/model/data.h"
 #include "worker/testing/executor_ranks.h"
 

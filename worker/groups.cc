@@ -1,7 +1,7 @@
 #include "worker/groups.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/program_check.h"
+#include "program/program_check.h"
 
 namespace baton {
 

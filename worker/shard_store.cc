@@ -9,9 +9,9 @@
 #include <ATen/ops/zeros_like.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/program_check.h"
+#include "program/program_check.h"
 #include "common/text.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "worker/model/init.h"
 
 namespace baton {

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/program_check.h"
+#include "program/program_check.h"
 
 namespace baton {
 

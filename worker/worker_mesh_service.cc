@@ -10,7 +10,7 @@
 #include "common/collective_ops.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "mesh/device_mesh.h"
 #include "worker/collective_check.h"
 #include "worker/comm/gloo/gloo_communicator.h"

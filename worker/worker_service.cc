@@ -16,7 +16,7 @@
 #include "common/text.h"
 #include "common/log.h"
 #include "common/process.h"
-#include "common/wire.h"
+#include "program/wire.h"
 #include "worker/rpc_guard.h"
 #include "worker/worker_metrics.h"
 #include "common/exceptions.h"

@@ -19,7 +19,7 @@ namespace baton {
 // covers global rows [(s-1)*B, s*B); a rank asks for the slice it owns.
 class DataSource {
  public:
-  // `data` and `model` valid (common/spec_check.h).
+  // `data` and `model` valid (program/spec_check.h).
   static absl::StatusOr<std::unique_ptr<DataSource>> Open(const baton::v1::DataSpec& data,
                                                           const baton::v1::ModelSpec& model, uint64_t seed);
 

@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/sequence_shards.h"
+#include "program/sequence_shards.h"
 #include "worker/model/attention.h"
 
 namespace baton {

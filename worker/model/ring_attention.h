@@ -1,7 +1,7 @@
 // Ring attention (context parallelism): causal attention over a sequence
 // sharded along the context-parallel axis, without gathering it. Each rank
 // holds the queries, keys and values of its chunks of the sequence
-// (common/sequence_shards.h); the key/value shards travel around the ring
+// (program/sequence_shards.h); the key/value shards travel around the ring
 // (rank r sends to r + 1, receives from r - 1), each step's transfer in
 // flight while the block in hand is computed. Partial results merge with the
 // online-softmax rescaling (running max, running sum, rescaled accumulator),

@@ -20,7 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/kv_store.h"
-#include "common/sequence_shards.h"
+#include "program/sequence_shards.h"
 #include "models/model.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/model/init.h"

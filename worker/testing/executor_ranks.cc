@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "common/wire.h"
+#include "program/wire.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/testing/sum_instead_of_avg.h"
 

@@ -1,6 +1,6 @@
 // The lifetimes ValidateProgram checks by replaying a Program's instructions
-// (common/program_check.h); the instructions themselves are checked first.
-#include "common/program_lifetimes.h"
+// (program/program_check.h); the instructions themselves are checked first.
+#include "program/program_lifetimes.h"
 
 #include <iterator>
 #include <map>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/program_check.h"
+#include "program/program_check.h"
 
 namespace baton {
 

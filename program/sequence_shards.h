@@ -3,8 +3,8 @@
 // The planner writes it (HeadTailLayout), the Program check validates it,
 // and the worker loads its tokens and runs ring attention by it. No
 // LibTorch.
-#ifndef BATON_COMMON_SEQUENCE_SHARDS_H_
-#define BATON_COMMON_SEQUENCE_SHARDS_H_
+#ifndef BATON_PROGRAM_SEQUENCE_SHARDS_H_
+#define BATON_PROGRAM_SEQUENCE_SHARDS_H_
 
 #include <cstdint>
 #include <string>
@@ -41,4 +41,4 @@ absl::Status CheckContextParallel(const baton::v1::Program& p, const DeviceMesh&
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_SEQUENCE_SHARDS_H_
+#endif  // BATON_PROGRAM_SEQUENCE_SHARDS_H_

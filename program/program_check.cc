@@ -1,4 +1,4 @@
-#include "common/program_check.h"
+#include "program/program_check.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/program_lifetimes.h"
-#include "common/sequence_shards.h"
-#include "common/spec_check.h"
-#include "common/wire.h"
+#include "program/program_lifetimes.h"
+#include "program/sequence_shards.h"
+#include "program/spec_check.h"
+#include "program/wire.h"
 #include "mesh/layout.h"
 #include "mesh/shard_geometry.h"
 #include "models/model.h"

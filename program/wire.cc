@@ -1,4 +1,4 @@
-#include "common/wire.h"
+#include "program/wire.h"
 
 #include "absl/strings/str_cat.h"
 

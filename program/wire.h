@@ -1,7 +1,7 @@
 // Conversions between the wire messages (proto/) and mesh/'s types, in one
 // place that the planner, the controller, the worker and the CLI all use.
-#ifndef BATON_COMMON_WIRE_H_
-#define BATON_COMMON_WIRE_H_
+#ifndef BATON_PROGRAM_WIRE_H_
+#define BATON_PROGRAM_WIRE_H_
 
 #include <vector>
 
@@ -37,4 +37,4 @@ absl::StatusOr<TensorLayout> ComputeLayout(const baton::v1::ParamLayout& param, 
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_WIRE_H_
+#endif  // BATON_PROGRAM_WIRE_H_

@@ -1,7 +1,7 @@
-// Part of ValidateProgram (common/program_check.h): what only a replay of a
+// Part of ValidateProgram (program/program_check.h): what only a replay of a
 // Program's instructions shows.
-#ifndef BATON_COMMON_PROGRAM_LIFETIMES_H_
-#define BATON_COMMON_PROGRAM_LIFETIMES_H_
+#ifndef BATON_PROGRAM_PROGRAM_LIFETIMES_H_
+#define BATON_PROGRAM_PROGRAM_LIFETIMES_H_
 
 #include "absl/status/status.h"
 #include "proto/program.pb.h"
@@ -15,4 +15,4 @@ absl::Status CheckLifetimes(const baton::v1::Program& p);
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_PROGRAM_LIFETIMES_H_
+#endif  // BATON_PROGRAM_PROGRAM_LIFETIMES_H_

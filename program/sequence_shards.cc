@@ -1,4 +1,4 @@
-#include "common/sequence_shards.h"
+#include "program/sequence_shards.h"
 
 #include <set>
 

@@ -1,4 +1,4 @@
-#include "common/spec_check.h"
+#include "program/spec_check.h"
 
 #include <cmath>
 

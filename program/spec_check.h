@@ -2,8 +2,8 @@
 // worker (on a Program, before running it) rely on: the model, the optimizer
 // and the data source. Each returns INVALID_ARGUMENT naming the field and
 // what would be valid; callers prefix where the value came from.
-#ifndef BATON_COMMON_SPEC_CHECK_H_
-#define BATON_COMMON_SPEC_CHECK_H_
+#ifndef BATON_PROGRAM_SPEC_CHECK_H_
+#define BATON_PROGRAM_SPEC_CHECK_H_
 
 #include "absl/status/status.h"
 #include "proto/job.pb.h"
@@ -17,4 +17,4 @@ absl::Status ValidateData(const baton::v1::DataSpec& data, const baton::v1::Mode
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_SPEC_CHECK_H_
+#endif  // BATON_PROGRAM_SPEC_CHECK_H_

@@ -3,8 +3,8 @@
 // hostile LoadProgram gets INVALID_ARGUMENT naming what is wrong instead of
 // crashing the daemon. The planner's tests run every Program it compiles
 // through the same check.
-#ifndef BATON_COMMON_PROGRAM_CHECK_H_
-#define BATON_COMMON_PROGRAM_CHECK_H_
+#ifndef BATON_PROGRAM_PROGRAM_CHECK_H_
+#define BATON_PROGRAM_PROGRAM_CHECK_H_
 
 #include <set>
 #include <string>
@@ -52,4 +52,4 @@ std::string DescribeInstruction(const baton::v1::Instruction& ins);
 
 }  // namespace baton
 
-#endif  // BATON_COMMON_PROGRAM_CHECK_H_
+#endif  // BATON_PROGRAM_PROGRAM_CHECK_H_
