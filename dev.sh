@@ -100,9 +100,11 @@ run_tests() {
   rm -rf "$(bazel info bazel-testlogs 2>/dev/null)" 2>/dev/null || true
   bazel test //... --test_output=errors "$@" 2>&1 | tee "$log" || status=$?
   # The layering (tests/layering.sh): one more check, counted like a test.
-  local layering_ok=1 layering_failed=0
-  if ! tests/layering.sh; then layering_ok=0; layering_failed=1; [ $status -ne 0 ] || status=1; fi
-  summarize "$log" $layering_ok $layering_failed
+  local extra_ok=0 extra_failed=0
+  if tests/layering.sh; then extra_ok=$((extra_ok + 1)); else extra_failed=$((extra_failed + 1)); [ $status -ne 0 ] || status=1; fi
+  # The lock annotations checked by clang (tests/thread_safety.sh): one more.
+  if tests/thread_safety.sh; then extra_ok=$((extra_ok + 1)); else extra_failed=$((extra_failed + 1)); [ $status -ne 0 ] || status=1; fi
+  summarize "$log" $extra_ok $extra_failed
   rm -f "$log"
   bazel shutdown
   return $status

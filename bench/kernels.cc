@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
   };
   agree &= Compare("RMSNorm", "operators", norm(false), "RmsNorm", norm(true), iterations);
 
-  const auto [cos, sin] = baton::RotaryTables(at::arange(t, at::kLong), hd, 10000.0);
+  const auto tables = baton::RotaryTables(at::arange(t, at::kLong), hd, 10000.0);
+  const at::Tensor& cos = tables.first;  // named, not bound: the lambdas capture them
+  const at::Tensor& sin = tables.second;
   auto rotate = [&](bool ours) {
     return [&, ours]() {
       const auto l = Leaves({q});

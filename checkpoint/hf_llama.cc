@@ -206,7 +206,11 @@ absl::StatusOr<int64_t> ExportHfLlama(const std::string& dir, const std::string&
     by_hf[*hf] = &t;
   }
   std::vector<SafetensorsTensor> tensors;
-  for (const auto& [hf, t] : by_hf) {
+  for (const auto& entry : by_hf) {
+    // Named, not bound: a lambda captures a variable (a structured binding
+    // only from C++20).
+    const std::string& hf = entry.first;
+    const baton::v1::CheckpointTensor* t = entry.second;
     tensors.push_back({hf, {t->shape().begin(), t->shape().end()},
                        [&, t]() -> absl::StatusOr<std::vector<float>> {
                          auto values = ReadTensor(dir, *md, *t);

@@ -120,7 +120,10 @@ absl::StatusOr<baton::v1::CheckpointMetadata> ReadSafetensors(const std::string&
   const std::string base = path.substr(path.rfind('/') + 1);
   std::map<std::string, const google::protobuf::Value*> sorted;
   for (const auto& [name, value] : json.fields()) sorted[name] = &value;
-  for (const auto& [name, value] : sorted) {
+  for (const auto& entry : sorted) {
+    // Named, not bound: the lambda below captures it.
+    const std::string& name = entry.first;
+    const google::protobuf::Value* value = entry.second;
     if (name == "__metadata__") continue;
     auto bad = [&](const std::string& why) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", name, ": ", why));

@@ -197,8 +197,11 @@ std::string FormatMeasuredVsPredicted(const baton::v1::CreateJobResponse& create
   absl::StrAppendFormat(&out, "  %-20s %14s %14s %8s\n", "", "measured", "predicted", "ratio");
   for (const Row& r : rows) {
     const bool fraction = std::string(r.key) == "idle_fraction";
-    absl::StrAppendFormat(&out, fraction ? "  %-20s %14.4f %14.4f %8.4f" : "  %-20s %14.0f %14.0f %8.4f", r.label,
-                          r.measured, r.predicted, ratio(r));
+    if (fraction) {
+      absl::StrAppendFormat(&out, "  %-20s %14.4f %14.4f %8.4f", r.label, r.measured, r.predicted, ratio(r));
+    } else {
+      absl::StrAppendFormat(&out, "  %-20s %14.0f %14.0f %8.4f", r.label, r.measured, r.predicted, ratio(r));
+    }
     if (fraction) out += "  (idle: time waiting for another stage; the machine's noise included)";
     out += "\n";
   }

@@ -175,12 +175,14 @@ void Dispatcher::Await(Batch& batch, const FanOut& options, std::string* abort_r
   mu_.Lock();
   // Launching and cancelling happen without the lock: a call may complete
   // (and its callback take the lock) on the thread that starts it.
-  auto unlocked = [&](const std::function<void()>& f) {
+  // Held on entry and on return; not held while `f` runs (which the
+  // analysis cannot follow through a lambda's body).
+  auto unlocked = [&](const std::function<void()>& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     mu_.Unlock();
     f();
     mu_.Lock();
   };
-  auto cancel = [&](const std::vector<size_t>& only) {
+  auto cancel = [&](const std::vector<size_t>& only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::vector<grpc::ClientContext*> contexts = CancelBatch(&batch, only);
     if (!contexts.empty()) unlocked([&] { for (auto* c : contexts) c->TryCancel(); });
   };

@@ -63,6 +63,7 @@ std::string Delimited(const google::protobuf::MessageLite& m) {
 
 std::unique_ptr<JobStore> JobStore::InMemory() {
   std::unique_ptr<JobStore> store(new JobStore(""));
+  absl::MutexLock lock(&store->mu_);  // not shared yet: for the analysis
   std::mt19937 rng(std::random_device{}());
   store->tag_ = absl::StrFormat("%04x", rng() & 0xffff);
   // Epochs of a later controller start above every epoch of this one.
@@ -78,6 +79,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   if (auto s = MakeDirs(absl::StrCat(dir, "/jobs")); !s.ok()) return s;
   if (auto s = CheckWritableDirectory(dir); !s.ok()) return s;
   std::unique_ptr<JobStore> store(new JobStore(dir));
+  absl::MutexLock lock(&store->mu_);  // not shared yet: for the analysis
   ReadFileOptions options;
   options.limit = kMaxRecordBytes;
   auto bytes = ReadRegularFile(absl::StrCat(dir, "/controller.pb"), options);
@@ -99,7 +101,6 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& dir)
   for (const std::string& name : DirectoryEntries(absl::StrCat(dir, "/jobs"))) {
     if (absl::StartsWith(name, "job-")) highest = std::max(highest, JobNumber(name.substr(0, name.find('.'))));
   }
-  absl::MutexLock lock(&store->mu_);
   store->state_.set_next_job(std::max<int64_t>({1, store->state_.next_job(), highest + 1}));
   // Epochs: past the persisted limit and past the clock (microseconds), so
   // that a lost controller.pb repeats none.

@@ -10,12 +10,14 @@
 #include <map>
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
 #include <new>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace baton {
 
@@ -43,18 +45,18 @@ class CachingAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
 
   AllocatorStats Stats() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return stats_;
   }
   void ResetPeaks() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stats_.peak_allocated_bytes = stats_.allocated_bytes;
     stats_.peak_reserved_bytes = stats_.reserved_bytes;
   }
   int64_t ReleaseCached() {
     std::vector<Range> released;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const auto& [address, bytes] : free_by_address_) released.push_back(Range{address, bytes});
       free_by_address_.clear();
       free_by_size_.clear();
@@ -70,13 +72,13 @@ class CachingAllocator final : public c10::Allocator {
   }
 
   void AddUser(int64_t expected_bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++users_;
     expected_bytes_ += expected_bytes;
   }
   void RemoveUser(int64_t expected_bytes) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       expected_bytes_ -= expected_bytes;
       if (--users_ > 0) return;
       high_water_ = stats_.reserved_bytes - stats_.cached_bytes;  // the next job's peak starts here
@@ -101,7 +103,7 @@ class CachingAllocator final : public c10::Allocator {
     if (n < kMinCachedBytes) {
       void* p = nullptr;
       if (posix_memalign(&p, 64, n) != 0) throw std::bad_alloc();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       Track(p, Live{0, n}, [p] { std::free(p); });
       Count(n, malloc_usable_size(p));
       return p;
@@ -109,7 +111,7 @@ class CachingAllocator final : public c10::Allocator {
     const size_t size = SizeClassOf(n);
     std::vector<Range> pieces;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (void* p = TakeFreeLocked(size, n); p != nullptr) return p;
       pieces = TakePiecesLocked(size);
     }
@@ -123,7 +125,7 @@ class CachingAllocator final : public c10::Allocator {
       p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw std::bad_alloc();
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     Track(p, Live{size, n}, [p, size] { munmap(p, size); });
     ++stats_.misses;
     if (!pieces.empty()) ++stats_.assembled;
@@ -138,13 +140,13 @@ class CachingAllocator final : public c10::Allocator {
   // The best-fitting free block (the smallest at least `size`, the lowest
   // address among equals) split to `size`: its head is the new block, the
   // rest stays free. No system call, no fresh page. Null when none fits.
-  void* TakeFreeLocked(size_t size, size_t n) {
+  void* TakeFreeLocked(size_t size, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = free_by_size_.lower_bound({size, 0});
     if (it == free_by_size_.end()) return nullptr;
     const Range block = RemoveFreeLocked(it);
     if (block.bytes > size) AddFreeLocked(Range{block.address + size, block.bytes - size});
     void* p = reinterpret_cast<void*>(block.address);
-    Track(p, Live{size, n}, [&] { AddFreeLocked(Range{block.address, size}); });
+    Track(p, Live{size, n}, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { AddFreeLocked(Range{block.address, size}); });
     ++stats_.hits;
     Count(n, 0);
     return p;
@@ -157,7 +159,7 @@ class CachingAllocator final : public c10::Allocator {
   // the largest first, until it is covered or none is left. So free memory
   // in pieces too small for one tensor is moved, not unmapped here and
   // faulted in afresh there.
-  std::vector<Range> TakePiecesLocked(size_t size) {
+  std::vector<Range> TakePiecesLocked(size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Range> pieces;
     const int64_t live = stats_.reserved_bytes - stats_.cached_bytes + static_cast<int64_t>(size);
     high_water_ = std::max(high_water_, live);
@@ -208,7 +210,7 @@ class CachingAllocator final : public c10::Allocator {
 
   // A free range becomes a free block, merged with the free blocks it
   // touches (split from one mapping, or mappings side by side).
-  void AddFreeLocked(Range r) {
+  void AddFreeLocked(Range r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     stats_.cached_bytes += static_cast<int64_t>(r.bytes);
     auto next = free_by_address_.lower_bound(r.address);
     if (next != free_by_address_.end() && r.address + r.bytes == next->first) {
@@ -228,7 +230,7 @@ class CachingAllocator final : public c10::Allocator {
   }
 
   // Takes the free block at `it` out of the free blocks.
-  Range RemoveFreeLocked(std::set<std::pair<size_t, uintptr_t>>::iterator it) {
+  Range RemoveFreeLocked(std::set<std::pair<size_t, uintptr_t>>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const Range block{it->second, it->first};
     free_by_size_.erase(it);
     free_by_address_.erase(block.address);
@@ -240,7 +242,7 @@ class CachingAllocator final : public c10::Allocator {
 
   // Records a block handed out; if even that fails, `undo` gives it back.
   template <typename Undo>
-  void Track(void* p, Live live, Undo undo) {
+  void Track(void* p, Live live, Undo undo) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     try {
       live_.emplace(p, live);
     } catch (...) {
@@ -250,7 +252,7 @@ class CachingAllocator final : public c10::Allocator {
   }
 
   // A new allocation of `bytes` that reserved `reserved` more.
-  void Count(size_t bytes, size_t reserved) {
+  void Count(size_t bytes, size_t reserved) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     stats_.allocated_bytes += static_cast<int64_t>(bytes);
     stats_.reserved_bytes += static_cast<int64_t>(reserved);
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
@@ -262,7 +264,7 @@ class CachingAllocator final : public c10::Allocator {
     if (p == nullptr) return;
     Range unmap{0, 0};
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto it = live_.find(p);
       if (it == live_.end()) std::abort();  // not ours: a double free or a foreign pointer
       const Live live = it->second;
@@ -288,16 +290,16 @@ class CachingAllocator final : public c10::Allocator {
 
   static void Delete(void* p) { instance->Free(p); }
 
-  std::mutex mu_;
-  std::unordered_map<void*, Live> live_;
+  absl::Mutex mu_;
+  std::unordered_map<void*, Live> live_ ABSL_GUARDED_BY(mu_);
   // The free blocks, by address (to merge neighbours) and by size then
   // address (to find the best fit); live blocks are in `live_`.
-  std::map<uintptr_t, size_t> free_by_address_;
-  std::set<std::pair<size_t, uintptr_t>> free_by_size_;
-  AllocatorStats stats_;
-  int64_t high_water_ = 0;  // most bytes of live blocks since the last user went
-  int users_ = 0;           // CacheUsers alive
-  int64_t expected_bytes_ = 0;  // their predicted tensor peaks, summed
+  std::map<uintptr_t, size_t> free_by_address_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<size_t, uintptr_t>> free_by_size_ ABSL_GUARDED_BY(mu_);
+  AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+  int64_t high_water_ ABSL_GUARDED_BY(mu_) = 0;  // most bytes of live blocks since the last user went
+  int users_ ABSL_GUARDED_BY(mu_) = 0;           // CacheUsers alive
+  int64_t expected_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // their predicted tensor peaks, summed
 };
 
 CachingAllocator* CachingAllocator::instance = nullptr;

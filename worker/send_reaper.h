@@ -13,13 +13,13 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/comm/communicator.h"
 
 namespace baton {
@@ -44,12 +44,13 @@ class SendReaper {
   };
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::deque<Sending> queue_;  // guarded by mu_
-  bool busy_ = false;          // a send is being waited on; guarded by mu_
-  bool stopping_ = false;      // guarded by mu_
-  absl::Status first_error_;   // guarded by mu_
+  // Waiters wake as what they wait for changes under it (absl::Mutex
+  // evaluates their conditions when it is released).
+  absl::Mutex mu_;
+  std::deque<Sending> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a send is being waited on
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;         // last: starts once the rest is set
 };
 

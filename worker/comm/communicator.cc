@@ -29,7 +29,7 @@ std::unique_ptr<CommHandle> CompletedHandle(absl::Status status) {
 }
 
 bool AbortSignal::Raise(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (raised_.load()) return false;
   reason_ = reason;
   raised_.store(true);
@@ -37,7 +37,7 @@ bool AbortSignal::Raise(const std::string& reason) {
 }
 
 absl::Status AbortSignal::status(const std::string& op) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return absl::AbortedError(absl::StrCat(op, " aborted: ", reason_));
 }
 

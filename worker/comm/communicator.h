@@ -51,7 +51,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "mesh/collective_cost.h"  // the byte counts every backend reports
 #include "mesh/placement.h"
 #include "mesh/shard_geometry.h"
@@ -110,8 +112,8 @@ class AbortSignal {
 
  private:
   std::atomic<bool> raised_{false};
-  mutable std::mutex mu_;
-  std::string reason_;  // guarded by mu_
+  mutable absl::Mutex mu_;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
 };
 
 // An operation in flight. Wait() blocks until it completed, failed or timed

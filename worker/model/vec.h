@@ -53,8 +53,12 @@ inline constexpr int64_t kLanes = sizeof(Vec) / sizeof(float);
 
 // Each pair of lanes exchanged: (v1, v0, v3, v2, ...).
 [[gnu::always_inline]] inline Vec SwapPairs(Vec v) {
+#if defined(__clang__)
+  return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#else
   const Lanes swap = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
   return __builtin_shuffle(v, swap);
+#endif
 }
 
 }  // namespace baton::vec

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/comm/communicator.h"
 
 namespace baton {
@@ -41,26 +43,26 @@ absl::Status FromException(const std::string& op, const std::exception& e);
 class InFlight {
  public:
   void Add(const void* handle, c10::intrusive_ptr<c10d::Work> work, const AbortSignal& signal) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     works_[handle] = work;
     if (signal.raised()) AbortQuietly(*work);  // raised before it was listed
   }
   void Remove(const void* handle) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     works_.erase(handle);
   }
   void AbortAll() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& [handle, work] : works_) AbortQuietly(*work);
   }
   void Bury(c10::intrusive_ptr<c10d::Work> work) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     buried_.push_back(std::move(work));
   }
   void ClearBuried() {
     std::vector<c10::intrusive_ptr<c10d::Work>> buried;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       buried.swap(buried_);
     }
   }
@@ -73,9 +75,9 @@ class InFlight {
       // Nothing to wake.
     }
   }
-  std::mutex mu_;
-  std::map<const void*, c10::intrusive_ptr<c10d::Work>> works_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> buried_;
+  absl::Mutex mu_;
+  std::map<const void*, c10::intrusive_ptr<c10d::Work>> works_ ABSL_GUARDED_BY(mu_);
+  std::vector<c10::intrusive_ptr<c10d::Work>> buried_ ABSL_GUARDED_BY(mu_);
 };
 
 class GlooHandle : public CommHandle {

@@ -9,17 +9,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "mesh/collective_cost.h"
 
 namespace baton {
@@ -33,38 +34,33 @@ struct GlooProcessGroup::SharedChannel {
   std::unique_ptr<SharedSegments> segments;
   size_t limit = 0;
   uint64_t issued = 0;  // by the issuing thread (one at a time, as for every operation)
-  std::mutex mu;
-  std::condition_variable turn_changed;
-  uint64_t turn = 0;  // the ticket whose operation may run
+  // Waiters wake when `turn` or an end flag changes under it (absl::Mutex
+  // evaluates their conditions as it is released).
+  absl::Mutex mu;
+  uint64_t turn ABSL_GUARDED_BY(mu) = 0;  // the ticket whose operation may run
   std::atomic<bool> aborted{false};  // ends the barriers' waits
   std::atomic<bool> failed{false};
 
   void WaitTurn(uint64_t ticket, std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    const bool turned = turn_changed.wait_for(lock, timeout, [&] { return turn == ticket || Ended(); });
-    if (!turned) {
-      failed.store(true);
-      lock.unlock();
-      turn_changed.notify_all();
-      throw std::runtime_error("shared memory: Timed out waiting for the operation issued before");
+    bool turned = false;
+    {
+      absl::MutexLock lock(&mu);
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return turn == ticket || Ended(); };
+      turned = mu.AwaitWithTimeout(absl::Condition(&ready), absl::FromChrono(timeout));
+      if (!turned) failed.store(true);  // the waiters wake as the lock goes
     }
+    if (!turned) throw std::runtime_error("shared memory: Timed out waiting for the operation issued before");
     if (Ended()) throw std::runtime_error(EndedWhy());
   }
   void Pass(uint64_t ticket) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      turn = ticket + 1;
-    }
-    turn_changed.notify_all();
+    absl::MutexLock lock(&mu);
+    turn = ticket + 1;
   }
   // Marks the channel failed (or aborted) and wakes every operation waiting
   // for its turn.
   void End(std::atomic<bool>* flag) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      flag->store(true);
-    }
-    turn_changed.notify_all();
+    absl::MutexLock lock(&mu);
+    flag->store(true);
   }
   bool Ended() const { return failed.load() || aborted.load(); }
   std::string EndedWhy() const {
