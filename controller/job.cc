@@ -233,19 +233,32 @@ absl::Time Job::answer_by() const {
   return answer_by_;
 }
 
-Job::Interrupt Job::AwaitWork(absl::Duration timeout) {
+Job::Outlook Job::OutlookLocked() const {
+  Outlook o;
+  o.interrupt = interrupt_;
+  o.why = interrupt_cause_;
+  o.step = status_.step();
+  o.target_step = target_step_;
+  o.answer_by = answer_by_;
+  o.steps_per_call = steps_per_call_;
+  o.rescale_asked = rescale_.has_value();
+  o.shrunk = own_plan_ != nullptr;
+  o.checkpoint_failures = status_.checkpoint_failures();
+  return o;
+}
+
+Job::Outlook Job::outlook() const {
+  absl::MutexLock lock(&mu_);
+  return OutlookLocked();
+}
+
+Job::Outlook Job::AwaitWork(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return interrupt_ != Interrupt::kNone || target_step_ > status_.step() || rescale_.has_value();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
-  if (interrupt_ != Interrupt::kNone) return interrupt_;
-  return Interrupt::kNone;
-}
-
-bool Job::HasWork() const {
-  absl::MutexLock lock(&mu_);
-  return target_step_ > status_.step();
+  return OutlookLocked();
 }
 
 void Job::AddStepsRunning(int n) {

@@ -157,12 +157,25 @@ class Job {
   void WithdrawSteps() ABSL_LOCKS_EXCLUDED(mu_);
   // The last request's `answer_by`.
   absl::Time answer_by() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What the runner decides from between calls, read under one lock (never
+  // from separate reads that a client's call could change in between).
+  struct Outlook {
+    Interrupt interrupt = Interrupt::kNone;
+    std::string why;  // the interrupt's cause
+    int step = 0;
+    int target_step = 0;
+    absl::Time answer_by = absl::InfiniteFuture();
+    int steps_per_call = 0;
+    bool rescale_asked = false;
+    bool shrunk = false;
+    int checkpoint_failures = 0;
+    bool has_work() const { return target_step > step; }
+  };
+  Outlook outlook() const ABSL_LOCKS_EXCLUDED(mu_);
   // The runner: waits until a step (or a rescale) is asked for or it is
-  // interrupted (or `timeout`); returns the interrupt, kNone when there is
-  // a step or a rescale to run.
-  Interrupt AwaitWork(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether a step is asked for that has not run yet.
-  bool HasWork() const ABSL_LOCKS_EXCLUDED(mu_);
+  // interrupted (or `timeout`); the outlook then (its interrupt kNone when
+  // there is a step or a rescale to run).
+  Outlook AwaitWork(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   // `n` more steps are on the wire (each RecordStep takes one off); after
   // a failed call none is.
   void AddStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
@@ -225,6 +238,7 @@ class Job {
   void ClearUnloadable(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  Outlook OutlookLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Placed with `placed` and `plan` from now on.
   void PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::shared_ptr<const JobPlan> plan)

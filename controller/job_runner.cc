@@ -139,14 +139,13 @@ void JobRunner::Run() {
   if (job_->detached()) job_->RequestSteps(job_->steps());
   const int max_failures = job_->spec().checkpoint().max_failures();
   while (job_->step() < job_->steps()) {
-    std::string why;
-    const Job::Interrupt interrupt = job_->AwaitWork(absl::Seconds(1));
-    job_->interrupt(&why);
-    if (interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
-    if (interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
-    if (interrupt == Job::Interrupt::kMeshLost) return Fail(why);
-    if (Rescale()) return;
-    if (!job_->HasWork()) continue;  // nothing asked yet
+    // One read decides: the interrupt, its cause and whether work is asked.
+    const Job::Outlook now = job_->AwaitWork(absl::Seconds(1));
+    if (now.interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
+    if (now.interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, now.why);
+    if (now.interrupt == Job::Interrupt::kMeshLost) return Fail(now.why);
+    if (now.rescale_asked && Rescale()) return;
+    if (!now.has_work()) continue;  // nothing asked yet
     // A client's save that waits for the work lock goes first (the lock is
     // not fair, and the runner takes it again at once).
     for (int i = 0; i < 100 && saves_waiting_.load() > 0; ++i) absl::SleepFor(absl::Milliseconds(1));
@@ -156,9 +155,10 @@ void JobRunner::Run() {
       ran = RunCalls();
     }
     if (!ran.ok()) {
-      const Job::Interrupt now = job_->interrupt(&why);
-      if (now == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
-      if (now == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
+      std::string why;
+      const Job::Interrupt after = job_->interrupt(&why);
+      if (after == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
+      if (after == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
       return Fail(std::string(ran.message()));
     }
     const baton::v1::JobStatus status = job_->status();
@@ -174,13 +174,14 @@ void JobRunner::Run() {
   // workers (its state) while its client holds it: the client may still
   // save it. They are freed when the client stops it or its lease lapses.
   if (!Conclude(baton::v1::JOB_FINISHED, "")) return context_.on_end(*job_);
-  while (job_->AwaitWork(absl::Seconds(1)) == Job::Interrupt::kNone) {
+  while (job_->AwaitWork(absl::Seconds(1)).interrupt == Job::Interrupt::kNone) {
   }
   Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"), /*ended=*/true);
 }
 
 int JobRunner::StepsForCall(int step, absl::Time starts) const {
-  int k = job_->steps_per_call();
+  const Job::Outlook now = job_->outlook();
+  int k = now.steps_per_call;
   if (job_->detached() || k == 0) {
     // A second's worth at the last call's pace (one step first, to learn it).
     k = last_step_ms_ <= 0 ? 1
@@ -188,10 +189,10 @@ int JobRunner::StepsForCall(int step, absl::Time starts) const {
                                                                absl::ToDoubleMilliseconds(kPacedCallTarget) /
                                                                    last_step_ms_));
   }
-  k = std::min(k, job_->target_step() - step + 1);
+  k = std::min(k, now.target_step - step + 1);
   // Steps due to start after the asking client stops waiting would be
   // withdrawn then: a call holds what fits before (at least one step).
-  if (const absl::Time by = job_->answer_by(); last_step_ms_ > 0 && by != absl::InfiniteFuture()) {
+  if (const absl::Time by = now.answer_by; last_step_ms_ > 0 && by != absl::InfiniteFuture()) {
     k = std::min(k, static_cast<int>(std::max(1.0, absl::ToDoubleMilliseconds(by - starts) / last_step_ms_)));
   }
   // A periodic checkpoint's step ends the call, so the save follows it.
@@ -211,16 +212,17 @@ std::unique_ptr<StepCall> JobRunner::StartCall(int first) {
 
 bool JobRunner::MayRunAhead(const StepCall& call) const {
   const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
-  if (call.last() >= job_->target_step()) return false;  // nothing more asked yet
-  if (wire_free_ >= job_->answer_by()) return false;  // it would start after its client stopped waiting
+  const Job::Outlook now = job_->outlook();  // one lock, once
+  if (call.last() >= now.target_step) return false;  // nothing more asked yet
+  if (wire_free_ >= now.answer_by) return false;  // it would start after its client stopped waiting
   // A mesh's first call runs alone: it learns the pace (the next call's K),
   // and the workers know their step before a call waits for its turn.
   if (last_step_ms_ <= 0) return false;
   if (SavesAt(call.last())) return false;  // its save comes first
   if (saves_waiting_.load() > 0) return false;  // so does a client's
   // Whatever the runner takes up between calls.
-  if (job_->interrupt() != Job::Interrupt::kNone || job_->rescale_asked() || job_->shrunk()) return false;
-  return job_->checkpoint_failures() < ck.max_failures();
+  if (now.interrupt != Job::Interrupt::kNone || now.rescale_asked || now.shrunk) return false;
+  return now.checkpoint_failures < ck.max_failures();
 }
 
 bool JobRunner::SavesAt(int step) const {
