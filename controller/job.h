@@ -3,23 +3,8 @@
 // the steps asked of it) changes under its own mutex, so jobs never wait on
 // each other.
 //
-// States (JobStatus.state): the one drawing of them; proto/controller.proto
-// and docs/control_plane.md point here.
-//
-//   submitted ─> PENDING ──placed, restored──> RUNNING ──last step──> FINISHED
-//                 │  ^                          │  │  ^
-//                 │  └── controller restarted ──┘  │  │ placed again, restored (from
-//                 │      (detached: requeued; an   │  │ its live workers, else its
-//                 │       attached job FAILS)      │  │ newest loadable checkpoint)
-//                 │                                v  │
-//                 │   failure, restarts left ──> RECOVERING <── rescale, grow back
-//                 │   (waits for its workers,                   (between steps)
-//                 │    then any; may shrink)
-//                 ├── stop / lease lapsed (from any but a final state) ──> STOPPED
-//                 └── failure, no restart left (every cause listed) ─────> FAILED
-//
-//   a record the controller cannot read at start-up ──────────────────> UNREADABLE
-//
+// Its states and their transitions are drawn once, in docs/control_plane.md
+// ("Jobs"); the transitions that decide are Job's methods, under its lock.
 // FINISHED, STOPPED, FAILED and UNREADABLE are final (common/job_state.h).
 // Every state change and every completed step is an entry of the job's log:
 // the log is what counts, so a step is counted everywhere (status, metrics,
