@@ -1,6 +1,8 @@
-// WorkerService's handlers of the worker's mesh: Configure (checked, then
-// its communicators built), RunCollectiveCheck, Abort, and letting a mesh go
-// off the RPC threads.
+// MeshHost: Configure (checked, then its communicators built),
+// RunCollectiveCheck, Abort, GetInfo, and letting a mesh go off the RPC
+// threads.
+#include "worker/mesh_host.h"
+
 #include <malloc.h>
 
 #include <algorithm>
@@ -10,14 +12,13 @@
 #include "common/collective_ops.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
-#include "program/wire.h"
 #include "mesh/device_mesh.h"
+#include "program/wire.h"
 #include "worker/collective_check.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/mesh_communicators.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/rpc_guard.h"
-#include "worker/worker_service.h"
 
 namespace baton {
 namespace {
@@ -40,20 +41,18 @@ void LetGo(std::shared_ptr<T> last) {
 
 }  // namespace
 
-absl::Status WorkerService::ValidateConfigure(const baton::v1::ConfigureRequest& req) {
+absl::Status MeshHost::ValidateConfigure(const baton::v1::ConfigureRequest& req) {
   const baton::v1::Mesh& m = req.mesh();
   const std::vector<MeshAxisSpec> axes = ToMeshAxes(m.axes());
   auto mesh = DeviceMesh::Create(axes);
   if (!mesh.ok()) return mesh.status();
   if (m.worker_names_size() != mesh->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("mesh ", FormatMeshSpec(axes), " has ",
-                                                   mesh->size(), " ranks but lists ",
-                                                   m.worker_names_size(), " workers"));
+    return absl::InvalidArgumentError(absl::StrCat("mesh ", FormatMeshSpec(axes), " has ", mesh->size(),
+                                                   " ranks but lists ", m.worker_names_size(), " workers"));
   }
   if (req.rank() < 0 || req.rank() >= mesh->size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank(), " is out of range for mesh ",
-                                                   FormatMeshSpec(axes), " of ", mesh->size(),
-                                                   " ranks"));
+                                                   FormatMeshSpec(axes), " of ", mesh->size(), " ranks"));
   }
   if (m.epoch() <= 0) return absl::InvalidArgumentError("mesh epoch must be positive");
   const int64_t timeout_ms = RendezvousTimeoutMs(req);
@@ -66,8 +65,7 @@ absl::Status WorkerService::ValidateConfigure(const baton::v1::ConfigureRequest&
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMesh(
-    const baton::v1::ConfigureRequest& req) {
+absl::StatusOr<std::shared_ptr<MeshState>> MeshHost::BuildMesh(const baton::v1::ConfigureRequest& req) {
   const baton::v1::Mesh& m = req.mesh();
   const std::vector<MeshAxisSpec> axes = ToMeshAxes(m.axes());
   auto mesh = DeviceMesh::Create(axes);
@@ -76,8 +74,7 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
   auto state = std::make_shared<MeshState>();
   state->mesh = m;
   state->rank = req.rank();
-  auto create = [&](const std::string& prefix, int rank,
-                    int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+  auto create = [&](const std::string& prefix, int rank, int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
     if (req.backend() == baton::v1::NCCL) {
       NcclOptions options;
       options.device_index = options_.cuda_device;
@@ -98,57 +95,56 @@ absl::StatusOr<std::shared_ptr<WorkerService::MeshState>> WorkerService::BuildMe
     MeshState* served = state.get();  // its step thread, which serves the channel, goes first
     auto channel = StepChannelServer::Listen(
         bind_host_, m.epoch(), options_.fleet_credentials,
-        [this, served](const baton::v1::RunStepRequest& request, const std::function<bool()>& hung_up,
-                       baton::v1::StepChannelReply* reply) { AnswerChannelStep(*served, request, hung_up, reply); });
+        [answer = channel_steps_, served](const baton::v1::RunStepRequest& request,
+                                          const std::function<bool()>& hung_up, baton::v1::StepChannelReply* reply) {
+          answer(*served, request, hung_up, reply);
+        });
     if (channel.ok()) {
       state->channel = std::move(*channel);
       state->steps.Serve(state->channel.get());
     } else {
       // The controller calls RunStep over gRPC instead.
-      Logf("worker %s: mesh epoch %lld offers no step channel: %s", name().c_str(),
-           static_cast<long long>(m.epoch()), channel.status().ToString().c_str());
+      Logf("worker %s: mesh epoch %lld offers no step channel: %s", name().c_str(), static_cast<long long>(m.epoch()),
+           channel.status().ToString().c_str());
     }
   }
   return state;
 }
 
-grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const baton::v1::ConfigureRequest* req,
-                                      baton::v1::ConfigureResponse* resp) {
-  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+grpc::Status MeshHost::Configure(const baton::v1::ConfigureRequest& req, baton::v1::ConfigureResponse* resp) {
   return Guarded("Configure", [&]() -> grpc::Status {
-    if (auto s = ValidateConfigure(*req); !s.ok()) {
-      return ToGrpcStatus(absl::Status(
-          s.code(), absl::StrCat("worker ", name(), " (rank ", req->rank(), "): ", s.message())));
+    if (auto s = ValidateConfigure(req); !s.ok()) {
+      return ToGrpcStatus(
+          absl::Status(s.code(), absl::StrCat("worker ", name(), " (rank ", req.rank(), "): ", s.message())));
     }
     int64_t generation;
     std::shared_ptr<MeshState> old;
     {
       absl::MutexLock lock(&mu_);
       generation = ++configure_generation_;
-      configuring_epoch_ = req->mesh().epoch();
+      configuring_epoch_ = req.mesh().epoch();
       old = std::move(current_);  // leave the old mesh before joining the new one
     }
     if (old != nullptr) {
       const std::string reason =
-          absl::StrCat("mesh epoch ", old->mesh.epoch(), " replaced by epoch ", req->mesh().epoch());
+          absl::StrCat("mesh epoch ", old->mesh.epoch(), " replaced by epoch ", req.mesh().epoch());
       ReleaseInBackground(std::move(old), reason);
     }
-    auto state = BuildMesh(*req);
+    auto state = BuildMesh(req);
     absl::MutexLock lock(&mu_);
     if (generation == configure_generation_) configuring_epoch_ = 0;
     if (!state.ok()) {
       return ToGrpcStatus(absl::Status(
-          state.status().code(), absl::StrCat("worker ", identity_.name(), " (rank ", req->rank(),
-                                              "): ", state.status().message())));
+          state.status().code(),
+          absl::StrCat("worker ", identity_.name(), " (rank ", req.rank(), "): ", state.status().message())));
     }
     if (generation != configure_generation_) {
-      return grpc::Status(grpc::StatusCode::ABORTED,
-                          absl::StrCat("mesh epoch ", req->mesh().epoch(),
-                                       " was aborted or superseded while connecting"));
+      return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("mesh epoch ", req.mesh().epoch(),
+                                                                  " was aborted or superseded while connecting"));
     }
     current_ = *state;
-    resp->set_backend(req->backend() == baton::v1::NCCL ? baton::v1::NCCL : baton::v1::GLOO);
-    resp->set_rank(req->rank());
+    resp->set_backend(req.backend() == baton::v1::NCCL ? baton::v1::NCCL : baton::v1::GLOO);
+    resp->set_rank(req.rank());
     if (const StepChannelServer* channel = current_->channel.get(); channel != nullptr) {
       resp->set_step_channel_port(channel->port());
       resp->set_step_channel_secret(channel->secret());
@@ -157,45 +153,43 @@ grpc::Status WorkerService::Configure(grpc::ServerContext* ctx, const baton::v1:
   });
 }
 
-grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
-                                               const baton::v1::CollectiveCheckRequest* req,
-                                               baton::v1::CollectiveCheckResponse* resp) {
-  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+grpc::Status MeshHost::RunCollectiveCheck(const grpc::ServerContext& ctx, const baton::v1::CollectiveCheckRequest& req,
+                                          baton::v1::CollectiveCheckResponse* resp) {
   return Guarded("RunCollectiveCheck", [&]() -> grpc::Status {
-    if (req->numel() < 0 || req->numel() > kMaxCheckNumel) {
-      return Invalid(absl::StrCat("numel ", req->numel(), " outside [0, ", kMaxCheckNumel, "]"));
+    if (req.numel() < 0 || req.numel() > kMaxCheckNumel) {
+      return Invalid(absl::StrCat("numel ", req.numel(), " outside [0, ", kMaxCheckNumel, "]"));
     }
-    if (req->iters() < 1 || req->iters() > kMaxCheckIters) {
-      return Invalid(absl::StrCat("iters ", req->iters(), " outside [1, ", kMaxCheckIters, "]"));
+    if (req.iters() < 1 || req.iters() > kMaxCheckIters) {
+      return Invalid(absl::StrCat("iters ", req.iters(), " outside [1, ", kMaxCheckIters, "]"));
     }
-    if (req->timeout_ms() < 1 || req->timeout_ms() > kMaxTimeoutMs) {
-      return Invalid(absl::StrCat("timeout_ms ", req->timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
+    if (req.timeout_ms() < 1 || req.timeout_ms() > kMaxTimeoutMs) {
+      return Invalid(absl::StrCat("timeout_ms ", req.timeout_ms(), " outside [1, ", kMaxTimeoutMs, "]"));
     }
-    auto found = MeshOfEpoch(req->epoch());
+    auto found = MeshOfEpoch(req.epoch());
     if (!found.ok()) return ToGrpcStatus(found.status());
     std::shared_ptr<MeshState> state = *found;
-    auto it = state->comms.find(req->axis());
+    auto it = state->comms.find(req.axis());
     if (it == state->comms.end()) {
       std::string names;
       for (const auto& [name, _] : state->comms) absl::StrAppend(&names, names.empty() ? "" : ", ", name);
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("unknown mesh axis \"", req->axis(), "\"; axes are [", names, "]"));
+                          absl::StrCat("unknown mesh axis \"", req.axis(), "\"; axes are [", names, "]"));
     }
     CollectiveCheckOptions options;
-    for (int op : req->ops()) {
+    for (int op : req.ops()) {
       if (!baton::v1::CollectiveOp_IsValid(op) || op == baton::v1::COLLECTIVE_OP_UNSPECIFIED) {
         return Invalid(absl::StrCat("unknown collective op ", op));
       }
       options.ops.push_back(static_cast<baton::v1::CollectiveOp>(op));
     }
-    options.numel = req->numel();
-    options.iters = req->iters();
-    options.timeout = Milliseconds(req->timeout_ms());
-    options.axis = req->axis();
+    options.numel = req.numel();
+    options.iters = req.iters();
+    options.timeout = Milliseconds(req.timeout_ms());
+    options.axis = req.axis();
     options.global_rank = state->rank;
-    options.group_ranks = state->group_ranks[req->axis()];
-    options.should_stop = [this, ctx, epoch = req->epoch()] {
-      if (ctx->IsCancelled()) return true;
+    options.group_ranks = state->group_ranks[req.axis()];
+    options.should_stop = [this, &ctx, epoch = req.epoch()] {
+      if (ctx.IsCancelled()) return true;
       absl::MutexLock lock(&mu_);
       return current_ == nullptr || current_->mesh.epoch() != epoch;
     };
@@ -204,30 +198,28 @@ grpc::Status WorkerService::RunCollectiveCheck(grpc::ServerContext* ctx,
   });
 }
 
-grpc::Status WorkerService::Abort(grpc::ServerContext* ctx, const baton::v1::AbortRequest* req,
-                                  baton::v1::AbortResponse*) {
-  if (grpc::Status denied = Admit(ctx); !denied.ok()) return denied;
+grpc::Status MeshHost::Abort(const baton::v1::AbortRequest& req) {
   std::shared_ptr<MeshState> dropped;
   {
     absl::MutexLock lock(&mu_);
-    if (current_ != nullptr && (req->epoch() == 0 || current_->mesh.epoch() == req->epoch())) {
+    if (current_ != nullptr && (req.epoch() == 0 || current_->mesh.epoch() == req.epoch())) {
       dropped = std::move(current_);
     }
     // A rendezvous of this epoch still in progress is discarded when it ends
     // (the controller also poisons its keys so it ends at once).
-    if (configuring_epoch_ != 0 && (req->epoch() == 0 || req->epoch() == configuring_epoch_)) {
+    if (configuring_epoch_ != 0 && (req.epoch() == 0 || req.epoch() == configuring_epoch_)) {
       ++configure_generation_;
       configuring_epoch_ = 0;
     }
   }
   ReleaseInBackground(std::move(dropped),
-                      absl::StrCat("the controller aborted mesh epoch ", req->epoch(),
-                                   req->reason().empty() ? "" : absl::StrCat(": ", req->reason())),
-                      req->drop_job_state());
+                      absl::StrCat("the controller aborted mesh epoch ", req.epoch(),
+                                   req.reason().empty() ? "" : absl::StrCat(": ", req.reason())),
+                      req.drop_job_state());
   return grpc::Status::OK;
 }
 
-void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason, bool drop_job) {
+void MeshHost::ReleaseInBackground(std::shared_ptr<MeshState> state, const std::string& reason, bool drop_job) {
   if (state == nullptr) return;
   // A step still running on the old mesh (blocked on a peer that is gone,
   // say) ends at once with `reason` instead of at its timeout.
@@ -257,10 +249,49 @@ void WorkerService::ReleaseInBackground(std::shared_ptr<MeshState> state, const 
   }).detach();
 }
 
-void WorkerService::DropInBackground(std::shared_ptr<MeshState> state) {
+void MeshHost::DropInBackground(std::shared_ptr<MeshState> state) {
   // Communicators are released when their last user finishes; a gloo
   // destructor may wait for an operation in flight, so never on an RPC thread.
   if (state != nullptr) std::thread([s = std::move(state)]() mutable { LetGo(std::move(s)); }).detach();
+}
+
+MeshHost::MeshHost(baton::v1::WorkerInfo identity, Rendezvous* rendezvous, std::string bind_host,
+                   const WorkerOptions& options, std::shared_ptr<RetainedStates> retained)
+    : rendezvous_(rendezvous),
+      bind_host_(std::move(bind_host)),
+      options_(options),
+      retained_(std::move(retained)),
+      identity_(std::move(identity)) {}
+
+void MeshHost::set_identity(const baton::v1::WorkerInfo& identity) {
+  absl::MutexLock lock(&mu_);
+  identity_ = identity;
+}
+
+std::string MeshHost::name() {
+  absl::MutexLock lock(&mu_);
+  return identity_.name();
+}
+
+absl::StatusOr<std::shared_ptr<MeshState>> MeshHost::MeshOfEpoch(int64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  if (current_ == nullptr || current_->mesh.epoch() != epoch) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", identity_.name(), " is not configured for mesh epoch ", epoch,
+                     current_ ? absl::StrCat(" (it is in epoch ", current_->mesh.epoch(), ")")
+                              : std::string(" (it is in no mesh)")));
+  }
+  return current_;
+}
+
+grpc::Status MeshHost::GetInfo(baton::v1::GetInfoResponse* resp) {
+  absl::MutexLock lock(&mu_);
+  *resp->mutable_worker() = identity_;
+  if (current_ != nullptr) {
+    resp->set_epoch(current_->mesh.epoch());
+    resp->set_rank(current_->rank);
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace baton
