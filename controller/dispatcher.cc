@@ -222,23 +222,23 @@ void Dispatcher::Await(Batch& batch, const FanOut& options, std::string* abort_r
     if (!batch.failed && reason.empty()) continue;
     if (abort_reason != nullptr) *abort_reason = reason;
     stopping = true;
-    if (options.drain != nullptr) {
+    if (options.failure_grace != nullptr) {
       std::vector<grpc::Status> so_far;
       for (const Slot& s : batch.slots) so_far.push_back(s.state == Slot::kDone ? s.status : grpc::Status::OK);
       std::vector<size_t> hopeless;
-      unlocked([&] { hopeless = options.drain->on_failure(so_far, reason); });
+      unlocked([&] { hopeless = options.failure_grace->on_failure(so_far, reason); });
       if (!hopeless.empty()) cancel(hopeless);
-      cancel_at = absl::Now() + options.drain->wait;
+      cancel_at = absl::Now() + options.failure_grace->wait;
       continue;
     }
     cancel({});
   }
-  if (batch.failed && !stopping && options.drain != nullptr) {
+  if (batch.failed && !stopping && options.failure_grace != nullptr) {
     // Everything returned before the loop saw the failure (the last call
     // failed, or all failed at once): the workers are still told.
     std::vector<grpc::Status> all;
     for (const Slot& s : batch.slots) all.push_back(s.status);
-    unlocked([&] { options.drain->on_failure(all, ""); });
+    unlocked([&] { options.failure_grace->on_failure(all, ""); });
   }
   mu_.Unlock();
 }

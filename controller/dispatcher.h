@@ -4,7 +4,7 @@
 // wait their turn in order. A fan-out stops waiting early, cancelling what is
 // still in flight, as soon as one call fails (the others cannot succeed
 // without it) or `should_abort` names a reason (e.g. a worker of the mesh was
-// declared DEAD). With a Drain it first tells the workers to stop
+// declared DEAD). With a FailureGrace it first tells the workers to stop
 // (on_failure) and gives their calls a moment to return by themselves, so
 // every worker's own outcome is known.
 //
@@ -100,7 +100,7 @@ struct CallResult {
 // and returns the calls not worth waiting for (their worker is known dead),
 // which are cancelled at once; the rest get up to `wait` to return before
 // they are cancelled.
-struct Drain {
+struct FailureGrace {
   std::function<std::vector<size_t>(const std::vector<grpc::Status>&, const std::string&)> on_failure;
   absl::Duration wait;
 };
@@ -110,7 +110,7 @@ struct FanOut {
   // Polled every kAbortPollInterval while calls are outstanding; "" keeps
   // waiting, anything else is the reason to stop.
   std::function<std::string()> should_abort;
-  const Drain* drain = nullptr;
+  const FailureGrace* failure_grace = nullptr;
 };
 
 template <typename Rpc>

@@ -1,7 +1,7 @@
 // The dispatcher's fan-out against in-process fake workers: a failure is
-// always handed to the drain (also when every call had already returned),
-// the others get the drain's time to return by themselves, and calls to
-// workers the drain names hopeless are cancelled at once. A fan-out put on
+// always handed to the failure grace (also when every call had already returned),
+// the others get the grace's time to return by themselves, and calls to
+// workers the failure grace names hopeless are cancelled at once. A fan-out put on
 // the wire (Start) runs while its caller waits for another, and one dropped
 // unwaited is cancelled.
 #include "controller/dispatcher.h"
@@ -60,13 +60,13 @@ class FakeWorker final : public baton::v1::Worker::Service {
 
 using Results = std::vector<CallResult<baton::v1::RunStepResponse>>;
 
-Results RunSteps(Dispatcher& d, const std::vector<std::string>& addresses, const Drain* drain) {
+Results RunSteps(Dispatcher& d, const std::vector<std::string>& addresses, const FailureGrace* grace) {
   std::vector<WorkerTarget> targets;
   for (const auto& a : addresses) targets.push_back({"", a});
   std::string reason;
   FanOut fan_out;
   fan_out.deadline = absl::Seconds(30);
-  fan_out.drain = drain;
+  fan_out.failure_grace = grace;
   return d.Call<RunStepRpc>(targets, [](size_t) { return baton::v1::RunStepRequest(); }, fan_out, &reason);
 }
 
@@ -74,14 +74,14 @@ TEST(DispatcherTest, EveryCallFailingAtOnceStillReachesTheDrain) {
   FakeWorker a(FakeWorker::kFail), b(FakeWorker::kFail);
   Dispatcher d(GrpcStubFactory({}));
   int drained = 0;
-  const Drain drain{[&](const std::vector<grpc::Status>&, const std::string&) {
+  const FailureGrace grace{[&](const std::vector<grpc::Status>&, const std::string&) {
                       ++drained;
                       return std::vector<size_t>();
                     },
                     absl::Seconds(5)};
   for (const auto& addresses : {std::vector<std::string>{a.address()}, {a.address(), b.address()}}) {
     drained = 0;
-    auto results = RunSteps(d, addresses, &drain);
+    auto results = RunSteps(d, addresses, &grace);
     std::printf("%zu calls, all failed at once: the drain ran %d time(s)\n", addresses.size(), drained);
     EXPECT_EQ(drained, 1);
     for (const auto& r : results) EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL);
@@ -91,14 +91,14 @@ TEST(DispatcherTest, EveryCallFailingAtOnceStillReachesTheDrain) {
 TEST(DispatcherTest, TheOthersReturnByThemselvesOnceTold) {
   FakeWorker failing(FakeWorker::kFail), waiting(FakeWorker::kBlockUntilReleased);
   Dispatcher d(GrpcStubFactory({}));
-  const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string&) {
+  const FailureGrace grace{[&](const std::vector<grpc::Status>& so_far, const std::string&) {
                       EXPECT_EQ(so_far[0].error_code(), grpc::StatusCode::INTERNAL);
                       waiting.release.Notify();  // as the mesh's abort wakes a rank
                       return std::vector<size_t>();
                     },
                     absl::Seconds(10)};
   const absl::Time start = absl::Now();
-  auto results = RunSteps(d, {failing.address(), waiting.address()}, &drain);
+  auto results = RunSteps(d, {failing.address(), waiting.address()}, &grace);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   std::printf("the waiting rank returned by itself after %.3f s: %s\n", absl::ToDoubleSeconds(results[1].elapsed),
               results[1].status.error_message().c_str());
@@ -111,9 +111,9 @@ TEST(DispatcherTest, HopelessCallsAreCancelledAtOnceTheRestAfterTheDrain) {
       stuck(FakeWorker::kBlockUntilReleased);
   Dispatcher d(GrpcStubFactory({}));
   // A drain long enough that "at once" and "after it" stay apart on a slow machine.
-  const Drain drain{[&](const std::vector<grpc::Status>&, const std::string&) { return std::vector<size_t>{1}; },
+  const FailureGrace grace{[&](const std::vector<grpc::Status>&, const std::string&) { return std::vector<size_t>{1}; },
                     absl::Seconds(3)};
-  auto results = RunSteps(d, {failing.address(), dead.address(), stuck.address()}, &drain);
+  auto results = RunSteps(d, {failing.address(), dead.address(), stuck.address()}, &grace);
   std::printf("hopeless call cancelled after %.3f s, the stuck one after %.3f s (drain 3 s)\n",
               absl::ToDoubleSeconds(results[1].elapsed), absl::ToDoubleSeconds(results[2].elapsed));
   EXPECT_EQ(results[1].status.error_code(), grpc::StatusCode::CANCELLED);

@@ -97,12 +97,15 @@ class MeshManager {
   // Aborts `mesh` everywhere: poisons its rendezvous keys, tells every live
   // worker of it to drop it. Its owner keeps its workers and is told.
   void Abort(const baton::v1::Mesh& mesh, const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
-  // Newly DEAD workers (from the monitor): every mesh holding one is aborted.
   // After a failure on `mesh`: its workers whose address refuses
   // connections (their process is gone) are DEAD now - in the registry, and
   // for every mesh they were in (OnWorkersDead) - not a heartbeat timeout
-  // later. Returns their names.
+  // later. Returns their names. Its ranks are probed in parallel, at most
+  // kGoneProbes at once, each for up to kGoneProbeTimeout.
+  static constexpr int kGoneProbes = 64;
+  static constexpr absl::Duration kGoneProbeTimeout = absl::Milliseconds(300);
   std::vector<std::string> DeclareGone(const baton::v1::Mesh& mesh);
+  // Newly DEAD workers (from the monitor): every mesh holding one is aborted.
   void OnWorkersDead(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Every formed mesh, by epoch.

@@ -3,6 +3,8 @@
 // on a failure, its dead workers declared gone - and how a failed fan-out
 // over it is explained. Forming and reserving are in mesh_manager.cc.
 #include <algorithm>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -63,9 +65,22 @@ void MeshManager::Abort(const baton::v1::Mesh& mesh, const std::string& reason) 
 }
 
 std::vector<std::string> MeshManager::DeclareGone(const baton::v1::Mesh& mesh) {
+  // Every rank probed at once (kGoneProbes at a time): a mesh's dead
+  // workers are known within one probe's time, not one per rank.
+  const int n = std::min(mesh.worker_names_size(), mesh.worker_addresses_size());
+  std::vector<char> refuses(static_cast<size_t>(n), 0);
+  for (int first = 0; first < n; first += kGoneProbes) {
+    std::vector<std::thread> probes;
+    for (int r = first; r < std::min(n, first + kGoneProbes); ++r) {
+      probes.emplace_back([&mesh, &refuses, r] {
+        refuses[static_cast<size_t>(r)] = RefusesConnections(mesh.worker_addresses(r), kGoneProbeTimeout);
+      });
+    }
+    for (auto& t : probes) t.join();
+  }
   std::vector<std::string> gone;
-  for (int r = 0; r < mesh.worker_names_size() && r < mesh.worker_addresses_size(); ++r) {
-    if (!RefusesConnections(mesh.worker_addresses(r), absl::Milliseconds(300))) continue;
+  for (int r = 0; r < n; ++r) {
+    if (!refuses[static_cast<size_t>(r)]) continue;
     if (registry_->DeclareDead(mesh.worker_names(r), mesh.worker_addresses(r),
                                absl::StrCat(mesh.worker_addresses(r), " refuses connections: its process is gone"))) {
       gone.push_back(mesh.worker_names(r));

@@ -37,19 +37,19 @@ StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int firs
 
 absl::Status StepCall::Finish(absl::Time previous_end) {
   Job& job = *context_.job;
-  const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string& reason) {
+  const FailureGrace grace{[&](const std::vector<grpc::Status>& so_far, const std::string& reason) {
                       why_ = context_.meshes->AbortWith(mesh_, so_far, reason);
                       dead_ = context_.meshes->DeadRanksIn(mesh_);  // a stopped worker never answers
                       return dead_;
                     },
-                    kStepDrain};
+                    kStepFailureGrace};
   FanOut fan_out;
   fan_out.should_abort = [&]() -> std::string {
     std::string cause;
     if (job.interrupt(&cause) != Job::Interrupt::kNone) return absl::StrCat("job ", job.id(), ": ", cause);
     return context_.meshes->DeadWorkerIn(mesh_);
   };
-  fan_out.drain = &drain;
+  fan_out.failure_grace = &grace;
   std::string abort_reason;
   const auto results =
       channel_call_ != nullptr ? channel_call_->Wait(fan_out, &abort_reason) : pending_->Wait(fan_out, &abort_reason);
@@ -67,7 +67,7 @@ absl::Status StepCall::Finish(absl::Time previous_end) {
         absl::StrAppendFormat(&ranks, "\n  %s is DEAD: not waited for", label);
       } else if (s.error_code() == grpc::StatusCode::CANCELLED) {
         absl::StrAppendFormat(&ranks, "\n  %s was still running %s after the abort; cancelled", label,
-                              absl::FormatDuration(kStepDrain));
+                              absl::FormatDuration(kStepFailureGrace));
       } else {
         absl::StrAppendFormat(&ranks, "\n  %s returned after %.2f s: %s", label, seconds, s.error_message());
       }

@@ -40,7 +40,7 @@ class StepCall {
   static constexpr absl::Duration kMinStepDeadline = absl::Minutes(10);
   // How long the other ranks of a failed step get to return once their
   // mesh is aborted (they return within milliseconds: their waits are woken).
-  static constexpr absl::Duration kStepDrain = absl::Seconds(10);
+  static constexpr absl::Duration kStepFailureGrace = absl::Seconds(10);
 
   struct Context {
     Job* job = nullptr;
@@ -78,7 +78,7 @@ class StepCall {
   const int first_;
   const int k_;
   const absl::Time started_;
-  // The drain's findings (it runs on the thread that finishes the call).
+  // The failure grace's findings (it runs on the thread that finishes the call).
   std::string why_;
   std::vector<size_t> dead_;
   // One of them: the call over the step channels, or over gRPC.

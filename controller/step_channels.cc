@@ -154,10 +154,10 @@ std::vector<CallResult<baton::v1::RunStepResponse>> StepChannels::Call::Wait(con
       if (failed_ || !reason.empty()) {
         stopping = true;
         if (abort_reason != nullptr) *abort_reason = reason;
-        if (options.drain != nullptr) {
-          const std::vector<size_t> hopeless = options.drain->on_failure(statuses(), reason);
+        if (options.failure_grace != nullptr) {
+          const std::vector<size_t> hopeless = options.failure_grace->on_failure(statuses(), reason);
           if (!hopeless.empty()) finish_rest(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"), hopeless);
-          cancel_at = absl::Now() + options.drain->wait;
+          cancel_at = absl::Now() + options.failure_grace->wait;
         } else {
           cancel_at = absl::Now();
         }
@@ -178,12 +178,12 @@ std::vector<CallResult<baton::v1::RunStepResponse>> StepChannels::Call::Wait(con
       if (waits[i].revents != 0) Read(waiting[i]);
     }
   }
-  if (failed_ && !stopping && options.drain != nullptr) {
+  if (failed_ && !stopping && options.failure_grace != nullptr) {
     // Everything returned before the loop saw the failure: the workers are
     // still told.
     std::vector<grpc::Status> all;
     for (const auto& r : results_) all.push_back(r.status);
-    options.drain->on_failure(all, "");
+    options.failure_grace->on_failure(all, "");
   }
   if (failed_ || stopping) channels_->Break();
   return std::move(results_);

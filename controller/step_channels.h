@@ -11,9 +11,9 @@
 //
 // A call is waited for as the dispatcher waits for a fan-out
 // (PendingFanOut::Wait): a deadline, `should_abort` polled every
-// Dispatcher::kAbortPollInterval, and on the first failure the drain (the
+// Dispatcher::kAbortPollInterval, and on the first failure the failure grace (the
 // mesh aborted everywhere, dead ranks not waited for, the others given the
-// drain's time to return). A failed, cancelled or abandoned call breaks the
+// grace's time to return). A failed, cancelled or abandoned call breaks the
 // channels (replies may be left in them): they are shut down, the workers
 // see the end of the stream, and no call uses them again.
 //

@@ -2,7 +2,7 @@
 // (worker/step_channel.h, served by a StepThread) and the controller's
 // (controller/step_channels.h), with scripted steps. What a call over it
 // must keep from a gRPC RunStep: answers in order to calls sent ahead,
-// errors with what completed, the drain on a failure, dead ranks not waited
+// errors with what completed, the failure grace on a failure, dead ranks not waited
 // for, a cancelled call stopping between steps, a gone worker seen at once;
 // and inside TLS in a fleet with mutual TLS (certificates made with the
 // openssl command).
@@ -192,7 +192,7 @@ TEST(StepChannelTest, AFrameThatIsNotARequestIsRefusedAndTheChannelServesOn) {
 TEST(StepChannelTest, AFailedRankDrainsTheOthersAndItsCompletedStepsComeBack) {
   absl::Notification aborted;
   // Rank 1 fails at step 3 of a 5-step call; rank 0 is stuck in step 3
-  // until the drain aborts the mesh (as a collective with a failed peer is).
+  // until the failure grace aborts the mesh (as a collective with a failed peer is).
   Fleet fleet(2, [&](int rank, int64_t step, const std::function<bool()>&) {
     if (step != 3) return grpc::Status::OK;
     if (rank == 1) return grpc::Status(grpc::StatusCode::INTERNAL, "injected failure");
@@ -203,14 +203,14 @@ TEST(StepChannelTest, AFailedRankDrainsTheOthersAndItsCompletedStepsComeBack) {
   ASSERT_NE(channels, nullptr);
   auto call = channels->Start(Request(1, 5), absl::Seconds(30));
   std::vector<grpc::Status> told;
-  const Drain drain{[&](const std::vector<grpc::Status>& so_far, const std::string&) {
+  const FailureGrace grace{[&](const std::vector<grpc::Status>& so_far, const std::string&) {
                       told = so_far;
                       aborted.Notify();
                       return std::vector<size_t>{};
                     },
                     absl::Seconds(10)};
   FanOut options;
-  options.drain = &drain;
+  options.failure_grace = &grace;
   const absl::Time start = absl::Now();
   const auto results = call->Wait(options);
   std::printf("drained in %.3f s: rank 0 %d (%s), rank 1 %d (%s)\n", absl::ToDoubleSeconds(absl::Now() - start),
@@ -247,9 +247,9 @@ TEST(StepChannelTest, ADeadRankIsNotWaitedForAndACancelledCallStopsBetweenSteps)
   int polls = 0;
   FanOut options;
   options.should_abort = [&]() -> std::string { return ++polls >= 2 ? "worker-1 is DEAD" : ""; };
-  const Drain drain{[](const std::vector<grpc::Status>&, const std::string&) { return std::vector<size_t>{1}; },
+  const FailureGrace grace{[](const std::vector<grpc::Status>&, const std::string&) { return std::vector<size_t>{1}; },
                     absl::Seconds(10)};
-  options.drain = &drain;
+  options.failure_grace = &grace;
   std::string reason;
   const absl::Time start = absl::Now();
   const auto results = call->Wait(options, &reason);
@@ -260,7 +260,7 @@ TEST(StepChannelTest, ADeadRankIsNotWaitedForAndACancelledCallStopsBetweenSteps)
   EXPECT_EQ(reason, "worker-1 is DEAD");
   EXPECT_TRUE(results[0].status.ok());
   EXPECT_EQ(results[1].status.error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_LT(waited, 5.0);  // not the drain's 10 s: the dead rank is not waited for
+  EXPECT_LT(waited, 5.0);  // not the failure grace's 10 s: the dead rank is not waited for
   next.reset();  // abandoned
   EXPECT_TRUE(channels->broken());
   // Rank 1 sees the hang-up and its step thread is free again.

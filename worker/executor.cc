@@ -111,12 +111,12 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     }
     if (s.ok() && ins.op() == Instruction::OPTIMIZER_STEP) committed_step_ = step;
     if (!s.ok()) {
-      (void)Drain();
+      (void)AwaitTransfers();
       return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, " ",
                                                  DescribeInstruction(ins), ": ", s.message()));
     }
   }
-  if (auto s = Drain(); !s.ok()) {
+  if (auto s = AwaitTransfers(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, ": ", s.message()));
   }
   committed_step_ = step;
@@ -266,7 +266,7 @@ absl::Status Executor::ReduceMetrics(const Instruction& ins) {
   return absl::OkStatus();
 }
 
-absl::Status Executor::Drain() {
+absl::Status Executor::AwaitTransfers() {
   for (absl::Status s : {collectives_->WaitReductions(), collectives_->DropGathers(), activations_->WaitSends()}) {
     if (!s.ok()) return s;
   }
@@ -274,7 +274,7 @@ absl::Status Executor::Drain() {
 }
 
 std::unique_ptr<ShardStore> Executor::TakeStore() {
-  (void)Drain();
+  (void)AwaitTransfers();
   // Nothing of a step in flight may hold the store's tensors any more.
   activations_.reset();
   collectives_.reset();

@@ -60,7 +60,7 @@ class Executor {
   // A step is committed all-or-none: one that failed before its optimizer
   // left the state as the previous step left it.
   int64_t committed_step() const { return committed_step_; }
-  // Drains whatever is in flight and hands over the state (the job's mesh
+  // Awaits whatever is in flight and hands over the state (the job's mesh
   // is gone; the worker keeps it for recovery). The Executor is unusable
   // afterwards.
   std::unique_ptr<ShardStore> TakeStore();
@@ -75,7 +75,7 @@ class Executor {
   // The mesh axes an instruction's group spans, as indices.
   // Completes everything in flight (after a failure too: nothing may still
   // write into tensors the next step reuses).
-  absl::Status Drain();
+  absl::Status AwaitTransfers();
 
   // Declared first, so destroyed last: the job's blocks are cached for reuse
   // while it lives, and go back to the system after its tensors
