@@ -14,9 +14,10 @@
 
 namespace baton {
 
-absl::StatusOr<JobManager::Prepared> JobManager::Compile(baton::v1::JobRecord record, const std::string& resume_from) {
+absl::StatusOr<JobManager::Prepared> JobManager::Compile(baton::v1::JobRecord record, const std::string& resume_from,
+                                                         bool checked) {
   const std::string id = record.status().job_id();
-  auto plan = PlanJob(record.spec(), id);
+  auto plan = checked ? PlanCheckedJob(record.spec(), id) : PlanJob(record.spec(), id);
   if (!plan.ok()) return plan.status();
   auto restore = PlanRestore(options_.checkpoints.file_root, record.spec(), plan->programs, resume_from);
   if (!restore.ok()) return restore.status();
@@ -95,18 +96,9 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   status->set_backend(backend);
   status->set_workers_needed(MeshSize(spec));
   *status->mutable_mesh() = spec.mesh();
-  auto prepared = Compile(std::move(record), "");
-  if (!prepared.ok()) return prepared.status();
-  // What one rank needs against what the workers said they have: the ones
-  // it names, or the first live ones.
-  std::vector<baton::v1::WorkerInfo> chosen;
-  for (const auto& w : fleet) {
-    const bool named = std::find(spec.workers().begin(), spec.workers().end(), w.name()) != spec.workers().end();
-    if (w.state() != baton::v1::DEAD && (spec.workers().empty() || named)) chosen.push_back(w);
-  }
-  if (static_cast<int>(chosen.size()) > MeshSize(spec)) chosen.resize(MeshSize(spec));
-  if (auto s = CheckFits(spec, prepared->job->plan()->theory, chosen, fleet); !s.ok()) return s;
-  return prepared;
+  // Defaults and checks ran above, once: not again. Whether it fits is
+  // checked once placed, against the workers it gets (Create, Schedule).
+  return Compile(std::move(record), "", /*checked=*/true);
 }
 
 absl::Status JobManager::Admit(const std::shared_ptr<Job>& job) {

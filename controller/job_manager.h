@@ -173,7 +173,9 @@ class JobManager {
   // does. nullopt when it was not placed (or its plan no longer compiles).
   static std::optional<LiveState> LeftOnWorkers(const baton::v1::JobRecord& record,
                                                 const std::vector<baton::v1::JobLogEntry>& log);
-  absl::StatusOr<Prepared> Compile(baton::v1::JobRecord record, const std::string& resume_from);
+  // `checked`: its spec passed WithDefaults and ValidateJobSpec already
+  // (Prepare); a record read back from the table is checked again.
+  absl::StatusOr<Prepared> Compile(baton::v1::JobRecord record, const std::string& resume_from, bool checked = false);
   // Places queued jobs, first in line first, while workers allow.
   void Schedule() ABSL_LOCKS_EXCLUDED(mu_);
   void StartRunner(const std::shared_ptr<Job>& job, RestorePlan restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -15,8 +15,10 @@ namespace baton {
 namespace {
 
 // PlanJob, keeping the model layout for the presentation.
-absl::StatusOr<JobPlan> Plan(const baton::v1::JobSpec& job, const std::string& job_id, ModelLayout* model) {
-  auto compiled = CompileJob(job, job_id);  // validates the job first
+// `checked`: `job` passed ValidateJobSpec already.
+absl::StatusOr<JobPlan> Plan(const baton::v1::JobSpec& job, const std::string& job_id, ModelLayout* model,
+                             bool checked = false) {
+  auto compiled = checked ? CompileCheckedJob(job, job_id) : CompileJob(job, job_id);
   if (!compiled.ok()) return compiled.status();
   JobPlan plan;
   plan.programs = std::move(compiled->programs);
@@ -51,6 +53,10 @@ absl::StatusOr<JobPlan> Plan(const baton::v1::JobSpec& job, const std::string& j
 
 absl::StatusOr<JobPlan> PlanJob(const baton::v1::JobSpec& spec, const std::string& job_id) {
   return Plan(WithDefaults(spec), job_id, nullptr);
+}
+
+absl::StatusOr<JobPlan> PlanCheckedJob(const baton::v1::JobSpec& checked, const std::string& job_id) {
+  return Plan(checked, job_id, nullptr, /*checked=*/true);
 }
 
 absl::StatusOr<DryRun> PlanDryRun(const baton::v1::JobSpec& spec) {

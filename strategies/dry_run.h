@@ -32,6 +32,9 @@ struct JobPlan {
 // Applies the defaults and validates `spec`, compiles it for job `job_id`
 // and checks every Program as the workers will.
 absl::StatusOr<JobPlan> PlanJob(const baton::v1::JobSpec& spec, const std::string& job_id);
+// The same for a spec admitted already (its defaults applied, validated):
+// neither is done again.
+absl::StatusOr<JobPlan> PlanCheckedJob(const baton::v1::JobSpec& checked, const std::string& job_id);
 
 struct DryRun : JobPlan {
   std::vector<std::string> coordinates;  // by rank: "pp=1,dp=0"

@@ -62,6 +62,10 @@ absl::StatusOr<std::vector<Program>> CompilePrograms(const JobSpec& job, const s
 
 absl::StatusOr<CompiledJob> CompileJob(const JobSpec& job, const std::string& job_id) {
   if (auto s = ValidateJobSpec(job); !s.ok()) return s;
+  return CompileCheckedJob(job, job_id);
+}
+
+absl::StatusOr<CompiledJob> CompileCheckedJob(const JobSpec& job, const std::string& job_id) {
   CompiledJob compiled;
   compiled.model = BuildModelLayout(job.model());
   MarkRecomputedBlocks(job.plan().activation_checkpointing(), &compiled.model);

@@ -57,6 +57,9 @@ struct CompiledJob {
 // `job` must have its defaults applied (strategies/job_spec.h); it is
 // validated here.
 absl::StatusOr<CompiledJob> CompileJob(const baton::v1::JobSpec& job, const std::string& job_id);
+// The same for a `job` that has its defaults applied and passed
+// ValidateJobSpec already (an admitted job's): not validated again.
+absl::StatusOr<CompiledJob> CompileCheckedJob(const baton::v1::JobSpec& job, const std::string& job_id);
 // The Programs alone.
 absl::StatusOr<std::vector<baton::v1::Program>> CompilePrograms(const baton::v1::JobSpec& job,
                                                                 const std::string& job_id);
