@@ -24,11 +24,10 @@ Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
       restarts_allowed_(spec_.restart().has_max_restarts() ? spec_.restart().max_restarts()
                         : detached_                           ? kDefaultDetachedRestarts
                                                               : 0),
+      lease_(absl::Milliseconds(record.status().lease_ms()), !record.status().detached()),
       plan_(std::move(plan)),
-      status_(std::move(*record.mutable_status())) {
-  target_step_ = status_.step();
-  settled_step_ = status_.step();
-  last_call_ = absl::Now();
+      status_(std::move(*record.mutable_status())),
+      ledger_(status_.step(), status_.steps(), detached_) {
   own_ = std::make_shared<const baton::v1::JobSpec>(spec_);
   placed_ = own_;
 }
@@ -140,8 +139,7 @@ void Job::SetStart(int step, uint64_t data_seed, const baton::v1::CheckpointInfo
   status_.set_step(step);
   status_.set_start_step(step);
   status_.set_data_seed(data_seed);
-  target_step_ = detached_ ? status_.steps() : step;
-  settled_step_ = step;
+  ledger_.Restart(step);
 }
 
 void Job::RecordStep(const baton::v1::StepMetrics& m, int64_t comm_bytes) {
@@ -150,7 +148,7 @@ void Job::RecordStep(const baton::v1::StepMetrics& m, int64_t comm_bytes) {
   {
     absl::MutexLock lock(&mu_);
     status_.set_step(m.step());
-    steps_running_ = std::max(0, steps_running_ - 1);  // with the count, so no caller sees both
+    ledger_.Recorded();  // with the count, so no caller sees both
     *status_.mutable_last() = m;
     status_.set_comm_bytes_total(status_.comm_bytes_total() + comm_bytes);
     status_.set_tokens_total(status_.tokens_total() + m.tokens());
@@ -217,20 +215,17 @@ Job::Interrupt Job::interrupt(std::string* why) const {
 
 int Job::RequestSteps(int n, absl::Time answer_by) {
   absl::MutexLock lock(&mu_);
-  answer_by_ = answer_by;
-  const int base = status_.step() + steps_running_;
-  target_step_ = std::min(status_.steps(), std::max(target_step_, base + std::max(n, 0)));
-  return target_step_;
+  return ledger_.Request(n, answer_by, status_.step());
 }
 
 void Job::WithdrawSteps() {
   absl::MutexLock lock(&mu_);
-  if (!detached_) target_step_ = std::min(target_step_, status_.step() + steps_running_);
+  ledger_.Withdraw(status_.step());
 }
 
 absl::Time Job::answer_by() const {
   absl::MutexLock lock(&mu_);
-  return answer_by_;
+  return ledger_.answer_by();
 }
 
 Job::Outlook Job::OutlookLocked() const {
@@ -238,9 +233,9 @@ Job::Outlook Job::OutlookLocked() const {
   o.interrupt = interrupt_;
   o.why = interrupt_cause_;
   o.step = status_.step();
-  o.target_step = target_step_;
-  o.answer_by = answer_by_;
-  o.steps_per_call = steps_per_call_;
+  o.target_step = ledger_.target();
+  o.answer_by = ledger_.answer_by();
+  o.steps_per_call = ledger_.steps_per_call();
   o.rescale_asked = rescale_.has_value();
   o.shrunk = own_plan_ != nullptr;
   o.checkpoint_failures = status_.checkpoint_failures();
@@ -255,7 +250,7 @@ Job::Outlook Job::outlook() const {
 Job::Outlook Job::AwaitWork(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return interrupt_ != Interrupt::kNone || target_step_ > status_.step() || rescale_.has_value();
+    return interrupt_ != Interrupt::kNone || ledger_.has_work(status_.step()) || rescale_.has_value();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
   return OutlookLocked();
@@ -263,70 +258,50 @@ Job::Outlook Job::AwaitWork(absl::Duration timeout) {
 
 void Job::AddStepsRunning(int n) {
   absl::MutexLock lock(&mu_);
-  steps_running_ += n;
+  ledger_.Start(n);
 }
 
 void Job::ClearStepsRunning() {
   absl::MutexLock lock(&mu_);
-  steps_running_ = 0;
+  ledger_.ClearRunning();
 }
 
 int Job::target_step() const {
   absl::MutexLock lock(&mu_);
-  return target_step_;
+  return ledger_.target();
 }
 
 void Job::set_steps_per_call(int k) {
   absl::MutexLock lock(&mu_);
-  steps_per_call_ = std::max(0, k);
+  ledger_.set_steps_per_call(k);
 }
 
 int Job::steps_per_call() const {
   absl::MutexLock lock(&mu_);
-  return steps_per_call_;
+  return ledger_.steps_per_call();
 }
 
 void Job::SettleStep(int step) {
   absl::MutexLock lock(&mu_);
-  settled_step_ = std::max(settled_step_, step);
+  ledger_.Settle(step);
 }
 
 bool Job::AwaitStep(int step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return settled_step_ >= step || IsEnded(status_.state());
+    return ledger_.settled(step) || IsEnded(status_.state());
   };
   mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   // Settled, not only recorded: a step is recorded before its periodic save
   // runs, and a caller woken by its deadline in between must not report it
   // apart from that save's outcome.
-  return settled_step_ >= step;
+  return ledger_.settled(step);
 }
 
 void Job::AwaitPlaced(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto placed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.state() != baton::v1::JOB_PENDING; };
   mu_.AwaitWithDeadline(absl::Condition(&placed), deadline);
-}
-
-void Job::BeginCall(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  ++calls_in_flight_;
-  last_call_ = now;
-}
-
-void Job::EndCall(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  --calls_in_flight_;
-  last_call_ = now;
-}
-
-bool Job::LeaseLapsed(absl::Time now) const {
-  absl::MutexLock lock(&mu_);
-  // An ended attached job may still hold its workers (FINISHED, for a last
-  // save): its lease frees them too.
-  if (detached_ || calls_in_flight_ > 0) return false;
-  return now - last_call_ > absl::Milliseconds(status_.lease_ms());
 }
 
 int64_t Job::collective_timeout_ms() const {

@@ -28,7 +28,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/job_state.h"
+#include "controller/lease.h"
 #include "controller/sequenced_log.h"
+#include "controller/step_ledger.h"
 #include "proto/controller.pb.h"
 #include "proto/controller_state.pb.h"
 #include "strategies/dry_run.h"
@@ -179,12 +181,8 @@ class Job {
   // Waits until the job left PENDING (placed, or ended) or the deadline.
   void AwaitPlaced(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Attached jobs' lease: every call of its client renews it; calls in
-  // flight hold it. Lapsed once no call is in flight and the last one ended
-  // more than the lease ago.
-  void BeginCall(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
-  void EndCall(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
-  bool LeaseLapsed(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // An attached job's client's hold on it (controller/lease.h).
+  Lease& lease() { return lease_; }
 
   // The per-collective timeout its steps run with (a Step call's, or the
   // default).
@@ -234,6 +232,7 @@ class Job {
   const bool detached_;
   const int restarts_allowed_;
   Log log_{kLogCapacity};
+  Lease lease_;
   absl::Mutex work_mu_;
 
   mutable absl::Mutex mu_;
@@ -246,15 +245,9 @@ class Job {
   baton::v1::JobStatus status_ ABSL_GUARDED_BY(mu_);
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);
-  int target_step_ ABSL_GUARDED_BY(mu_) = 0;
-  int steps_running_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time answer_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  int steps_per_call_ ABSL_GUARDED_BY(mu_) = 1;
-  int settled_step_ ABSL_GUARDED_BY(mu_) = 0;
-  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  StepLedger ledger_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_workers_ ABSL_GUARDED_BY(mu_);
   absl::Time recovery_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time last_call_ ABSL_GUARDED_BY(mu_);
   int64_t collective_timeout_ms_ ABSL_GUARDED_BY(mu_) = 30000;
   std::map<std::string, std::string> unloadable_ ABSL_GUARDED_BY(mu_);
 };

@@ -13,8 +13,8 @@ namespace {
 // Its client's call, for the lease: held while the call runs.
 class CallScope {
  public:
-  explicit CallScope(Job& job) : job_(job) { job_.BeginCall(absl::Now()); }
-  ~CallScope() { job_.EndCall(absl::Now()); }
+  explicit CallScope(Job& job) : job_(job) { job_.lease().BeginCall(absl::Now()); }
+  ~CallScope() { job_.lease().EndCall(absl::Now()); }
 
  private:
   Job& job_;

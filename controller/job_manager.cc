@@ -216,7 +216,7 @@ void JobManager::Tick(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, runner] : runners_) {
-      if (runner->job().LeaseLapsed(now)) lapsed.push_back(jobs_.at(id));
+      if (runner->job().lease().Lapsed(now)) lapsed.push_back(jobs_.at(id));
     }
     for (auto it = finished_runners_.begin(); it != finished_runners_.end();) {
       if ((*it)->finished()) {
