@@ -294,4 +294,16 @@ grpc::Status MeshHost::GetInfo(baton::v1::GetInfoResponse* resp) {
   return grpc::Status::OK;
 }
 
+void MeshHost::DropCurrent(const std::string& reason) {
+  std::shared_ptr<MeshState> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    dropped = std::move(current_);
+  }
+  if (dropped == nullptr) return;
+  Logf("worker %s: mesh epoch %lld dropped: %s", name().c_str(), static_cast<long long>(dropped->mesh.epoch()),
+       reason.c_str());
+  ReleaseInBackground(std::move(dropped), reason);
+}
+
 }  // namespace baton

@@ -60,6 +60,8 @@ class MeshHost {
                                   baton::v1::CollectiveCheckResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status Abort(const baton::v1::AbortRequest& req) ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status GetInfo(baton::v1::GetInfoResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the current mesh, if any, with `reason`; its job's state is kept.
+  void DropCurrent(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops this reference to `state` on another thread (it may be the last).
   static void DropInBackground(std::shared_ptr<MeshState> state);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +67,10 @@ ABSL_FLAG(bool, step_channel, true,
           "Offer each mesh's controller a step channel: its RunStep calls over one TCP connection, "
           "authenticated by a secret from Configure, instead of gRPC calls (docs/control_plane.md); inside "
           "TLS with the fleet's certificates when --tls_* are given.");
+ABSL_FLAG(int64_t, controller_lost_ms, 15 * 60 * 1000,
+          "A mesh whose controller cannot be reached for this long is dropped (its communicators and threads "
+          "freed); the job's state on it is kept for a restarted controller, as for any dropped mesh, up to 15 "
+          "minutes more (worker/retained_state.h).");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
 
 namespace baton {
@@ -80,7 +85,11 @@ std::string Incarnation() {
 // Registers, then heartbeats every `interval` until `stop` is notified.
 // Returns false if it never got registered within the register timeout.
 bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& info,
-                  absl::Notification* stop, absl::Notification* registered) {
+                  absl::Notification* stop, absl::Notification* registered,
+                  const std::function<void(absl::Duration)>& on_lost) {
+  const absl::Duration lost_after = absl::Milliseconds(absl::GetFlag(FLAGS_controller_lost_ms));
+  absl::Time last_contact = absl::Now();
+  bool lost = false;  // on_lost called since the last contact
   absl::Duration interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   absl::Time give_up = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_register_timeout_ms));
   bool known = false;
@@ -93,6 +102,8 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
       baton::v1::RegisterResponse resp;
       grpc::Status s = stub->Register(&ctx, req, &resp);
       if (s.ok()) {
+        last_contact = absl::Now();
+        lost = false;
         known = true;
         give_up = absl::InfiniteFuture();
         if (!registered->HasBeenNotified()) registered->Notify();
@@ -118,12 +129,20 @@ bool RunRegistrar(baton::v1::Registry::Stub* stub, const baton::v1::WorkerInfo& 
       req.set_incarnation(info.incarnation());
       baton::v1::HeartbeatResponse resp;
       grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+      if (s.ok()) {
+        last_contact = absl::Now();
+        lost = false;
+      }
       if (s.ok() && !resp.known()) {
         Logf("worker %s: controller forgot us; registering again",
                      info.name().c_str());
         known = false;
         continue;
       }
+    }
+    if (known && !lost && absl::Now() - last_contact > lost_after) {
+      lost = true;
+      on_lost(absl::Now() - last_contact);
     }
     stop->WaitForNotificationWithTimeout(interval);
   }
@@ -257,7 +276,11 @@ int Main(int argc, char** argv) {
     if (!stop.HasBeenNotified()) server->GetHealthCheckService()->SetServingStatus(true);
   });
   std::thread registrar([&] {
-    if (!RunRegistrar(registry.get(), info, &stop, &registered)) {
+    auto on_lost = [&service](absl::Duration silent) {
+      service.DropMesh(absl::StrCat("the controller has not answered for ", absl::FormatDuration(silent),
+                                    " (--controller_lost_ms)"));
+    };
+    if (!RunRegistrar(registry.get(), info, &stop, &registered, on_lost)) {
       registrar_failed = true;
       kill(getpid(), SIGTERM);  // wake main's sigwait
     }

@@ -38,6 +38,9 @@ class WorkerService final : public baton::v1::Worker::Service {
   // Replaces the identity GetInfo reports (the address is known only once
   // the server is bound).
   void set_identity(const baton::v1::WorkerInfo& identity) { mesh_.set_identity(identity); }
+  // The controller is gone (--controller_lost_ms): the current mesh is
+  // dropped, its job's state kept (RetainedStates) for the next one.
+  void DropMesh(const std::string& reason) { mesh_.DropCurrent(reason); }
 
   grpc::Status Configure(grpc::ServerContext* ctx, const baton::v1::ConfigureRequest* req,
                          baton::v1::ConfigureResponse* resp) override;
