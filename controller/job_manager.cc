@@ -42,7 +42,23 @@ void JobManager::StartRunner(const std::shared_ptr<Job>& job, RestorePlan restor
 }
 
 void JobManager::Schedule() {
+  std::shared_ptr<Job> job = SchedulePass(/*may_shrink=*/true);
+  if (job == nullptr) return;
+  // Compiling the smaller mesh's Programs and planning its restore (which
+  // reads checkpoints) run without the table's lock.
+  auto restore = Shrink(*job);
+  {
+    absl::MutexLock lock(&mu_);
+    shrinking_.erase(job->id());
+    if (!restore.ok()) return;  // it holds the line, as it did
+    if (std::find(queue_.begin(), queue_.end(), job->id()) != queue_.end()) restores_[job->id()] = std::move(*restore);
+  }
+  SchedulePass(/*may_shrink=*/false);
+}
+
+std::shared_ptr<Job> JobManager::SchedulePass(bool may_shrink) {
   std::vector<std::pair<std::shared_ptr<Job>, std::pair<baton::v1::JobState, std::string>>> ends;
+  std::shared_ptr<Job> to_shrink;
   {
     absl::MutexLock lock(&mu_);
     // First in line, first placed. A job that cannot be placed yet and waits
@@ -69,6 +85,10 @@ void JobManager::Schedule() {
         held_by = absl::StrCat(id, ", which waits before it restarts");
         break;
       }
+      if (shrinking_.count(id)) {
+        held_by = absl::StrCat(id, ", which is being shrunk onto the workers left");
+        break;
+      }
       // A restart waits for the workers it ran on for a while, then takes
       // what its spec allows - or, too few being free, shrinks if it may.
       std::vector<std::string> names = job->recovery_workers(absl::Now());
@@ -84,11 +104,11 @@ void JobManager::Schedule() {
         continue;
       }
       auto reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), names, kept);
-      if (!reserved.ok() && i == 0 && !waits_for_its_own && job->state() == baton::v1::JOB_RECOVERING) {
-        if (auto restore = Shrink(*job); restore.ok()) {
-          restores_[id] = std::move(*restore);
-          reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), {});
-        }
+      if (!reserved.ok() && i == 0 && !waits_for_its_own && job->state() == baton::v1::JOB_RECOVERING && may_shrink) {
+        // Shrunk after this pass, outside the lock; it holds the line
+        // meanwhile (below: it waits for a number of workers).
+        shrinking_.insert(id);
+        to_shrink = job;
       }
       if (!reserved.ok()) {
         job->SetWaitingFor(std::string(reserved.status().message()));
@@ -120,6 +140,7 @@ void JobManager::Schedule() {
     }
   }
   for (auto& [job, end] : ends) EndPending(*job, end.first, end.second);
+  return to_shrink;
 }
 
 void JobManager::EndPending(Job& job, baton::v1::JobState state, const std::string& cause) {

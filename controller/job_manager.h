@@ -176,8 +176,13 @@ class JobManager {
   // `checked`: its spec passed WithDefaults and ValidateJobSpec already
   // (Prepare); a record read back from the table is checked again.
   absl::StatusOr<Prepared> Compile(baton::v1::JobRecord record, const std::string& resume_from, bool checked = false);
-  // Places queued jobs, first in line first, while workers allow.
+  // Places queued jobs, first in line first, while workers allow; a
+  // RECOVERING job at the head that too few free workers hold up is shrunk
+  // (Shrink) outside the table's lock, then placement goes on.
   void Schedule() ABSL_LOCKS_EXCLUDED(mu_);
+  // One pass of Schedule; the job to shrink, if any (only when `may_shrink`),
+  // marked in shrinking_.
+  std::shared_ptr<Job> SchedulePass(bool may_shrink) ABSL_LOCKS_EXCLUDED(mu_);
   void StartRunner(const std::shared_ptr<Job>& job, RestorePlan restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A runner's job ended, went back to PENDING, or is RECOVERING (requeued
   // first in line, restored from its newest checkpoint).
@@ -190,7 +195,9 @@ class JobManager {
   // reshapes it onto as many as are free (no fewer than restart.min_workers)
   // by shrinking its data-parallel axis, compiled and its restore planned;
   // FAILED_PRECONDITION when it may not or cannot.
-  absl::StatusOr<RestorePlan> Shrink(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // It compiles and reads checkpoints: never under the table's lock (the
+  // job is in shrinking_ meanwhile, so nothing places it).
+  absl::StatusOr<RestorePlan> Shrink(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
   // `attempt` on each of `points` in turn, until one succeeds; `skipped`
   // says why the newer ones could not be used. With no points, attempt(""):
   // the spec's resume_from or init_from, or step 0 - unless it had
@@ -238,6 +245,7 @@ class JobManager {
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);   // pending detached jobs, first in line first
   std::map<std::string, RestorePlan> restores_ ABSL_GUARDED_BY(mu_);  // of queued jobs
   std::map<std::string, absl::Time> not_before_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> shrinking_ ABSL_GUARDED_BY(mu_);  // queued jobs being shrunk
   // Shared: a client's Save holds its runner while it saves.
   std::map<std::string, std::shared_ptr<JobRunner>> runners_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<JobRunner>> finished_runners_ ABSL_GUARDED_BY(mu_);
