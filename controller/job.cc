@@ -223,11 +223,6 @@ void Job::WithdrawSteps() {
   ledger_.Withdraw(status_.step());
 }
 
-absl::Time Job::answer_by() const {
-  absl::MutexLock lock(&mu_);
-  return ledger_.answer_by();
-}
-
 Job::Outlook Job::OutlookLocked() const {
   Outlook o;
   o.interrupt = interrupt_;
@@ -266,19 +261,9 @@ void Job::ClearStepsRunning() {
   ledger_.ClearRunning();
 }
 
-int Job::target_step() const {
-  absl::MutexLock lock(&mu_);
-  return ledger_.target();
-}
-
 void Job::set_steps_per_call(int k) {
   absl::MutexLock lock(&mu_);
   ledger_.set_steps_per_call(k);
-}
-
-int Job::steps_per_call() const {
-  absl::MutexLock lock(&mu_);
-  return ledger_.steps_per_call();
 }
 
 void Job::SettleStep(int step) {

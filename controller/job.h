@@ -87,7 +87,6 @@ class Job {
   // applied: status().rescale() says which, and then what became of it.
   absl::Status RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan,
                               const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
-  bool rescale_asked() const ABSL_LOCKS_EXCLUDED(mu_);
   bool TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) ABSL_LOCKS_EXCLUDED(mu_);
   // What its last mesh left on its workers, for its next placement.
   void SetLive(LiveState live) ABSL_LOCKS_EXCLUDED(mu_);
@@ -142,8 +141,6 @@ class Job {
   // deadline); the runner starts no step it expects to start later.
   int RequestSteps(int n, absl::Time answer_by = absl::InfiniteFuture()) ABSL_LOCKS_EXCLUDED(mu_);
   void WithdrawSteps() ABSL_LOCKS_EXCLUDED(mu_);
-  // The last request's `answer_by`.
-  absl::Time answer_by() const ABSL_LOCKS_EXCLUDED(mu_);
   // What the runner decides from between calls, read under one lock (never
   // from separate reads that a client's call could change in between).
   struct Outlook {
@@ -167,12 +164,10 @@ class Job {
   // a failed call none is.
   void AddStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
   void ClearStepsRunning() ABSL_LOCKS_EXCLUDED(mu_);
-  // The last step asked for so far.
-  int target_step() const ABSL_LOCKS_EXCLUDED(mu_);
   // An attached job's client's K: up to this many steps per call to the
   // workers; 0: the runner chooses, as for a detached job (JobRunner).
+  // The runner reads it, and the rest of the ledger, in outlook().
   void set_steps_per_call(int k) ABSL_LOCKS_EXCLUDED(mu_);
-  int steps_per_call() const ABSL_LOCKS_EXCLUDED(mu_);
   // The runner: everything of `step` is done (its periodic save too).
   void SettleStep(int step) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until `step` is done (SettleStep), the job ended or the deadline;

@@ -171,8 +171,11 @@ class JobManager {
   // its workers: its Programs on that mesh, the workers by rank (names
   // only), the step its record holds and the last one its log (`log`)
   // does. nullopt when it was not placed (or its plan no longer compiles).
+  // `own`: the Programs of its own mesh, compiled already (used when it ran
+  // on that mesh; a shrunk job's are compiled here).
   static std::optional<LiveState> LeftOnWorkers(const baton::v1::JobRecord& record,
-                                                const std::vector<baton::v1::JobLogEntry>& log);
+                                                const std::vector<baton::v1::JobLogEntry>& log,
+                                                std::shared_ptr<const JobPlan> own);
   // `checked`: its spec passed WithDefaults and ValidateJobSpec already
   // (Prepare); a record read back from the table is checked again.
   absl::StatusOr<Prepared> Compile(baton::v1::JobRecord record, const std::string& resume_from, bool checked = false);

@@ -81,7 +81,8 @@ absl::Status JobManager::FromNewest(const std::vector<std::string>& points,
 }
 
 std::optional<LiveState> JobManager::LeftOnWorkers(const baton::v1::JobRecord& record,
-                                                  const std::vector<baton::v1::JobLogEntry>& log) {
+                                                  const std::vector<baton::v1::JobLogEntry>& log,
+                                                  std::shared_ptr<const JobPlan> own) {
   const baton::v1::JobStatus& status = record.status();
   // Not placed. (At step 0 by its record it may still have run steps whose
   // record the controller never wrote.)
@@ -91,10 +92,14 @@ std::optional<LiveState> JobManager::LeftOnWorkers(const baton::v1::JobRecord& r
   baton::v1::JobSpec placed = record.spec();
   if (!status.mesh().empty()) *placed.mutable_mesh() = status.mesh();
   if (MeshSize(placed) != status.workers_size()) return std::nullopt;
-  auto plan = PlanJob(placed, status.job_id());
-  if (!plan.ok()) return std::nullopt;
   LiveState live;
-  live.plan = std::make_shared<const JobPlan>(std::move(*plan));
+  if (FormatMeshSpec(ToMeshAxes(placed.mesh())) == FormatMeshSpec(ToMeshAxes(record.spec().mesh()))) {
+    live.plan = std::move(own);  // its own mesh: compiled once
+  } else {
+    auto plan = PlanJob(placed, status.job_id());  // shrunk
+    if (!plan.ok()) return std::nullopt;
+    live.plan = std::make_shared<const JobPlan>(std::move(*plan));
+  }
   live.mesh.set_mesh_id(status.mesh_id());
   *live.mesh.mutable_worker_names() = status.workers();
   live.step = status.step();
@@ -142,7 +147,7 @@ void JobManager::Recover() {
       // Detached: back in line, from the state its workers kept when they
       // still hold all of it, else from its last complete checkpoint (or the
       // one its spec resumes from, or step 0).
-      live = LeftOnWorkers(record, contents.logs.count(id) ? contents.logs.at(id) : std::vector<baton::v1::JobLogEntry>{});
+      const baton::v1::JobRecord ran = record;  // where it ran: for LeftOnWorkers below
       status->set_resumes(status->resumes() + 1);
       status->clear_mesh_id();
       status->clear_workers();
@@ -159,6 +164,8 @@ void JobManager::Recover() {
           },
           &skipped);
       if (compiled.ok()) {
+        live = LeftOnWorkers(ran, contents.logs.count(id) ? contents.logs.at(id) : std::vector<baton::v1::JobLogEntry>{},
+                             prepared->job->plan());
         job = prepared->job;
         restore = std::move(prepared->restore);
         queue = true;

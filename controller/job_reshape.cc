@@ -74,11 +74,6 @@ absl::Status Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const J
   return absl::OkStatus();
 }
 
-bool Job::rescale_asked() const {
-  absl::MutexLock lock(&mu_);
-  return rescale_.has_value();
-}
-
 bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) {
   absl::MutexLock lock(&mu_);
   if (!rescale_.has_value()) return false;
