@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 jobs=${BATON_TSA_JOBS:-$(nproc)}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# The execroot holds the inputs of the last bazel command only: built whole
+# first (cached, seconds), so that every file below is there.
+bazel build //... >/dev/null 2>&1 || bazel build //...
 execroot=$(bazel info execution_root 2>/dev/null)
 bazel aquery 'mnemonic("CppCompile", //...)' --output=jsonproto 2>/dev/null >"$work/actions.json"
 
