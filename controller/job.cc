@@ -213,9 +213,9 @@ Job::Interrupt Job::interrupt(std::string* why) const {
   return interrupt_;
 }
 
-int Job::RequestSteps(int n, absl::Time answer_by) {
+int Job::RequestSteps(int n, const CallSettings& settings) {
   absl::MutexLock lock(&mu_);
-  return ledger_.Request(n, answer_by, status_.step());
+  return ledger_.Request(n, settings, status_.step());
 }
 
 void Job::WithdrawSteps() {
@@ -229,8 +229,7 @@ Job::Outlook Job::OutlookLocked() const {
   o.why = interrupt_cause_;
   o.step = status_.step();
   o.target_step = ledger_.target();
-  o.answer_by = ledger_.answer_by();
-  o.steps_per_call = ledger_.steps_per_call();
+  o.call = ledger_.settings();
   o.rescale_asked = rescale_.has_value();
   o.shrunk = own_plan_ != nullptr;
   o.checkpoint_failures = status_.checkpoint_failures();
@@ -261,11 +260,6 @@ void Job::ClearStepsRunning() {
   ledger_.ClearRunning();
 }
 
-void Job::set_steps_per_call(int k) {
-  absl::MutexLock lock(&mu_);
-  ledger_.set_steps_per_call(k);
-}
-
 void Job::SettleStep(int step) {
   absl::MutexLock lock(&mu_);
   ledger_.Settle(step);
@@ -287,16 +281,6 @@ void Job::AwaitPlaced(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto placed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.state() != baton::v1::JOB_PENDING; };
   mu_.AwaitWithDeadline(absl::Condition(&placed), deadline);
-}
-
-int64_t Job::collective_timeout_ms() const {
-  absl::MutexLock lock(&mu_);
-  return collective_timeout_ms_;
-}
-
-void Job::set_collective_timeout_ms(int64_t ms) {
-  absl::MutexLock lock(&mu_);
-  collective_timeout_ms_ = ms;
 }
 
 }  // namespace baton

@@ -137,9 +137,9 @@ class Job {
   // The steps asked of it. Detached jobs ask for all of them; an attached
   // job's client asks for `n` more (after the one running, if any) and gets
   // the step to wait for, and withdraws what is not started yet when it
-  // stops waiting. `answer_by`: when the client stops waiting (its call's
-  // deadline); the runner starts no step it expects to start later.
-  int RequestSteps(int n, absl::Time answer_by = absl::InfiniteFuture()) ABSL_LOCKS_EXCLUDED(mu_);
+  // stops waiting. `settings`: how the asking call has them run (its K, its
+  // collectives' timeout, when it stops waiting): they travel with the ask.
+  int RequestSteps(int n, const CallSettings& settings) ABSL_LOCKS_EXCLUDED(mu_);
   void WithdrawSteps() ABSL_LOCKS_EXCLUDED(mu_);
   // What the runner decides from between calls, read under one lock (never
   // from separate reads that a client's call could change in between).
@@ -148,8 +148,7 @@ class Job {
     std::string why;  // the interrupt's cause
     int step = 0;
     int target_step = 0;
-    absl::Time answer_by = absl::InfiniteFuture();
-    int steps_per_call = 0;
+    CallSettings call;  // the newest ask's
     bool rescale_asked = false;
     bool shrunk = false;
     int checkpoint_failures = 0;
@@ -164,10 +163,6 @@ class Job {
   // a failed call none is.
   void AddStepsRunning(int n) ABSL_LOCKS_EXCLUDED(mu_);
   void ClearStepsRunning() ABSL_LOCKS_EXCLUDED(mu_);
-  // An attached job's client's K: up to this many steps per call to the
-  // workers; 0: the runner chooses, as for a detached job (JobRunner).
-  // The runner reads it, and the rest of the ledger, in outlook().
-  void set_steps_per_call(int k) ABSL_LOCKS_EXCLUDED(mu_);
   // The runner: everything of `step` is done (its periodic save too).
   void SettleStep(int step) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until `step` is done (SettleStep), the job ended or the deadline;
@@ -178,11 +173,6 @@ class Job {
 
   // An attached job's client's hold on it (controller/lease.h).
   Lease& lease() { return lease_; }
-
-  // The per-collective timeout its steps run with (a Step call's, or the
-  // default).
-  int64_t collective_timeout_ms() const ABSL_LOCKS_EXCLUDED(mu_);
-  void set_collective_timeout_ms(int64_t ms) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Held while a step or a save of this job runs: one at a time.
   absl::Mutex& work_mu() { return work_mu_; }
@@ -243,7 +233,6 @@ class Job {
   StepLedger ledger_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> recovery_workers_ ABSL_GUARDED_BY(mu_);
   absl::Time recovery_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t collective_timeout_ms_ ABSL_GUARDED_BY(mu_) = 30000;
   std::map<std::string, std::string> unloadable_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -42,10 +42,8 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
   }
   CallScope call(job);
   if (job.ended()) return NotRunning(job.status());
-  job.set_collective_timeout_ms(collective_timeout_ms);
-  job.set_steps_per_call(per_call);
   int64_t seen = job.log().last_sequence();
-  const int target = job.RequestSteps(n, deadline);
+  const int target = job.RequestSteps(n, CallSettings{per_call, collective_timeout_ms, deadline});
   StepOutcome out;
   // What the log gained since `seen`, into `out`.
   auto collect = [&] {

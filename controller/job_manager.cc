@@ -29,13 +29,13 @@ void JobManager::StartRunner(const std::shared_ptr<Job>& job, RestorePlan restor
   context.events = events_;
   context.metrics = metrics_;
   context.checkpoints = options_.checkpoints;
+  context.collective_timeout_ms = options_.collective_timeout_ms;
   context.persist = [this](Job& j) { Persist(j); };
   context.persist_progress = [this](Job& j) {
     absl::MutexLock lock(&persist_mu_);
     unwritten_.insert(j.id());
   };
   context.on_end = [this](Job& j) { OnEnd(j); };
-  job->set_collective_timeout_ms(options_.collective_timeout_ms);
   auto runner = std::make_shared<JobRunner>(job, std::move(restore), std::move(context));
   runner->Start();
   runners_[job->id()] = std::move(runner);

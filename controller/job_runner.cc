@@ -136,7 +136,7 @@ void JobRunner::Run() {
                                                 absl::StrJoin(mesh_.worker_names().begin(), mesh_.worker_names().end(), ", "),
                                                 "]")));
   context_.persist(*job_);
-  if (job_->detached()) job_->RequestSteps(job_->steps());
+  if (job_->detached()) job_->RequestSteps(job_->steps(), CallSettings{0, context_.collective_timeout_ms});
   const int max_failures = job_->spec().checkpoint().max_failures();
   while (job_->step() < job_->steps()) {
     // One read decides: the interrupt, its cause and whether work is asked.
@@ -179,9 +179,8 @@ void JobRunner::Run() {
   Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"), /*ended=*/true);
 }
 
-int JobRunner::StepsForCall(int step, absl::Time starts) const {
-  const Job::Outlook now = job_->outlook();
-  int k = now.steps_per_call;
+int JobRunner::StepsForCall(const Job::Outlook& now, int step, absl::Time starts) const {
+  int k = now.call.steps_per_call;
   if (job_->detached() || k == 0) {
     // A second's worth at the last call's pace (one step first, to learn it).
     k = last_step_ms_ <= 0 ? 1
@@ -192,7 +191,7 @@ int JobRunner::StepsForCall(int step, absl::Time starts) const {
   k = std::min(k, now.target_step - step + 1);
   // Steps due to start after the asking client stops waiting would be
   // withdrawn then: a call holds what fits before (at least one step).
-  if (const absl::Time by = now.answer_by; last_step_ms_ > 0 && by != absl::InfiniteFuture()) {
+  if (const absl::Time by = now.call.answer_by; last_step_ms_ > 0 && by != absl::InfiniteFuture()) {
     k = std::min(k, static_cast<int>(std::max(1.0, absl::ToDoubleMilliseconds(by - starts) / last_step_ms_)));
   }
   // A periodic checkpoint's step ends the call, so the save follows it.
@@ -203,18 +202,20 @@ int JobRunner::StepsForCall(int step, absl::Time starts) const {
 }
 
 std::unique_ptr<StepCall> JobRunner::StartCall(int first) {
+  const Job::Outlook now = job_->outlook();  // one lock, once: K and the call's settings
   const absl::Time starts = std::max(absl::Now(), wire_free_);
-  const int k = StepsForCall(first, starts);
+  const int k = StepsForCall(now, first, starts);
   wire_free_ = starts + absl::Milliseconds(k * last_step_ms_);
   job_->AddStepsRunning(k);
-  return std::make_unique<StepCall>(StepCall::Context{job_.get(), context_.meshes, context_.metrics}, mesh_, first, k);
+  return std::make_unique<StepCall>(StepCall::Context{job_.get(), context_.meshes, context_.metrics}, mesh_, first, k,
+                                    now.call.collective_timeout_ms);
 }
 
 bool JobRunner::MayRunAhead(const StepCall& call) const {
   const baton::v1::CheckpointSpec& ck = job_->spec().checkpoint();
   const Job::Outlook now = job_->outlook();  // one lock, once
   if (call.last() >= now.target_step) return false;  // nothing more asked yet
-  if (wire_free_ >= now.answer_by) return false;  // it would start after its client stopped waiting
+  if (wire_free_ >= now.call.answer_by) return false;  // it would start after its client stopped waiting
   // A mesh's first call runs alone: it learns the pace (the next call's K),
   // and the workers know their step before a call waits for its turn.
   if (last_step_ms_ <= 0) return false;

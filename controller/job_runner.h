@@ -54,6 +54,9 @@ struct RunnerContext {
   EventLog* events = nullptr;
   ControllerMetrics* metrics = nullptr;  // nullptr: none
   CheckpointOptions checkpoints;
+  // A detached job's collectives' timeout (an attached job's client says its
+  // own with each Step call).
+  int64_t collective_timeout_ms = 30000;
   // Writes the job's record and new log entries to the job store (durably:
   // the record is fsynced).
   std::function<void(Job&)> persist;
@@ -92,8 +95,8 @@ class JobRunner {
   void Run();
   absl::Status Place();
   // How many steps the call from `step`, expected to start at `starts`,
-  // runs (K).
-  int StepsForCall(int step, absl::Time starts) const;
+  // runs (K), as `now` (the job's outlook) allows.
+  int StepsForCall(const Job::Outlook& now, int step, absl::Time starts) const;
   // Runs the steps asked so far (or until something is to be taken up
   // between calls: a periodic or asked-for save, a stop, a rescale), call
   // after call, the next on the wire while one runs; records and settles

@@ -9,13 +9,12 @@
 
 namespace baton {
 
-StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k)
+StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k, int64_t timeout_ms)
     : context_(context),
       mesh_(mesh),
       first_(first),
       k_(k),
       started_(absl::Now()) {
-  const int64_t timeout_ms = context.job->collective_timeout_ms();
   baton::v1::RunStepRequest rr;
   rr.set_epoch(mesh.epoch());
   rr.set_job_id(context_.job->id());

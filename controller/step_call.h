@@ -48,8 +48,9 @@ class StepCall {
     ControllerMetrics* metrics = nullptr;  // nullptr: none
   };
   // Puts steps first .. first + k - 1 on the wire to every rank of `mesh`
-  // (which outlives the call).
-  StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k);
+  // (which outlives the call), each collective timed out after
+  // `timeout_ms` (the asking call's setting).
+  StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k, int64_t timeout_ms);
   StepCall(const StepCall&) = delete;
   StepCall& operator=(const StepCall&) = delete;
 

@@ -13,10 +13,24 @@
 #define BATON_CONTROLLER_STEP_LEDGER_H_
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/time/time.h"
 
 namespace baton {
+
+// What the call that asked for steps says about running them: they travel
+// with its ask, not through the job (the newest ask's hold).
+struct CallSettings {
+  // Up to this many steps per call to the workers; 0: the runner chooses
+  // (a detached job's are always the runner's).
+  int steps_per_call = 1;
+  // Each collective's timeout on the workers.
+  int64_t collective_timeout_ms = 30000;
+  // When the asking client stops waiting (its call's deadline): the runner
+  // starts no step it expects to start later.
+  absl::Time answer_by = absl::InfiniteFuture();
+};
 
 class StepLedger {
  public:
@@ -31,10 +45,11 @@ class StepLedger {
     settled_ = step;
     running_ = 0;
   }
-  // `n` more after the recorded `step` and those on the wire, answered by
-  // `answer_by`; the step to wait for.
-  int Request(int n, absl::Time answer_by, int step) {
-    answer_by_ = answer_by;
+  // `n` more after the recorded `step` and those on the wire, run as
+  // `settings` say; the step to wait for.
+  int Request(int n, const CallSettings& settings, int step) {
+    settings_ = settings;
+    settings_.steps_per_call = std::max(0, settings.steps_per_call);
     target_ = std::min(steps_, std::max(target_, step + running_ + std::max(n, 0)));
     return target_;
   }
@@ -52,11 +67,7 @@ class StepLedger {
   int target() const { return target_; }
   bool has_work(int step) const { return target_ > step; }
   bool settled(int step) const { return settled_ >= step; }
-  absl::Time answer_by() const { return answer_by_; }
-  // An attached job's client's K: up to this many steps per call; 0: the
-  // runner chooses.
-  int steps_per_call() const { return steps_per_call_; }
-  void set_steps_per_call(int k) { steps_per_call_ = std::max(0, k); }
+  const CallSettings& settings() const { return settings_; }
 
  private:
   const int steps_;
@@ -64,8 +75,7 @@ class StepLedger {
   int target_;
   int running_ = 0;
   int settled_;
-  absl::Time answer_by_ = absl::InfiniteFuture();
-  int steps_per_call_ = 1;
+  CallSettings settings_;
 };
 
 }  // namespace baton

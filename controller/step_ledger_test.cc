@@ -13,11 +13,11 @@ namespace {
 TEST(StepLedgerTest, AClientsAskCountsAfterWhatIsRecordedAndOnTheWire) {
   StepLedger ledger(/*step=*/4, /*steps=*/10, /*detached=*/false);
   EXPECT_FALSE(ledger.has_work(4));
-  EXPECT_EQ(ledger.Request(2, absl::InfiniteFuture(), 4), 6);
+  EXPECT_EQ(ledger.Request(2, CallSettings{}, 4), 6);
   ledger.Start(2);                                               // steps 5 and 6 on the wire
-  const int wait_for = ledger.Request(3, absl::InfiniteFuture(), 4);  // after them: 7, 8, 9
+  const int wait_for = ledger.Request(3, CallSettings{}, 4);  // after them: 7, 8, 9
   ledger.Recorded();                                             // step 5
-  const int capped = ledger.Request(100, absl::InfiniteFuture(), 5);
+  const int capped = ledger.Request(100, CallSettings{}, 5);
   std::printf("asked 2 at step 4: wait for 6; 3 more with 2 on the wire: wait for %d; 100 more: %d (job of 10)\n",
               wait_for, capped);
   EXPECT_EQ(wait_for, 9);
@@ -47,6 +47,24 @@ TEST(StepLedgerTest, ADetachedJobAsksForEveryStepOncePlacedAndKeepsThem) {
               ledger.settled(6));
   EXPECT_TRUE(ledger.settled(5));
   EXPECT_FALSE(ledger.settled(6));
+}
+
+// A call's settings (its K, its collectives' timeout, its deadline) travel
+// with its ask: the newest ask's are the ones the runner reads, and a
+// negative K is the runner's choice (0).
+TEST(StepLedgerTest, TheNewestAsksSettingsAreTheOnesRead) {
+  StepLedger ledger(/*step=*/0, /*steps=*/10, /*detached=*/false);
+  const absl::Time by = absl::FromUnixSeconds(1000);
+  ledger.Request(1, CallSettings{4, 1500, by}, 0);
+  EXPECT_EQ(ledger.settings().steps_per_call, 4);
+  EXPECT_EQ(ledger.settings().collective_timeout_ms, 1500);
+  EXPECT_EQ(ledger.settings().answer_by, by);
+  ledger.Request(1, CallSettings{-3, 700, absl::InfiniteFuture()}, 0);
+  std::printf("second ask: K %d, timeout %lld ms\n", ledger.settings().steps_per_call,
+              static_cast<long long>(ledger.settings().collective_timeout_ms));
+  EXPECT_EQ(ledger.settings().steps_per_call, 0);
+  EXPECT_EQ(ledger.settings().collective_timeout_ms, 700);
+  EXPECT_EQ(ledger.settings().answer_by, absl::InfiniteFuture());
 }
 
 }  // namespace
