@@ -18,6 +18,7 @@
 #include "checkpoint/layout.h"
 #include "common/file_root.h"
 #include "controller/checkpoint_coordinator.h"
+#include "controller/resume_points.h"
 #include "controller/testing/harness.h"
 #include "strategies/job_spec.h"
 
@@ -96,15 +97,15 @@ TEST(AdmissionTest, AJobResumesOnlyFromItsOwnCheckpointsNewestFirst) {
     for (const auto& p : paths) out.push_back(p.substr(p.rfind('/') + 1));
     return absl::StrJoin(out, ",");
   };
-  const std::string own = names(JobManager::ResumePoints(mine, root, {}));
+  const std::string own = names(ResumePoints(mine, root, {}));
   // Its record names step 2, but step 3 was published after the record was
   // last written: the newer one first.
   mine.mutable_status()->mutable_last_checkpoint()->set_path(absl::StrFormat("%s/step-%08d", dir, 2));
-  const std::string behind = names(JobManager::ResumePoints(mine, root, {}));
+  const std::string behind = names(ResumePoints(mine, root, {}));
   mine.mutable_status()->mutable_last_checkpoint()->set_path(absl::StrFormat("%s/step-%08d", dir, 8));
-  const std::string recorded = names(JobManager::ResumePoints(mine, root, {}));
+  const std::string recorded = names(ResumePoints(mine, root, {}));
   const std::string skipping =
-      names(JobManager::ResumePoints(mine, root, {{absl::StrFormat("%s/step-%08d", dir, 3), "damaged"}}));
+      names(ResumePoints(mine, root, {{absl::StrFormat("%s/step-%08d", dir, 3), "damaged"}}));
   std::printf("job-7's resume points in a directory it shares: %s; with step 2 in its record: %s; with step 8 (no "
               "owner) in its record: %s; with step 3 unloadable: %s\n",
               own.c_str(), behind.c_str(), recorded.c_str(), skipping.c_str());
@@ -116,7 +117,7 @@ TEST(AdmissionTest, AJobResumesOnlyFromItsOwnCheckpointsNewestFirst) {
   // Rescaled (its record now holds dp=4): the same checkpoints are its own.
   mine.mutable_spec()->mutable_mesh(0)->set_size(4);
   mine.mutable_status()->clear_last_checkpoint();
-  const std::string rescaled = names(JobManager::ResumePoints(mine, root, {}));
+  const std::string rescaled = names(ResumePoints(mine, root, {}));
   std::printf("after a rescale to dp=4: %s\n", rescaled.c_str());
   EXPECT_EQ(rescaled, "step-00000003,step-00000002");
   // Its record names a checkpoint that is gone, and none of its own is
@@ -125,7 +126,7 @@ TEST(AdmissionTest, AJobResumesOnlyFromItsOwnCheckpointsNewestFirst) {
   orphan.mutable_status()->set_job_id("job-8");
   orphan.mutable_status()->mutable_last_checkpoint()->set_path(root + "/gone/step-00000040");
   std::map<std::string, std::string> lost;
-  const auto none = JobManager::ResumePoints(orphan, root, {}, &lost);
+  const auto none = ResumePoints(orphan, root, {}, &lost);
   std::printf("job-8, whose recorded checkpoint is gone: %zu resume points; lost: %s\n", none.size(),
               lost.empty() ? "(nothing)" : lost.begin()->second.c_str());
   EXPECT_TRUE(none.empty());

@@ -41,8 +41,9 @@ int FirstFailure(const std::vector<CallResult<Resp>>& results) {
 }  // namespace
 
 CheckpointCoordinator::CheckpointCoordinator(Job* job, MeshManager* meshes, EventLog* events,
-                                             CheckpointOptions options)
-    : job_(job), meshes_(meshes), events_(events), options_(std::move(options)) {}
+                                             CheckpointOptions options,
+                                             std::function<void(const std::string&)> published)
+    : job_(job), meshes_(meshes), events_(events), options_(std::move(options)), published_(std::move(published)) {}
 
 CheckpointCoordinator::~CheckpointCoordinator() { JoinInFlight(); }
 
@@ -258,7 +259,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Publish(
   md.set_version(kCheckpointVersion);
   md.set_step(step);
   md.set_seed(job_->status().data_seed());
-  *md.mutable_job() = *job_->placed_spec();  // the mesh it was saved from
+  *md.mutable_job() = *job_->placement()->spec;  // the mesh it was saved from
   md.set_block_bytes(options_.block_bytes);
   md.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
   md.set_job_id(job_->id());
@@ -281,7 +282,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Publish(
   }
   if (auto s = CheckMetadata(md); !s.ok()) return s;
   if (auto s = PublishMetadata(step_dir, md); !s.ok()) return s;
-  job_->ClearUnloadable(step_dir);
+  if (published_) published_(step_dir);
   // Published: the save's time ends here; what follows is clean-up.
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
   RemoveUnreferencedFiles(step_dir, md);

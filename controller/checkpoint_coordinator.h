@@ -18,6 +18,7 @@
 #ifndef BATON_CONTROLLER_CHECKPOINT_COORDINATOR_H_
 #define BATON_CONTROLLER_CHECKPOINT_COORDINATOR_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -78,7 +79,9 @@ class CheckpointCoordinator {
   static constexpr absl::Duration kSaveDeadline = absl::Minutes(10);
   static constexpr absl::Duration kLoadDeadline = absl::Minutes(10);
 
-  CheckpointCoordinator(Job* job, MeshManager* meshes, EventLog* events, CheckpointOptions options);
+  // `published`: told the path of each save it publishes (nullptr: none).
+  CheckpointCoordinator(Job* job, MeshManager* meshes, EventLog* events, CheckpointOptions options,
+                        std::function<void(const std::string&)> published = nullptr);
   ~CheckpointCoordinator();  // waits for the save in flight
 
   // Loads `plan` into the Programs just loaded on `mesh`; the job's step is
@@ -119,6 +122,7 @@ class CheckpointCoordinator {
   MeshManager* const meshes_;
   EventLog* const events_;
   const CheckpointOptions options_;
+  const std::function<void(const std::string&)> published_;
   absl::Mutex mu_;
   std::shared_ptr<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
 };

@@ -25,12 +25,9 @@ Job::Job(baton::v1::JobRecord record, std::shared_ptr<const JobPlan> plan)
                         : detached_                           ? kDefaultDetachedRestarts
                                                               : 0),
       lease_(absl::Milliseconds(record.status().lease_ms()), !record.status().detached()),
-      plan_(std::move(plan)),
+      placement_(JobPlacement::Own(spec_, std::move(plan))),
       status_(std::move(*record.mutable_status())),
-      ledger_(status_.step(), status_.steps(), detached_) {
-  own_ = std::make_shared<const baton::v1::JobSpec>(spec_);
-  placed_ = own_;
-}
+      ledger_(status_.step(), status_.steps(), detached_) {}
 
 int Job::checkpoint_failures() const {
   absl::MutexLock lock(&mu_);
@@ -44,17 +41,12 @@ void Job::SetRecordError(const std::string& why) {
 
 std::shared_ptr<const JobPlan> Job::plan() const {
   absl::MutexLock lock(&mu_);
-  return plan_;
+  return placement_->plan;
 }
 
 void Job::ReleasePrograms() {
   absl::MutexLock lock(&mu_);
-  if (plan_ == nullptr || plan_->programs.empty()) return;
-  auto kept = std::make_shared<JobPlan>();
-  kept->theory = plan_->theory;
-  kept->theory.ranks.clear();
-  kept->max_idle_fraction = plan_->max_idle_fraction;
-  plan_ = std::move(kept);
+  placement_ = placement_->WithoutPrograms();
 }
 
 baton::v1::JobStatus Job::status() const {
@@ -77,7 +69,7 @@ bool Job::ended() const { return IsEnded(state()); }
 baton::v1::JobRecord Job::Record() const {
   baton::v1::JobRecord record;
   absl::MutexLock lock(&mu_);
-  *record.mutable_spec() = *own_;  // its mesh as last rescaled
+  *record.mutable_spec() = *placement_->own;  // its mesh as last rescaled
   *record.mutable_status() = status_;
   record.mutable_status()->clear_record_error();  // about this controller's writes only
   return record;
@@ -231,7 +223,7 @@ Job::Outlook Job::OutlookLocked() const {
   o.target_step = ledger_.target();
   o.call = ledger_.settings();
   o.rescale_asked = rescale_.has_value();
-  o.shrunk = own_plan_ != nullptr;
+  o.shrunk = placement_->shrunk();
   o.checkpoint_failures = status_.checkpoint_failures();
   return o;
 }

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "common/job_state.h"
 #include "controller/lease.h"
+#include "controller/job_placement.h"
 #include "controller/sequenced_log.h"
 #include "controller/step_ledger.h"
 #include "proto/controller.pb.h"
@@ -36,21 +37,6 @@
 #include "strategies/dry_run.h"
 
 namespace baton {
-
-// What a job left on its workers when its mesh went (a failure, a rescale,
-// a grow-back, a controller restart): the Programs its ranks ran, that mesh (its workers by rank)
-// and the step it was at. Its restore reads it from them when they keep all
-// of it (controller/live_restore.h); its data stream is the job's own.
-struct LiveState {
-  std::shared_ptr<const JobPlan> plan;
-  // Its workers by rank; an address left empty is the one the worker of
-  // that name has registered now (a restarted controller knows the names).
-  baton::v1::Mesh mesh;
-  int step = 0;
-  // The last step whose figures the job's log holds: the steps after it
-  // that the workers ran are recorded from the figures they kept.
-  int logged_step = 0;
-};
 
 class Job {
  public:
@@ -65,34 +51,22 @@ class Job {
   const std::string& id() const { return id_; }
   // What was submitted (its mesh as submitted).
   const baton::v1::JobSpec& spec() const { return spec_; }
-  // Its own mesh now: spec(), or what its last rescale asked for.
-  std::shared_ptr<const baton::v1::JobSpec> own_spec() const ABSL_LOCKS_EXCLUDED(mu_);
-  // What it is placed with: own_spec(), or - shrunk onto fewer workers after
-  // a failure (RestartPolicy.min_workers) - the same with a smaller
-  // data-parallel axis.
-  std::shared_ptr<const baton::v1::JobSpec> placed_spec() const ABSL_LOCKS_EXCLUDED(mu_);
-  bool shrunk() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What it is placed with now (controller/job_placement.h): its own mesh and,
+  // shrunk, the smaller one. Swapped whole (Place), never changed.
+  std::shared_ptr<const JobPlacement> placement() const ABSL_LOCKS_EXCLUDED(mu_);
+  void Place(std::shared_ptr<const JobPlacement> placement) ABSL_LOCKS_EXCLUDED(mu_);
   // Periodic saves failed in a row (status().checkpoint_failures(), without
   // copying the status).
   int checkpoint_failures() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Places it from now on with `placed` and its Programs `plan`; Unshrink:
-  // back on its own mesh and Programs.
-  void Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
-  void Unshrink() ABSL_LOCKS_EXCLUDED(mu_);
-  // Rescaled: `own` (its mesh resized) and its Programs are its own from now
-  // on (persisted: a restarted controller places it so).
-  void Rescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
   // A rescale asked for (RescaleJob), for the runner to take between steps.
   // Refused (FAILED_PRECONDITION) while an earlier one is asked and not yet
   // applied: status().rescale() says which, and then what became of it.
   absl::Status RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan,
                               const std::string& request_id) ABSL_LOCKS_EXCLUDED(mu_);
   bool TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* plan) ABSL_LOCKS_EXCLUDED(mu_);
-  // What its last mesh left on its workers, for its next placement.
-  void SetLive(LiveState live) ABSL_LOCKS_EXCLUDED(mu_);
-  std::optional<LiveState> TakeLive() ABSL_LOCKS_EXCLUDED(mu_);
-  // Its Programs and what they predict; once it ended, what they predicted
-  // only (ReleasePrograms: an ended job holds no Program).
+  // Its Programs and what they predict (placement()->plan); once it ended,
+  // what they predicted only (ReleasePrograms: an ended job holds no
+  // Program).
   std::shared_ptr<const JobPlan> plan() const ABSL_LOCKS_EXCLUDED(mu_);
   void ReleasePrograms() ABSL_LOCKS_EXCLUDED(mu_);
   bool detached() const { return detached_; }
@@ -177,7 +151,8 @@ class Job {
   // Held while a step or a save of this job runs: one at a time.
   absl::Mutex& work_mu() { return work_mu_; }
 
-  // Supervision (RestartPolicy). The restarts its spec allows: restart.
+  // Supervision (RestartPolicy; the rest of it is the job's supervisor's,
+  // controller/job_supervisor.h). The restarts its spec allows: restart.
   // max_restarts, or when that is unset 3 for a detached job and 0 for an
   // attached one.
   int restarts_allowed() const { return restarts_allowed_; }
@@ -188,29 +163,14 @@ class Job {
   // Every failure recorded, oldest first, each with its time and step: what
   // a job that spent its restarts fails with.
   std::string FailureHistory() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The workers it ran on when it failed, and until when a restart waits for
-  // them (a dead one's replacement registers under its name) before taking
-  // any free ones.
-  void SetRecoveryWorkers(std::vector<std::string> names, absl::Time until) ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<std::string> recovery_workers(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   // Placed again: a lost mesh's interrupt no longer applies.
   void ClearMeshLost() ABSL_LOCKS_EXCLUDED(mu_);
-  // One of its own checkpoints failed to load for what it holds (a missing
-  // or damaged file, not a worker lost midway): its restarts take the next
-  // older one. Path -> why.
-  void NoteUnloadable(const std::string& path, const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   // Why the job table could not record its last change; "" once it could.
   void SetRecordError(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
-  std::map<std::string, std::string> unloadable() const ABSL_LOCKS_EXCLUDED(mu_);
-  // A save published at `path` again: loadable once more.
-  void ClearUnloadable(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Outlook OutlookLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogState() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Placed with `placed` and `plan` from now on.
-  void PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::shared_ptr<const JobPlan> plan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string id_;
   const baton::v1::JobSpec spec_;
@@ -221,19 +181,12 @@ class Job {
   absl::Mutex work_mu_;
 
   mutable absl::Mutex mu_;
-  std::shared_ptr<const JobPlan> plan_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const JobPlan> own_plan_ ABSL_GUARDED_BY(mu_);  // its own mesh's, kept while shrunk
-  std::shared_ptr<const baton::v1::JobSpec> own_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const baton::v1::JobSpec> placed_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const JobPlacement> placement_ ABSL_GUARDED_BY(mu_);
   std::optional<std::pair<baton::v1::JobSpec, std::shared_ptr<const JobPlan>>> rescale_ ABSL_GUARDED_BY(mu_);
-  std::optional<LiveState> live_ ABSL_GUARDED_BY(mu_);
   baton::v1::JobStatus status_ ABSL_GUARDED_BY(mu_);
   Interrupt interrupt_ ABSL_GUARDED_BY(mu_) = Interrupt::kNone;
   std::string interrupt_cause_ ABSL_GUARDED_BY(mu_);
   StepLedger ledger_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> recovery_workers_ ABSL_GUARDED_BY(mu_);
-  absl::Time recovery_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::map<std::string, std::string> unloadable_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

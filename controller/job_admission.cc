@@ -142,7 +142,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::Submit(const baton::v1::CreateJ
     jobs_[job->id()] = job;
     order_.push_back(job->id());
     queue_.push_back(job->id());
-    restores_[job->id()] = std::move(prepared->restore);
+    Supervise(job, std::move(prepared->restore))->Start();
   }
   events_->Append(JobEvent(baton::v1::Event::JOB_SUBMITTED, job->id(), job->step(),
                            absl::StrCat("\"", job->spec().name(), "\", detached, needs ", MeshSize(job->spec()),
@@ -163,6 +163,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::Create(const baton::v1::CreateJ
                         absl::StrCat("job \"", spec.name().substr(0, 128), "\" ", reserved.status().message(),
                                      "; wait for a job to end, or submit it detached to queue it"));
   }
+  // Its placement's fit check: refused now, its client told why.
   if (auto s = CheckFits(spec, job->plan()->theory, *reserved, meshes_->Workers()); !s.ok()) {
     meshes_->Release(job->id(), "does not fit");
     return s;
@@ -176,7 +177,9 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::Create(const baton::v1::CreateJ
     absl::MutexLock lock(&mu_);
     jobs_[job->id()] = job;
     order_.push_back(job->id());
-    StartRunner(job, std::move(prepared->restore));
+    std::shared_ptr<JobSupervisor> supervisor = Supervise(job, std::move(prepared->restore));
+    supervisor->Place(std::move(*reserved), /*fits=*/true);
+    supervisor->Start();
   }
   events_->Append(JobEvent(baton::v1::Event::JOB_SUBMITTED, job->id(), job->step(),
                            absl::StrCat("\"", spec.name(), "\", attached, on ", MeshSize(spec), " workers")));

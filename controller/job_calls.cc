@@ -1,11 +1,14 @@
-// JobManager: the calls an attached job's client makes (Step, KeepAlive)
-// and checkpoints on demand (Save, AwaitSave).
+// JobManager: the calls an attached job's client makes (Step, KeepAlive),
+// checkpoints on demand (Save, AwaitSave) and a rescale asked of a running
+// job (RescaleJob).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "controller/job_manager.h"
+#include "mesh/device_mesh.h"
+#include "strategies/job_spec.h"
 
 namespace baton {
 namespace {
@@ -100,10 +103,15 @@ absl::StatusOr<JobManager::StepOutcome> JobManager::Step(const std::string& id, 
                                                   "; a step already running completes on its own and is counted then"));
 }
 
-std::shared_ptr<JobRunner> JobManager::RunnerOf(const std::string& id) const {
+std::shared_ptr<JobSupervisor> JobManager::SupervisorOf(const std::string& id) const {
   absl::MutexLock lock(&mu_);
-  auto it = runners_.find(id);
-  return it == runners_.end() ? nullptr : it->second;
+  auto it = supervisors_.find(id);
+  return it == supervisors_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<JobRunner> JobManager::RunnerOf(const std::string& id) const {
+  std::shared_ptr<JobSupervisor> supervisor = SupervisorOf(id);
+  return supervisor == nullptr ? nullptr : supervisor->runner();
 }
 
 absl::StatusOr<baton::v1::JobStatus> JobManager::KeepAlive(const std::string& id) {
@@ -141,6 +149,47 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::AwaitSave(const std::string& id
   const baton::v1::JobStatus status = (*job)->status();
   if (!status.checkpoint_error().empty()) return absl::UnavailableError(status.checkpoint_error());
   return status;
+}
+
+absl::StatusOr<baton::v1::JobStatus> JobManager::Rescale(const std::string& id,
+                                                        const std::vector<baton::v1::MeshAxis>& mesh,
+                                                        const std::string& request_id) {
+  auto job = Find(id);
+  if (!job.ok()) return job.status();
+  // A retry of a request already taken (its answer lost): what became of it.
+  if (!request_id.empty() && (*job)->status().rescale().request_id() == request_id) return (*job)->status();
+  const baton::v1::JobSpec own = *(*job)->placement()->own;
+  if (static_cast<int>(mesh.size()) != own.mesh_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", id, " has ", own.mesh_size(), " mesh axes; the rescale names ",
+                                                   mesh.size()));
+  }
+  baton::v1::JobSpec rescaled = own;
+  for (int a = 0; a < own.mesh_size(); ++a) {
+    if (mesh[a].name() != own.mesh(a).name()) {
+      return absl::InvalidArgumentError(absl::StrCat("axis ", a, " of job ", id, " is \"", own.mesh(a).name(),
+                                                     "\"; the rescale names \"", mesh[a].name(), "\""));
+    }
+    rescaled.mutable_mesh(a)->set_size(mesh[a].size());
+  }
+  rescaled.clear_workers();
+  if (auto s = ValidateJobSpec(rescaled); !s.ok()) return s;
+  auto plan = PlanJob(rescaled, id);
+  if (!plan.ok()) return plan.status();
+  const int need = MeshSize(rescaled), fleet = static_cast<int>(meshes_->Workers().size());
+  if (need > fleet) {
+    return absl::ResourceExhaustedError(absl::StrCat("the mesh needs ", need, " workers; the fleet has ", fleet));
+  }
+  if ((*job)->state() != baton::v1::JOB_RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", id, " is ", baton::v1::JobState_Name((*job)->state()),
+                                                      "; only a running job is rescaled"));
+  }
+  if (auto s = (*job)->RequestRescale(std::move(rescaled), std::make_shared<const JobPlan>(std::move(*plan)),
+                                      request_id);
+      !s.ok()) {
+    return s;
+  }
+  Persist(**job);
+  return (*job)->status();
 }
 
 }  // namespace baton

@@ -1,7 +1,8 @@
 // JobManager: the queue and its schedule, stopping, the monitor's tick,
 // the job table's writes. Admission is in job_admission.cc, recovery at
-// start-up in job_recovery.cc, supervision in job_supervision.cc, and the
-// calls an attached job's client makes in job_calls.cc.
+// start-up in job_recovery.cc, and the calls an attached job's client
+// makes in job_calls.cc; each job's life is its supervisor's
+// (job_supervisor.h).
 #include "controller/job_manager.h"
 
 #include <algorithm>
@@ -23,44 +24,52 @@ JobManager::JobManager(MeshManager* meshes, EventLog* events, ControllerMetrics*
 
 JobManager::~JobManager() { Shutdown(); }
 
-void JobManager::StartRunner(const std::shared_ptr<Job>& job, RestorePlan restore) {
-  RunnerContext context;
-  context.meshes = meshes_;
-  context.events = events_;
-  context.metrics = metrics_;
-  context.checkpoints = options_.checkpoints;
-  context.collective_timeout_ms = options_.collective_timeout_ms;
-  context.persist = [this](Job& j) { Persist(j); };
-  context.persist_progress = [this](Job& j) {
+std::shared_ptr<JobSupervisor> JobManager::Supervise(const std::shared_ptr<Job>& job, RestorePlan restore) {
+  SupervisorContext context;
+  context.runner.meshes = meshes_;
+  context.runner.events = events_;
+  context.runner.metrics = metrics_;
+  context.runner.checkpoints = options_.checkpoints;
+  context.runner.collective_timeout_ms = options_.collective_timeout_ms;
+  context.runner.persist = [this](Job& j) { Persist(j); };
+  context.runner.persist_progress = [this](Job& j) {
     absl::MutexLock lock(&persist_mu_);
     unwritten_.insert(j.id());
   };
-  context.on_end = [this](Job& j) { OnEnd(j); };
-  auto runner = std::make_shared<JobRunner>(job, std::move(restore), std::move(context));
-  runner->Start();
-  runners_[job->id()] = std::move(runner);
+  context.retry_backoff = options_.retry_backoff;
+  context.requeue = [this](const std::string& id) { Requeue(id); };
+  context.done = [this](const std::string& id) { Done(id); };
+  auto supervisor = std::make_shared<JobSupervisor>(job, std::move(restore), std::move(context));
+  supervisors_[job->id()] = supervisor;
+  return supervisor;
+}
+
+void JobManager::Requeue(const std::string& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    if (std::find(queue_.begin(), queue_.end(), id) == queue_.end()) queue_.push_front(id);
+  }
+  Schedule();
+}
+
+void JobManager::Done(const std::string& id) {
+  {
+    absl::MutexLock lock(&mu_);
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+    if (auto it = supervisors_.find(id); it != supervisors_.end()) {
+      finished_.push_back(std::move(it->second));  // its thread is returning: joined by Tick
+      supervisors_.erase(it);
+    }
+  }
+  Schedule();  // its workers are free
 }
 
 void JobManager::Schedule() {
-  std::shared_ptr<Job> job = SchedulePass(/*may_shrink=*/true);
-  if (job == nullptr) return;
-  // Compiling the smaller mesh's Programs and planning its restore (which
-  // reads checkpoints) run without the table's lock.
-  auto restore = Shrink(*job);
+  std::vector<std::pair<std::shared_ptr<JobSupervisor>, std::string>> stops;
   {
     absl::MutexLock lock(&mu_);
-    shrinking_.erase(job->id());
-    if (!restore.ok()) return;  // it holds the line, as it did
-    if (std::find(queue_.begin(), queue_.end(), job->id()) != queue_.end()) restores_[job->id()] = std::move(*restore);
-  }
-  SchedulePass(/*may_shrink=*/false);
-}
-
-std::shared_ptr<Job> JobManager::SchedulePass(bool may_shrink) {
-  std::vector<std::pair<std::shared_ptr<Job>, std::pair<baton::v1::JobState, std::string>>> ends;
-  std::shared_ptr<Job> to_shrink;
-  {
-    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
     // First in line, first placed. A job that cannot be placed yet and waits
     // for workers it names (its own after a failure, or its spec's) keeps
     // them, and the jobs behind it that fit on other free workers start
@@ -72,46 +81,45 @@ std::shared_ptr<Job> JobManager::SchedulePass(bool may_shrink) {
     size_t i = 0;
     while (!shutting_down_ && i < queue_.size()) {
       const std::string id = queue_[i];
-      auto it = jobs_.find(id);
-      std::shared_ptr<Job> job = it == jobs_.end() ? nullptr : it->second;
+      auto it = supervisors_.find(id);
+      std::shared_ptr<JobSupervisor> supervisor = it == supervisors_.end() ? nullptr : it->second;
       std::string cause;
-      if (job == nullptr || job->ended() || job->interrupt(&cause) == Job::Interrupt::kStop) {
+      if (supervisor == nullptr || supervisor->job().ended() ||
+          supervisor->job().interrupt(&cause) == Job::Interrupt::kStop) {
         queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
-        restores_.erase(id);
-        if (job != nullptr && !job->ended()) ends.push_back({job, {baton::v1::JOB_STOPPED, cause}});
+        if (supervisor != nullptr && !supervisor->job().ended()) stops.emplace_back(supervisor, cause);
         continue;
       }
-      if (auto nb = not_before_.find(id); nb != not_before_.end() && absl::Now() < nb->second) {
+      Job& job = supervisor->job();
+      const JobSupervisor::Wants wants = supervisor->wants(now);
+      if (now < wants.not_before) {
         held_by = absl::StrCat(id, ", which waits before it restarts");
         break;
       }
-      if (shrinking_.count(id)) {
+      if (wants.shrinking) {
         held_by = absl::StrCat(id, ", which is being shrunk onto the workers left");
         break;
       }
       // A restart waits for the workers it ran on for a while, then takes
       // what its spec allows - or, too few being free, shrinks if it may.
-      std::vector<std::string> names = job->recovery_workers(absl::Now());
+      std::vector<std::string> names = wants.own_workers;
       const bool waits_for_its_own = !names.empty();
-      if (names.empty()) names.assign(job->spec().workers().begin(), job->spec().workers().end());
+      if (names.empty()) names.assign(job.spec().workers().begin(), job.spec().workers().end());
       std::string taken;
       for (const std::string& n : names) {
         if (kept.count(n)) taken = n;
       }
       if (!taken.empty()) {
-        job->SetWaitingFor(absl::StrCat("worker ", taken.substr(0, 128), ", which a job ahead of it waits for"));
+        job.SetWaitingFor(absl::StrCat("worker ", taken.substr(0, 128), ", which a job ahead of it waits for"));
         ++i;
         continue;
       }
-      auto reserved = meshes_->Reserve(id, MeshSize(*job->placed_spec()), names, kept);
-      if (!reserved.ok() && i == 0 && !waits_for_its_own && job->state() == baton::v1::JOB_RECOVERING && may_shrink) {
-        // Shrunk after this pass, outside the lock; it holds the line
-        // meanwhile (below: it waits for a number of workers).
-        shrinking_.insert(id);
-        to_shrink = job;
-      }
+      auto reserved = meshes_->Reserve(id, job.placement()->workers(), names, kept);
       if (!reserved.ok()) {
-        job->SetWaitingFor(std::string(reserved.status().message()));
+        // Its supervisor shrinks it, on its own thread; it holds the line
+        // meanwhile (below: it waits for a number of workers).
+        if (i == 0 && !waits_for_its_own && job.state() == baton::v1::JOB_RECOVERING) supervisor->AskShrink();
+        job.SetWaitingFor(std::string(reserved.status().message()));
         if (names.empty()) {
           held_by = absl::StrCat(id, ", which ", reserved.status().message());
           break;
@@ -120,69 +128,17 @@ std::shared_ptr<Job> JobManager::SchedulePass(bool may_shrink) {
         ++i;
         continue;
       }
-      const baton::v1::JobSpec& spec = *job->placed_spec();
       queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
-      not_before_.erase(id);
-      RestorePlan restore = std::move(restores_[id]);
-      restores_.erase(id);
-      if (auto s = CheckFits(spec, job->plan()->theory, *reserved, meshes_->Workers()); !s.ok()) {
-        meshes_->Release(id, "does not fit");
-        ends.push_back({job, {baton::v1::JOB_FAILED, std::string(s.message())}});
-        continue;
-      }
-      StartRunner(job, std::move(restore));
+      supervisor->Place(std::move(*reserved));
     }
     // The jobs behind the one that holds the line say so.
     for (size_t j = i + 1; !held_by.empty() && j < queue_.size(); ++j) {
-      if (auto it = jobs_.find(queue_[j]); it != jobs_.end()) {
-        it->second->SetWaitingFor(absl::StrCat("queued behind job ", held_by.substr(0, 512)));
+      if (auto it = supervisors_.find(queue_[j]); it != supervisors_.end()) {
+        it->second->job().SetWaitingFor(absl::StrCat("queued behind job ", held_by.substr(0, 512)));
       }
     }
   }
-  for (auto& [job, end] : ends) EndPending(*job, end.first, end.second);
-  return to_shrink;
-}
-
-void JobManager::EndPending(Job& job, baton::v1::JobState state, const std::string& cause) {
-  if (!job.Enter(state, cause)) return;
-  job.ReleasePrograms();
-  events_->Append(JobEvent(state == baton::v1::JOB_STOPPED ? baton::v1::Event::JOB_STOPPED : baton::v1::Event::JOB_FAILED, job.id(),
-                           job.step(), "", cause));
-  Persist(job);
-}
-
-void JobManager::OnEnd(Job& job) {
-  // RECOVERING: restored from its newest complete checkpoint (or from the
-  // start: its spec's resume_from or init_from, or step 0).
-  std::optional<absl::StatusOr<RestorePlan>> recovery;
-  if (job.state() == baton::v1::JOB_RECOVERING) recovery = PlanRecovery(job, *job.placed_spec(), *job.plan());
-  if (recovery && !recovery->ok()) {
-    const std::string cause = absl::StrCat("cannot restore it after its failure: ", recovery->status().message());
-    job.Enter(baton::v1::JOB_FAILED, cause);
-    events_->Append(JobEvent(baton::v1::Event::JOB_FAILED, job.id(), job.step(), "", cause));
-    Persist(job);
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = runners_.find(job.id());
-    if (it != runners_.end()) {
-      // Placing it failed for the fleet's sake (PENDING), or it failed and
-      // may restart (RECOVERING): first in line again, after a pause.
-      const baton::v1::RestartPolicy& policy = job.spec().restart();
-      const bool pending = job.state() == baton::v1::JOB_PENDING, recovering = job.state() == baton::v1::JOB_RECOVERING;
-      if ((pending || recovering) && !shutting_down_) {
-        queue_.push_front(job.id());
-        not_before_[job.id()] =
-            absl::Now() + (pending ? options_.retry_backoff
-                                   : absl::Milliseconds(policy.has_backoff_ms() ? policy.backoff_ms() : kRestartBackoffMs));
-        restores_[job.id()] = pending ? it->second->restore() : std::move(**recovery);
-      }
-      finished_runners_.push_back(std::move(it->second));
-      runners_.erase(it);
-    }
-  }
-  if (job.ended()) job.ReleasePrograms();  // its Programs are of no more use
-  Schedule();
+  for (auto& [supervisor, cause] : stops) supervisor->Stop(cause);
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobManager::Find(const std::string& id) const {
@@ -203,28 +159,26 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::Stop(const std::string& id, con
   auto job = Find(id);
   if (!job.ok()) return job.status();
   bool queued = false;
+  std::shared_ptr<JobSupervisor> supervisor;
   {
     absl::MutexLock lock(&mu_);
     auto it = std::find(queue_.begin(), queue_.end(), id);
     if (it != queue_.end()) {
       queue_.erase(it);
-      restores_.erase(id);
-      not_before_.erase(id);
       queued = true;
     }
+    if (auto s = supervisors_.find(id); s != supervisors_.end()) supervisor = s->second;
   }
-  if (queued) {
-    EndPending(**job, baton::v1::JOB_STOPPED, cause);
-    Schedule();  // the ones behind it may fit now
-    return (*job)->status();
-  }
-  // Running, or FINISHED and still holding its workers: its runner ends it
-  // and frees them.
-  (*job)->RequestStop(cause);
+  if (supervisor == nullptr) return (*job)->status();  // ended already
+  // Queued, its supervisor ends it; running (or FINISHED and still holding
+  // its workers), its runner does, and frees them.
+  supervisor->Stop(cause);
+  if (queued) Schedule();  // the ones behind it may fit now
   const absl::Time give_up = absl::Now() + kStopWait;
   while (absl::Now() < give_up) {
-    const bool holding = RunnerOf(id) != nullptr;
-    if (!holding && ((*job)->ended() || (*job)->state() == baton::v1::JOB_PENDING)) break;
+    if ((*job)->ended() && !supervisor->holds_workers()) break;
+    // Shut down meanwhile: left as it is.
+    if (!queued && (*job)->state() == baton::v1::JOB_PENDING && !supervisor->holds_workers()) break;
     absl::SleepFor(absl::Milliseconds(10));
   }
   return (*job)->status();
@@ -232,17 +186,17 @@ absl::StatusOr<baton::v1::JobStatus> JobManager::Stop(const std::string& id, con
 
 void JobManager::Tick(absl::Time now) {
   std::vector<std::shared_ptr<Job>> lapsed;
-  std::vector<std::shared_ptr<JobRunner>> reaped;
+  std::vector<std::shared_ptr<JobSupervisor>> reaped;
   std::vector<std::pair<std::string, baton::v1::JobState>> forgotten;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [id, runner] : runners_) {
-      if (runner->job().lease().Lapsed(now)) lapsed.push_back(jobs_.at(id));
+    for (const auto& [id, supervisor] : supervisors_) {
+      if (supervisor->holds_workers() && supervisor->job().lease().Lapsed(now)) lapsed.push_back(supervisor->shared_job());
     }
-    for (auto it = finished_runners_.begin(); it != finished_runners_.end();) {
-      if ((*it)->finished()) {
+    for (auto it = finished_.begin(); it != finished_.end();) {
+      if ((*it)->done()) {
         reaped.push_back(std::move(*it));
-        it = finished_runners_.erase(it);
+        it = finished_.erase(it);
       } else {
         ++it;
       }
@@ -279,7 +233,7 @@ std::vector<std::pair<std::string, baton::v1::JobState>> JobManager::Forget() {
   for (const auto& id : order_) ended += jobs_.at(id)->ended();
   for (auto it = order_.begin(); it != order_.end() && ended > options_.max_ended_jobs;) {
     auto job = jobs_.find(*it);
-    if (!job->second->ended() || runners_.count(*it)) {
+    if (!job->second->ended() || supervisors_.count(*it)) {
       ++it;
       continue;
     }
@@ -297,19 +251,17 @@ void JobManager::OnMeshLost(const std::string& owner, const baton::v1::Mesh& mes
 }
 
 void JobManager::Shutdown() {
-  std::vector<std::shared_ptr<JobRunner>> runners;
+  std::vector<std::shared_ptr<JobSupervisor>> supervisors;
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    for (auto& [id, runner] : runners_) {
-      runner->job().RequestShutdown();
-      runners.push_back(runner);
-    }
-    runners_.clear();
-    for (auto& r : finished_runners_) runners.push_back(std::move(r));
-    finished_runners_.clear();
+    for (auto& [id, supervisor] : supervisors_) supervisors.push_back(supervisor);
+    supervisors_.clear();
+    for (auto& s : finished_) supervisors.push_back(std::move(s));
+    finished_.clear();
   }
-  runners.clear();  // each joins its thread
+  for (auto& supervisor : supervisors) supervisor->Shutdown();
+  supervisors.clear();  // each joins its thread
   WriteProgress(/*now=*/true);
 }
 

@@ -1,12 +1,16 @@
-// JobManager: the job table (job_manager.cc; the calls an attached job's
-// client makes in job_calls.cc, recovery at start-up in job_recovery.cc). Jobs by id (each a Job with its own lock and
-// state machine), the queue of detached jobs waiting for workers, a runner
-// per placed job, attached jobs' leases, and the job store behind them.
+// JobManager: the job table, its queue and its store - nothing more. Jobs
+// by id (each a Job with its own lock and state machine), a supervisor per
+// job that has not ended (controller/job_supervisor.h: it owns the job's
+// life, placement to end, restarts and moves included), the queue of jobs
+// waiting for workers, attached jobs' leases, and the job store behind
+// them. Admission in job_admission.cc, recovery at start-up in
+// job_recovery.cc, the calls an attached job's client makes (and rescale)
+// in job_calls.cc.
 //
 //   SubmitJob ──> PENDING, queued ──Schedule: first in line, workers free──┐
 //   CreateJob ──> workers reserved at once, or RESOURCE_EXHAUSTED ─────────┤
 //                                                                          v
-//              JobRunner (form mesh, load, restore, steps, saves) ──> ended
+//           its supervisor runs it ──> ended, or back in line (first) ──> ...
 //
 // The queue is first come, first served: the job at its head waits until
 // enough workers are free (those its spec names, or any), and the ones
@@ -14,8 +18,8 @@
 // refused, naming how many it needs and how many are free.
 //
 // Thread-safety: every method may be called from any thread. `mu_` guards
-// the tables; it is never held across an RPC, a runner's work or a wait on
-// a job.
+// the tables; it is never held across an RPC, a runner's work, a compile,
+// a disk read or a wait on a job. A supervisor's lock is taken after it.
 #ifndef BATON_CONTROLLER_JOB_MANAGER_H_
 #define BATON_CONTROLLER_JOB_MANAGER_H_
 
@@ -34,6 +38,7 @@
 #include "controller/checkpoint_coordinator.h"
 #include "controller/job.h"
 #include "controller/job_runner.h"
+#include "controller/job_supervisor.h"
 #include "controller/job_store.h"
 #include "controller/mesh_manager.h"
 
@@ -65,8 +70,6 @@ class JobManager {
  public:
   static constexpr absl::Duration kMinLease = absl::Milliseconds(100);
   static constexpr absl::Duration kMaxLease = absl::Hours(24);
-  // The pause before a failed job is placed again (RestartPolicy.backoff_ms).
-  static constexpr int64_t kRestartBackoffMs = 1000;
   // StopJob waits this long for a running job to reach STOPPED.
   static constexpr absl::Duration kStopWait = absl::Seconds(15);
   // A streamed Step answers at most this often (a progress bar's pace, four
@@ -148,16 +151,6 @@ class JobManager {
   // controller.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Where a requeued or recovering job resumes (job_recovery.cc), newest
-  // first: its own complete checkpoints - the one its record names and
-  // those in its checkpoint.dir that it saved (CheckpointMetadata's job id
-  // and spec fingerprint; never another job's, whatever directory they
-  // share) - less those in `unloadable`. `lost`, when given, gets the one
-  // its record names if that one cannot be read (with why).
-  static std::vector<std::string> ResumePoints(const baton::v1::JobRecord& record, const std::string& file_root,
-                                               const std::map<std::string, std::string>& unloadable,
-                                               std::map<std::string, std::string>* lost = nullptr);
-
  private:
   // Validated, compiled and its restore planned; not yet in the table.
   struct Prepared {
@@ -165,8 +158,6 @@ class JobManager {
     RestorePlan restore;
   };
   absl::StatusOr<Prepared> Prepare(const baton::v1::CreateJobRequest& req, bool detached);
-  // Compiles `record`'s job and plans what it restores (`resume_from`
-  // overriding the spec's).
   // What a detached job placed when the previous controller died left on
   // its workers: its Programs on that mesh, the workers by rank (names
   // only), the step its record holds and the last one its log (`log`)
@@ -176,39 +167,23 @@ class JobManager {
   static std::optional<LiveState> LeftOnWorkers(const baton::v1::JobRecord& record,
                                                 const std::vector<baton::v1::JobLogEntry>& log,
                                                 std::shared_ptr<const JobPlan> own);
-  // `checked`: its spec passed WithDefaults and ValidateJobSpec already
-  // (Prepare); a record read back from the table is checked again.
+  // Compiles `record`'s job and plans what it restores (`resume_from`
+  // overriding the spec's). `checked`: its spec passed WithDefaults and
+  // ValidateJobSpec already (Prepare); a record read back from the table is
+  // checked again.
   absl::StatusOr<Prepared> Compile(baton::v1::JobRecord record, const std::string& resume_from, bool checked = false);
   // Places queued jobs, first in line first, while workers allow; a
-  // RECOVERING job at the head that too few free workers hold up is shrunk
-  // (Shrink) outside the table's lock, then placement goes on.
+  // RECOVERING job at the head that too few free workers hold up is asked
+  // to shrink (its supervisor does it, on its own thread; it holds the line
+  // meanwhile).
   void Schedule() ABSL_LOCKS_EXCLUDED(mu_);
-  // One pass of Schedule; the job to shrink, if any (only when `may_shrink`),
-  // marked in shrinking_.
-  std::shared_ptr<Job> SchedulePass(bool may_shrink) ABSL_LOCKS_EXCLUDED(mu_);
-  void StartRunner(const std::shared_ptr<Job>& job, RestorePlan restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A runner's job ended, went back to PENDING, or is RECOVERING (requeued
-  // first in line, restored from its newest checkpoint).
-  void OnEnd(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
-  // Supervision (job_supervision.cc). What a RECOVERING job placed with
-  // `placed` and `plan` restores: its newest complete checkpoint, or its
-  // start.
-  absl::StatusOr<RestorePlan> PlanRecovery(const Job& job, const baton::v1::JobSpec& placed, const JobPlan& plan);
-  // Too few workers free for a RECOVERING job past its replacement timeout:
-  // reshapes it onto as many as are free (no fewer than restart.min_workers)
-  // by shrinking its data-parallel axis, compiled and its restore planned;
-  // FAILED_PRECONDITION when it may not or cannot.
-  // It compiles and reads checkpoints: never under the table's lock (the
-  // job is in shrinking_ meanwhile, so nothing places it).
-  absl::StatusOr<RestorePlan> Shrink(Job& job) ABSL_LOCKS_EXCLUDED(mu_);
-  // `attempt` on each of `points` in turn, until one succeeds; `skipped`
-  // says why the newer ones could not be used. With no points, attempt(""):
-  // the spec's resume_from or init_from, or step 0 - unless it had
-  // checkpoints of its own and none can be loaded (`unloadable`): then
-  // FAILED_PRECONDITION saying why, never a silent start from step 0.
-  static absl::Status FromNewest(const std::vector<std::string>& points,
-                                 const std::map<std::string, std::string>& unloadable,
-                                 const std::function<absl::Status(const std::string&)>& attempt, std::string* skipped);
+  // A supervisor for `job` (which will load `restore`), in the table; its
+  // thread started by the caller after the table holds it.
+  std::shared_ptr<JobSupervisor> Supervise(const std::shared_ptr<Job>& job, RestorePlan restore)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A supervisor's report: its job is back in line (first), or ended.
+  void Requeue(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  void Done(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   // Admission's last checks, then the job's first record made durable, and
   // only then the job in the table (under admit_mu_, so two submissions
   // cannot both pass): its checkpoint.dir in no other live job's use (their
@@ -228,12 +203,12 @@ class JobManager {
   // alone need not be: a requeued job resumes from its checkpoint.
   static constexpr absl::Duration kProgressInterval = absl::Seconds(1);
   void WriteProgress(bool now) ABSL_LOCKS_EXCLUDED(mu_, persist_mu_);
-  void EndPending(Job& job, baton::v1::JobState state, const std::string& cause);
   // Drops the oldest ended jobs past options_.max_ended_jobs from the table;
   // returns them (id, state) for Tick to remove their files outside mu_.
   std::vector<std::pair<std::string, baton::v1::JobState>> Forget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The runner of job `id` while it holds workers, else nullptr.
   std::shared_ptr<JobRunner> RunnerOf(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<JobSupervisor> SupervisorOf(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   MeshManager* const meshes_;
   EventLog* const events_;
@@ -245,13 +220,10 @@ class JobManager {
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // ids, oldest first
-  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);   // pending detached jobs, first in line first
-  std::map<std::string, RestorePlan> restores_ ABSL_GUARDED_BY(mu_);  // of queued jobs
-  std::map<std::string, absl::Time> not_before_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> shrinking_ ABSL_GUARDED_BY(mu_);  // queued jobs being shrunk
-  // Shared: a client's Save holds its runner while it saves.
-  std::map<std::string, std::shared_ptr<JobRunner>> runners_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<JobRunner>> finished_runners_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);   // jobs waiting for workers, first in line first
+  // Of the jobs that have not ended.
+  std::map<std::string, std::shared_ptr<JobSupervisor>> supervisors_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<JobSupervisor>> finished_ ABSL_GUARDED_BY(mu_);  // joined by Tick
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   absl::Mutex admit_mu_ ABSL_ACQUIRED_BEFORE(mu_);

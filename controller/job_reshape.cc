@@ -1,7 +1,6 @@
-// Job: its mesh as it changes (shrunk onto the workers left, grown back,
-// rescaled), its failures and restarts, and what those restarts restore
-// from (live state on its last workers; which of its checkpoints cannot be
-// loaded). The rest of Job is in job.cc.
+// Job: its placement as it is swapped (shrunk onto the workers left, grown
+// back, rescaled: controller/job_placement.h), a rescale asked for, and its
+// failures and restarts. The rest of Job is in job.cc.
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,43 +11,16 @@
 
 namespace baton {
 
-std::shared_ptr<const baton::v1::JobSpec> Job::placed_spec() const {
+std::shared_ptr<const JobPlacement> Job::placement() const {
   absl::MutexLock lock(&mu_);
-  return placed_;
+  return placement_;
 }
 
-bool Job::shrunk() const {
+void Job::Place(std::shared_ptr<const JobPlacement> placement) {
   absl::MutexLock lock(&mu_);
-  return own_plan_ != nullptr;
-}
-
-void Job::Reshape(baton::v1::JobSpec placed, std::shared_ptr<const JobPlan> plan) {
-  absl::MutexLock lock(&mu_);
-  if (own_plan_ == nullptr) own_plan_ = plan_;
-  PlaceLocked(std::make_shared<const baton::v1::JobSpec>(std::move(placed)), std::move(plan));
-}
-
-void Job::Unshrink() {
-  absl::MutexLock lock(&mu_);
-  if (own_plan_ == nullptr) return;
-  PlaceLocked(own_, std::move(own_plan_));
-  own_plan_ = nullptr;
-}
-
-void Job::Rescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan) {
-  absl::MutexLock lock(&mu_);
-  own_plan_ = nullptr;
-  own_ = std::make_shared<const baton::v1::JobSpec>(std::move(own));
-  PlaceLocked(own_, std::move(plan));
-}
-
-void Job::PlaceLocked(std::shared_ptr<const baton::v1::JobSpec> placed, std::shared_ptr<const JobPlan> plan) {
-  *status_.mutable_mesh() = placed->mesh();
-  int size = 1;
-  for (const auto& axis : placed->mesh()) size *= axis.size();
-  status_.set_workers_needed(size);
-  placed_ = std::move(placed);
-  plan_ = std::move(plan);
+  *status_.mutable_mesh() = placement->spec->mesh();
+  status_.set_workers_needed(placement->workers());
+  placement_ = std::move(placement);
 }
 
 absl::Status Job::RequestRescale(baton::v1::JobSpec own, std::shared_ptr<const JobPlan> plan,
@@ -83,38 +55,6 @@ bool Job::TakeRescale(baton::v1::JobSpec* own, std::shared_ptr<const JobPlan>* p
   return true;
 }
 
-void Job::NoteUnloadable(const std::string& path, const std::string& why) {
-  absl::MutexLock lock(&mu_);
-  unloadable_[path] = why;
-}
-
-void Job::ClearUnloadable(const std::string& path) {
-  absl::MutexLock lock(&mu_);
-  unloadable_.erase(path);
-}
-
-std::map<std::string, std::string> Job::unloadable() const {
-  absl::MutexLock lock(&mu_);
-  return unloadable_;
-}
-
-std::shared_ptr<const baton::v1::JobSpec> Job::own_spec() const {
-  absl::MutexLock lock(&mu_);
-  return own_;
-}
-
-void Job::SetLive(LiveState live) {
-  absl::MutexLock lock(&mu_);
-  live_ = std::move(live);
-}
-
-std::optional<LiveState> Job::TakeLive() {
-  absl::MutexLock lock(&mu_);
-  std::optional<LiveState> out = std::move(live_);
-  live_.reset();
-  return out;
-}
-
 bool Job::NoteFailure(const std::string& cause) {
   absl::MutexLock lock(&mu_);
   baton::v1::JobFailure* f = status_.add_failures();
@@ -143,17 +83,6 @@ std::string Job::FailureHistory() const {
                     " at step ", f.step(), ": ", f.cause());
   }
   return out;
-}
-
-void Job::SetRecoveryWorkers(std::vector<std::string> names, absl::Time until) {
-  absl::MutexLock lock(&mu_);
-  recovery_workers_ = std::move(names);
-  recovery_until_ = until;
-}
-
-std::vector<std::string> Job::recovery_workers(absl::Time now) const {
-  absl::MutexLock lock(&mu_);
-  return now < recovery_until_ ? recovery_workers_ : std::vector<std::string>{};
 }
 
 void Job::ClearMeshLost() {

@@ -1,7 +1,5 @@
 #include "controller/job_runner.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -14,39 +12,19 @@
 #include "strategies/job_spec.h"
 
 namespace baton {
-namespace {
 
-// A placement that failed for the fleet's sake (a worker died or did not
-// answer while the mesh formed) is worth another try; a bad request is not.
-bool Retriable(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kAborted ||
-         s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kCancelled;
-}
-
-}  // namespace
-
-JobRunner::JobRunner(std::shared_ptr<Job> job, RestorePlan restore, RunnerContext context)
+JobRunner::JobRunner(std::shared_ptr<Job> job, RestorePlan restore, std::optional<LiveState> live,
+                     RunnerContext context)
     : job_(std::move(job)),
       restore_(std::move(restore)),
+      live_(std::move(live)),
       context_(std::move(context)),
-      checkpoints_(job_.get(), context_.meshes, context_.events, context_.checkpoints) {}
-
-JobRunner::~JobRunner() {
-  if (thread_.joinable()) thread_.join();
-}
-
-void JobRunner::Start() {
-  thread_ = std::thread([this] {
-    // Named apart from gRPC's pool it was started from (perf, top).
-    pthread_setname_np(pthread_self(), "baton-job");
-    Run();
-    finished_ = true;
-  });
-}
+      checkpoints_(job_.get(), context_.meshes, context_.events, context_.checkpoints, context_.published) {}
 
 absl::Status JobRunner::Place() {
   const baton::v1::JobSpec& spec = job_->spec();
-  const std::shared_ptr<const baton::v1::JobSpec> placed = job_->placed_spec();  // shrunk, or its own
+  const std::shared_ptr<const JobPlacement> placement = job_->placement();  // shrunk, or its own
+  const std::shared_ptr<const baton::v1::JobSpec> placed = placement->spec;
   auto mesh = context_.meshes->Form(job_->id(), {placed->mesh().begin(), placed->mesh().end()}, job_->status().backend());
   if (!mesh.ok()) return mesh.status();
   {
@@ -64,8 +42,7 @@ absl::Status JobRunner::Place() {
   FanOut fan_out;
   fan_out.deadline = kLoadDeadline + context_.meshes->options().rpc_slack;
   fan_out.should_abort = [&] { return context_.meshes->DeadWorkerIn(*mesh); };
-  const std::shared_ptr<const JobPlan> plan = job_->plan();
-  const auto& programs = plan->programs;
+  const auto& programs = placement->plan->programs;
   auto results = context_.meshes->dispatcher()->Call<LoadProgramRpc>(
       MeshManager::Targets(*mesh),
       [&](size_t r) {
@@ -83,7 +60,7 @@ absl::Status JobRunner::Place() {
   baton::v1::CheckpointInfo restored;
   // From what its last mesh left on live workers when they keep all of it
   // (no disk), else from its checkpoint.
-  std::optional<LiveState> live = job_->TakeLive();
+  const std::optional<LiveState>& live = live_;
   std::string not_live;
   if (auto from_peers = RestoreLive(live, *mesh, &not_live); !from_peers.ok()) {
     return from_peers.status();
@@ -104,31 +81,13 @@ absl::Status JobRunner::Place() {
   return absl::OkStatus();
 }
 
-void JobRunner::Run() {
-  const bool recovering = job_->state() == baton::v1::JOB_RECOVERING;
+RunOutcome JobRunner::Run() {
   if (absl::Status placed = Place(); !placed.ok()) {
     std::string why;
     const Job::Interrupt interrupt = job_->interrupt(&why);
-    if (interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
+    if (interrupt == Job::Interrupt::kShutdown) return ShutDown();
     if (interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
-    if (const std::string path = restore_.info.path();
-        (placed.code() == absl::StatusCode::kNotFound || placed.code() == absl::StatusCode::kDataLoss) &&
-        restore_.optimizer && !restore_.info.from_peers() &&
-        SavedBy(restore_.metadata, job_->id(), JobFingerprint(job_->spec()))) {
-      // One of its own checkpoints is missing a file or holds damaged bytes:
-      // restored again from the next older one (PlanRecovery), not failed.
-      job_->NoteUnloadable(path, std::string(placed.message()));
-      return End(baton::v1::JOB_RECOVERING,
-                 absl::StrCat("its checkpoint ", path, " cannot be loaded, so it resumes from an older one: ",
-                              placed.message()));
-    }
-    if (job_->detached() && Retriable(placed)) {
-      // Back in line; a restart goes on RECOVERING (it may still shrink).
-      if (recovering) context_.meshes->DeclareGone(mesh_);
-      return End(recovering ? baton::v1::JOB_RECOVERING : baton::v1::JOB_PENDING,
-                 absl::StrCat("placing it failed, trying again: ", placed.message()));
-    }
-    return End(baton::v1::JOB_FAILED, std::string(placed.message()));
+    return RunOutcome{RunOutcome::Kind::kPlaceFailed, std::move(placed), ""};
   }
   job_->Enter(baton::v1::JOB_RUNNING);
   context_.events->Append(JobEvent(baton::v1::Event::JOB_STARTED, job_->id(), job_->step(),
@@ -141,10 +100,10 @@ void JobRunner::Run() {
   while (job_->step() < job_->steps()) {
     // One read decides: the interrupt, its cause and whether work is asked.
     const Job::Outlook now = job_->AwaitWork(absl::Seconds(1));
-    if (now.interrupt == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
+    if (now.interrupt == Job::Interrupt::kShutdown) return ShutDown();
     if (now.interrupt == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, now.why);
-    if (now.interrupt == Job::Interrupt::kMeshLost) return Fail(now.why);
-    if (now.rescale_asked && Rescale()) return;
+    if (now.interrupt == Job::Interrupt::kMeshLost) return RunOutcome{RunOutcome::Kind::kFailed, absl::OkStatus(), now.why};
+    if (now.rescale_asked) return RunOutcome{RunOutcome::Kind::kRescale, absl::OkStatus(), ""};
     if (!now.has_work()) continue;  // nothing asked yet
     // A client's save that waits for the work lock goes first (the lock is
     // not fair, and the runner takes it again at once).
@@ -158,8 +117,8 @@ void JobRunner::Run() {
       std::string why;
       const Job::Interrupt after = job_->interrupt(&why);
       if (after == Job::Interrupt::kStop) return End(baton::v1::JOB_STOPPED, why);
-      if (after == Job::Interrupt::kShutdown) return End(baton::v1::JOB_PENDING, "");
-      return Fail(std::string(ran.message()));
+      if (after == Job::Interrupt::kShutdown) return ShutDown();
+      return RunOutcome{RunOutcome::Kind::kFailed, absl::OkStatus(), std::string(ran.message())};
     }
     const baton::v1::JobStatus status = job_->status();
     if (status.checkpoint_failures() >= max_failures) {
@@ -167,16 +126,37 @@ void JobRunner::Run() {
                                                      "(checkpoint.max_failures ", max_failures, "); the last: ",
                                                      status.checkpoint_error()));
     }
-    if (job_->shrunk() && job_->step() < job_->steps() && GrowBack()) return;
+    // Shrunk, and the workers its own mesh needs are free again: it grows
+    // back between steps.
+    if (const std::shared_ptr<const JobPlacement> placement = job_->placement();
+        placement->shrunk() && job_->step() < job_->steps() &&
+        static_cast<int>(context_.meshes->FreeWorkers().size()) >=
+            MeshSize(*placement->own) - MeshSize(*placement->spec)) {
+      return RunOutcome{RunOutcome::Kind::kGrowBack, absl::OkStatus(), ""};
+    }
   }
   if (job_->detached()) return End(baton::v1::JOB_FINISHED, "");
   // An attached job that ran its last step is FINISHED, and keeps its
   // workers (its state) while its client holds it: the client may still
   // save it. They are freed when the client stops it or its lease lapses.
-  if (!Conclude(baton::v1::JOB_FINISHED, "")) return context_.on_end(*job_);
+  if (!Conclude(baton::v1::JOB_FINISHED, "")) return RunOutcome{};
   while (job_->AwaitWork(absl::Seconds(1)).interrupt == Job::Interrupt::kNone) {
   }
-  Release(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"), /*ended=*/true);
+  Leave(absl::StrCat("job ", job_->id(), " JOB_FINISHED, released by its client"), /*ended=*/true);
+  context_.persist(*job_);
+  return RunOutcome{};
+}
+
+RunOutcome JobRunner::End(baton::v1::JobState state, const std::string& cause) {
+  Conclude(state, cause);
+  return RunOutcome{};  // kEnded
+}
+
+RunOutcome JobRunner::ShutDown() {
+  // The job stays as it is, for the next controller to take up.
+  Leave("the controller is shutting down");
+  context_.persist(*job_);
+  return RunOutcome{RunOutcome::Kind::kShutdown, absl::OkStatus(), ""};
 }
 
 int JobRunner::StepsForCall(const Job::Outlook& now, int step, absl::Time starts) const {
@@ -289,7 +269,7 @@ bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
   // Ended, the job holds no worker any more (but an attached job that
   // FINISHED: its client may still save it).
   if (state != baton::v1::JOB_FINISHED || job_->detached()) {
-    FreeWorkers(absl::StrCat("job ", job_->id(), " ", baton::v1::JobState_Name(state)), IsEnded(state));
+    Leave(absl::StrCat("job ", job_->id(), " ", baton::v1::JobState_Name(state)), IsEnded(state));
   }
   job_->Enter(state, why);
   const baton::v1::Event::Kind kind = state == baton::v1::JOB_FINISHED  ? baton::v1::Event::JOB_FINISHED
@@ -304,7 +284,7 @@ bool JobRunner::Conclude(baton::v1::JobState state, const std::string& cause) {
   return state == baton::v1::JOB_FINISHED;
 }
 
-void JobRunner::FreeWorkers(const std::string& reason, bool ended) {
+void JobRunner::Leave(const std::string& reason, bool ended) {
   checkpoints_.AwaitInFlight(CheckpointCoordinator::kSaveDeadline).IgnoreError();
   if (ended) {
     context_.meshes->ReleaseEnded(job_->id(), reason);
@@ -312,24 +292,6 @@ void JobRunner::FreeWorkers(const std::string& reason, bool ended) {
     context_.meshes->Release(job_->id(), reason);
   }
   job_->SetMesh(baton::v1::Mesh());
-}
-
-void JobRunner::Release(const std::string& reason, bool ended) {
-  FreeWorkers(reason, ended);
-  context_.persist(*job_);
-  context_.on_end(*job_);
-}
-
-void JobRunner::End(baton::v1::JobState state, const std::string& cause) {
-  if (state == baton::v1::JOB_PENDING && cause.empty()) {
-    // The controller is shutting down: the job stays as it is, for the next
-    // controller to take up.
-    FreeWorkers("the controller is shutting down");
-    context_.persist(*job_);
-    return;
-  }
-  Conclude(state, cause);
-  context_.on_end(*job_);
 }
 
 }  // namespace baton

@@ -1,7 +1,8 @@
-// JobRunner's supervision: a failed placement goes RECOVERING; a shrunk job
-// grows back; a rescale moves the job onto another mesh. Each leaves its
-// state on its workers (LiveState) for the next placement to read worker to
-// worker (controller/live_restore.h), a checkpoint being the fallback.
+// JobRunner's restore from live workers: what a mesh that went (a failure,
+// a rescale, a grow-back, a controller restart) left on its workers
+// (LiveState), read worker to worker (controller/live_restore.h) - a
+// checkpoint being the fallback - and the figures of the steps a cut-off
+// call ran that the controller never recorded.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +16,7 @@
 
 namespace baton {
 
-LiveState JobRunner::CurrentLiveState() const {
+LiveState JobRunner::LiveLeft() const {
   LiveState live;
   live.plan = job_->plan();
   live.mesh = mesh_;
@@ -71,70 +72,6 @@ int JobRunner::RecordKeptFigures(const std::vector<CallResult<baton::v1::RunStep
     job_->RecordStep(AggregateStep(complete, i, 0), comm_bytes);
   }
   return n;
-}
-
-void JobRunner::Fail(const std::string& cause) {
-  if (!job_->NoteFailure(cause)) {
-    return End(baton::v1::JOB_FAILED, job_->restarts_allowed() == 0
-                                          ? cause
-                                          : absl::StrCat("it failed past its restarts: ", job_->FailureHistory()));
-  }
-  // RECOVERING: its mesh is gone; it goes back to the head of the queue and
-  // waits for the workers it ran on (a dead one's replacement registers
-  // under its name), then for any, and resumes from what its live workers
-  // keep when they hold all of it, else from its newest checkpoint.
-  const baton::v1::RestartPolicy& policy = job_->spec().restart();
-  const absl::Duration wait = absl::Milliseconds(policy.has_replacement_timeout_ms() ? policy.replacement_timeout_ms()
-                                                                                     : kReplacementTimeoutMs);
-  std::vector<std::string> names(mesh_.worker_names().begin(), mesh_.worker_names().end());
-  const std::string workers = absl::StrJoin(names, ", ");
-  // A worker whose process is gone is dead now: the job need not wait for a
-  // heartbeat timeout to learn it must wait for its replacement.
-  context_.meshes->DeclareGone(mesh_);
-  job_->SetLive(CurrentLiveState());
-  job_->SetRecoveryWorkers(std::move(names), absl::Now() + wait);
-  FreeWorkers(absl::StrCat("job ", job_->id(), " JOB_RECOVERING"));
-  const baton::v1::JobStatus status = job_->status();
-  context_.events->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job_->id(), status.step(),
-                                   absl::StrCat("restart ", status.restarts(), " of ", job_->restarts_allowed(),
-                                                ": waits for [", workers, "] up to ", absl::FormatDuration(wait),
-                                                ", then any free workers; resumes from the state its live workers keep, else from its newest checkpoint"),
-                                   cause));
-  context_.persist(*job_);
-  context_.on_end(*job_);
-}
-
-bool JobRunner::GrowBack() {
-  const int own = MeshSize(*job_->own_spec()), placed = MeshSize(*job_->placed_spec());
-  if (static_cast<int>(context_.meshes->FreeWorkers().size()) < own - placed) return false;
-  const std::string detail = absl::StrCat("grows back onto its ", own, " workers (from ", placed, ") at step ",
-                                          job_->step());
-  job_->SetLive(CurrentLiveState());
-  job_->Unshrink();
-  Move(detail);
-  return true;
-}
-
-bool JobRunner::Rescale() {
-  baton::v1::JobSpec own;
-  std::shared_ptr<const JobPlan> plan;
-  if (!job_->TakeRescale(&own, &plan)) return false;
-  const std::string detail =
-      absl::StrCat("rescales from ", FormatMeshSpec(ToMeshAxes(job_->placed_spec()->mesh())), " to ",
-                   FormatMeshSpec(ToMeshAxes(own.mesh())), " at step ", job_->step());
-  job_->SetLive(CurrentLiveState());
-  job_->Rescale(std::move(own), std::move(plan));
-  job_->SetRecoveryWorkers({}, absl::InfinitePast());
-  Move(detail);
-  return true;
-}
-
-void JobRunner::Move(const std::string& detail) {
-  FreeWorkers(absl::StrCat("job ", job_->id(), " ", detail));
-  job_->Enter(baton::v1::JOB_RECOVERING, detail);
-  context_.events->Append(JobEvent(baton::v1::Event::JOB_RECOVERING, job_->id(), job_->step(), detail, ""));
-  context_.persist(*job_);
-  context_.on_end(*job_);
 }
 
 }  // namespace baton

@@ -15,11 +15,25 @@
 
 #include "absl/status/statusor.h"
 #include "controller/checkpoint_coordinator.h"
-#include "controller/job.h"
 #include "controller/mesh_manager.h"
 #include "strategies/dry_run.h"
 
 namespace baton {
+
+// What a job left on its workers when its mesh went (a failure, a rescale,
+// a grow-back, a controller restart): the Programs its ranks ran, that mesh
+// (its workers by rank) and the step it was at. Its restore reads it from
+// them when they keep all of it; its data stream is the job's own.
+struct LiveState {
+  std::shared_ptr<const JobPlan> plan;
+  // Its workers by rank; an address left empty is the one the worker of
+  // that name has registered now (a restarted controller knows the names).
+  baton::v1::Mesh mesh;
+  int step = 0;
+  // The last step whose figures the job's log holds: the steps after it
+  // that the workers ran are recorded from the figures they kept.
+  int logged_step = 0;
+};
 
 // Asks the workers of `live.mesh` what they keep of `job_id` and plans the
 // load of `programs` on `mesh` from those at one step: live.step when its
