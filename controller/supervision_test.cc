@@ -1,10 +1,14 @@
 // Supervision against in-process fake workers: a failed step or a dead
 // worker puts a job in RECOVERING; it is placed again (on its workers once
 // they are back, else on others after the replacement timeout), restored
-// and finishes; a job that spends its restarts fails listing every cause.
+// and finishes; a job that spends its restarts fails listing every cause;
+// each job has one supervisor thread from admission to its end.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +25,53 @@ using testing::MlpJob;
 using testing::WaitFor;
 
 std::set<std::string> Workers(const baton::v1::JobStatus& s) { return {s.workers().begin(), s.workers().end()}; }
+
+// The threads of this process named as a job's supervisor names its own.
+int JobThreads() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name == "baton-job";
+  }
+  return n;
+}
+
+// One owner for a job's life: a thread per job that has not ended, from
+// admission (queued, waiting for workers) through its placements to its
+// end, and none once it ended. A queued job stopped ends at once, its
+// thread with it.
+TEST(SupervisionTest, EachJobHasOneThreadFromAdmissionToItsEndAndNoneAfter) {
+  ControllerHarness h{HarnessOptions()};
+  testing::SlowSteps(h, absl::Milliseconds(50));
+  const int before = JobThreads();
+  auto a = h.jobs().Submit(MlpJob("a", 30));
+  auto b = h.jobs().Submit(MlpJob("b", 30));
+  auto queued = h.jobs().Submit(MlpJob("queued", 30));  // 4 workers: it waits
+  ASSERT_TRUE(a.ok() && b.ok() && queued.ok());
+  ASSERT_TRUE(WaitFor([&] { return (*a)->state() == baton::v1::JOB_RUNNING && (*b)->state() == baton::v1::JOB_RUNNING; }));
+  const int live = JobThreads() - before;
+  const baton::v1::JobState waiting = (*queued)->state();
+  auto stopped = h.jobs().Stop((*queued)->id(), "not needed");
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  ASSERT_TRUE(WaitFor([&] { return (*a)->ended() && (*b)->ended(); }, absl::Seconds(30)));
+  h.jobs().Tick(absl::Now());  // joins the threads of ended jobs
+  ASSERT_TRUE(WaitFor([&] {
+    h.jobs().Tick(absl::Now());
+    return JobThreads() == before;
+  }));
+  std::printf("3 jobs admitted, 2 running and 1 queued: %d job threads; the queued one stopped: %s (%s); "
+              "all ended: %d job threads\n",
+              live, baton::v1::JobState_Name(stopped->state()).c_str(), stopped->error().c_str(), JobThreads() - before);
+  EXPECT_EQ(live, 3);
+  EXPECT_EQ(waiting, baton::v1::JOB_PENDING);
+  EXPECT_EQ(stopped->state(), baton::v1::JOB_STOPPED);
+  EXPECT_EQ(stopped->error(), "not needed");
+  EXPECT_EQ((*a)->state(), baton::v1::JOB_FINISHED);
+  EXPECT_EQ((*b)->state(), baton::v1::JOB_FINISHED);
+  EXPECT_EQ(h.meshes().FreeWorkers().size(), 4u);
+}
 
 TEST(SupervisionTest, AFailedStepRestartsTheJobOnItsWorkersAndItFinishes) {
   ControllerHarness h{HarnessOptions()};

@@ -67,7 +67,7 @@ int64_t PageFaults() {
 }
 }  // namespace
 
-absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseconds timeout) {
+absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseconds timeout, StepDetail* detail) {
   if (step != step_ + 1) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", program_.rank(), " expected step ",
                                                       step_ + 1, ", asked for ", step));
@@ -147,7 +147,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   const std::array<int64_t, kCommOpCount> sent_by_op = groups_.bytes_sent_by_op();
   for (int i = 0; i < kCommOpCount; ++i) {
     if (const int64_t sent = sent_by_op[i] - sent_by_op_before[i]; sent > 0) {
-      (*m.mutable_comm_bytes_by_collective())[CommOpName(static_cast<CommOp>(i))] = sent;
+      if (detail != nullptr) detail->comm_bytes_by_collective[CommOpName(static_cast<CommOp>(i))] = sent;
       m.set_comm_bytes(m.comm_bytes() + sent);
     }
   }
@@ -159,7 +159,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_comm_ms(comm.in_flight_ms - comm_before.in_flight_ms);
   m.set_compute_ms(std::max(0.0, m.step_ms() - m.comm_wait_ms()));
   for (const auto& [op, ms] : op_ms) {
-    (*m.mutable_instruction_seconds())[Instruction::Op_Name(static_cast<Instruction::Op>(op))] = ms / 1e3;
+    if (detail != nullptr) detail->instruction_seconds[Instruction::Op_Name(static_cast<Instruction::Op>(op))] = ms / 1e3;
   }
   m.set_state_bytes(store_->state_bytes());
   m.set_peak_unsharded_param_bytes(store_->peak_unsharded_bytes());

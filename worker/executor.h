@@ -27,6 +27,7 @@
 #include "worker/caching_allocator.h"
 #include "worker/groups.h"
 #include "worker/shard_store.h"
+#include "worker/step_detail.h"
 #include "worker/unit_collectives.h"
 
 namespace baton {
@@ -39,8 +40,9 @@ class Executor {
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const baton::v1::Program& program,
                                                           CommunicatorMap comms);
 
-  // Runs step `step` (1-based, consecutive).
-  absl::StatusOr<baton::v1::StepMetrics> RunStep(int64_t step, Milliseconds timeout);
+  // Runs step `step` (1-based, consecutive). `detail`, when given, gets the
+  // step's figures that only the worker uses.
+  absl::StatusOr<baton::v1::StepMetrics> RunStep(int64_t step, Milliseconds timeout, StepDetail* detail = nullptr);
 
   // For tests: keep a copy of each gradient piece as the optimizer applied
   // it (off by default: it costs a copy of the gradients).

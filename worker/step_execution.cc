@@ -78,7 +78,8 @@ std::pair<absl::Status, int64_t> StepExecution::RunSteps(MeshState& mesh, const 
     if (i > 0 && cancelled()) {
       return {absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps")), step};
     }
-    auto metrics = mesh.executor->RunStep(step, Milliseconds(req.timeout_ms()));
+    StepDetail detail;
+    auto metrics = mesh.executor->RunStep(step, Milliseconds(req.timeout_ms()), &detail);
     if (!metrics.ok()) return {metrics.status(), step};
     // The collectives' shared-memory segments grow only while a job
     // starts (to its largest operation) and are shared with the peers:
@@ -87,13 +88,9 @@ std::pair<absl::Status, int64_t> StepExecution::RunSteps(MeshState& mesh, const 
     metrics->set_memory_growth_bytes(std::max<int64_t>(0, memory.peak - memory.shared - mesh.memory_baseline));
     metrics->set_shared_memory_bytes(memory.shared);
     // The figures by collective and by instruction are this worker's own
-    // (its metrics): the controller's merged metrics have no place for
-    // them, so they are counted here as each step ends and do not travel.
-    // Kept in the answer, a call of K steps would hold K copies of them in
-    // small blocks until it ended, among its steps' own allocations.
-    if (options_.metrics != nullptr) options_.metrics->ObserveStep(req.job_id(), *metrics);
-    metrics->clear_comm_bytes_by_collective();
-    metrics->clear_instruction_seconds();
+    // (its metrics, worker/step_detail.h): counted here as each step ends,
+    // they never travel.
+    if (options_.metrics != nullptr) options_.metrics->ObserveStep(req.job_id(), *metrics, detail);
     mesh.recent.push_back(*metrics);
     if (mesh.recent.size() > RetainedStates::kRecentSteps) mesh.recent.pop_front();
     *resp->add_metrics() = std::move(*metrics);

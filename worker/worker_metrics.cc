@@ -45,14 +45,14 @@ WorkerMetrics::WorkerMetrics()
                           .Help("Resident memory of the worker process")
                           .Register(registry_)) {}
 
-void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMetrics& m) {
+void WorkerMetrics::ObserveStep(const std::string& job, const baton::v1::StepMetrics& m, const StepDetail& detail) {
   steps_.Add({{"job_id", job}}).Increment();
   step_seconds_.Add({{"job_id", job}}, DurationBuckets()).Observe(m.step_ms() / 1e3);
   tokens_.Add({{"job_id", job}}).Increment(static_cast<double>(m.tokens()));
-  for (const auto& [collective, bytes] : m.comm_bytes_by_collective()) {
+  for (const auto& [collective, bytes] : detail.comm_bytes_by_collective) {
     comm_bytes_.Add({{"job_id", job}, {"collective", collective}}).Increment(static_cast<double>(bytes));
   }
-  for (const auto& [instruction, seconds] : m.instruction_seconds()) {
+  for (const auto& [instruction, seconds] : detail.instruction_seconds) {
     instruction_seconds_.Add({{"instruction", instruction}}).Increment(seconds);
   }
   comm_seconds_.Add({{"job_id", job}, {"kind", "waited"}}).Increment(m.comm_wait_ms() / 1e3);

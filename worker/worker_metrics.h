@@ -13,6 +13,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "proto/job.pb.h"
+#include "worker/step_detail.h"
 
 namespace baton {
 
@@ -21,9 +22,9 @@ class WorkerMetrics {
   WorkerMetrics();
   prometheus::Registry& registry() { return registry_; }
 
-  // This rank's figures for one step of `job` (its comm_bytes_by_collective
-  // and instruction_seconds included).
-  void ObserveStep(const std::string& job, const baton::v1::StepMetrics& m);
+  // This rank's figures for one step of `job`, and those only the worker
+  // uses (by collective, by instruction kind).
+  void ObserveStep(const std::string& job, const baton::v1::StepMetrics& m, const StepDetail& detail);
   void ObserveFailedStep(const std::string& job);
   // A RunStep call served over the mesh's step channel, from its arrival to
   // its answer: counted in baton_rpc_duration_seconds beside the gRPC ones
