@@ -269,6 +269,13 @@ int Jobs() {
                 j.detached() ? "detached" : "attached", j.mesh_id().empty() ? "-" : j.mesh_id().c_str(), spec.c_str(),
                 j.workers().empty() ? "-" : absl::StrJoin(j.workers(), ",").c_str());
     if (!j.error().empty()) std::printf("             %s\n", Printable(j.error(), 1024).c_str());
+    if (j.stragglers_size() > 0) {
+      // The newest rank named slow (StragglerPolicy).
+      const baton::v1::Straggler& s = j.stragglers(j.stragglers_size() - 1);
+      std::printf("             slow: rank %d on %s, %.2fx its peers' compute at step %d%s (%d named)\n", s.rank(),
+                  Printable(s.worker(), 128).c_str(), s.factor(), s.step(), s.evicted() ? ", moved off it" : "",
+                  j.stragglers_size());
+    }
   }
   return 0;
 }

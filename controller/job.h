@@ -163,6 +163,10 @@ class Job {
   // Every failure recorded, oldest first, each with its time and step: what
   // a job that spent its restarts fails with.
   std::string FailureHistory() const ABSL_LOCKS_EXCLUDED(mu_);
+  // A rank named slow (StragglerPolicy): kept in its status, the newest
+  // kMaxStragglers.
+  static constexpr int kMaxStragglers = 16;
+  void RecordStraggler(baton::v1::Straggler straggler) ABSL_LOCKS_EXCLUDED(mu_);
   // Placed again: a lost mesh's interrupt no longer applies.
   void ClearMeshLost() ABSL_LOCKS_EXCLUDED(mu_);
   // Why the job table could not record its last change; "" once it could.

@@ -114,7 +114,10 @@ void JobManager::Schedule() {
         ++i;
         continue;
       }
-      auto reserved = meshes_->Reserve(id, job.placement()->workers(), names, kept);
+      // Not the workers kept for the jobs ahead, nor those it keeps off.
+      std::set<std::string> exclude = kept;
+      exclude.insert(wants.avoid.begin(), wants.avoid.end());
+      auto reserved = meshes_->Reserve(id, job.placement()->workers(), names, exclude);
       if (!reserved.ok()) {
         // Its supervisor shrinks it, on its own thread; it holds the line
         // meanwhile (below: it waits for a number of workers).

@@ -85,6 +85,13 @@ std::string Job::FailureHistory() const {
   return out;
 }
 
+void Job::RecordStraggler(baton::v1::Straggler straggler) {
+  absl::MutexLock lock(&mu_);
+  auto* list = status_.mutable_stragglers();
+  *list->Add() = std::move(straggler);
+  if (list->size() > kMaxStragglers) list->DeleteSubrange(0, list->size() - kMaxStragglers);
+}
+
 void Job::ClearMeshLost() {
   absl::MutexLock lock(&mu_);
   if (interrupt_ == Interrupt::kMeshLost) {

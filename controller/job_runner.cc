@@ -33,6 +33,8 @@ absl::Status JobRunner::Place() {
   }
   job_->SetMesh(*mesh);
   job_->ClearMeshLost();  // a restart: the old mesh's loss is behind it
+  // Each placement watches its own mesh from its first step.
+  if (spec.has_straggler()) stragglers_.emplace(spec.straggler(), StragglerDetector::PeerGroups(*placed));
   // A worker that died between the rendezvous and now: its abort named a
   // mesh the job did not know yet.
   if (!context_.meshes->Intact(*mesh)) {
@@ -126,14 +128,11 @@ RunOutcome JobRunner::Run() {
                                                      "(checkpoint.max_failures ", max_failures, "); the last: ",
                                                      status.checkpoint_error()));
     }
+    // A rank named slow, EVICT: the job leaves its worker between steps.
+    if (!evict_.empty() && job_->step() < job_->steps()) return RunOutcome{RunOutcome::Kind::kEvict, absl::OkStatus(), evict_};
     // Shrunk, and the workers its own mesh needs are free again: it grows
     // back between steps.
-    if (const std::shared_ptr<const JobPlacement> placement = job_->placement();
-        placement->shrunk() && job_->step() < job_->steps() &&
-        static_cast<int>(context_.meshes->FreeWorkers().size()) >=
-            MeshSize(*placement->own) - MeshSize(*placement->spec)) {
-      return RunOutcome{RunOutcome::Kind::kGrowBack, absl::OkStatus(), ""};
-    }
+    if (job_->step() < job_->steps() && MayGrowBack()) return RunOutcome{RunOutcome::Kind::kGrowBack, absl::OkStatus(), ""};
   }
   if (job_->detached()) return End(baton::v1::JOB_FINISHED, "");
   // An attached job that ran its last step is FINISHED, and keeps its
@@ -201,9 +200,46 @@ bool JobRunner::MayRunAhead(const StepCall& call) const {
   if (last_step_ms_ <= 0) return false;
   if (SavesAt(call.last())) return false;  // its save comes first
   if (saves_waiting_.load() > 0) return false;  // so does a client's
+  if (!evict_.empty()) return false;  // it leaves a slow worker first
   // Whatever the runner takes up between calls.
   if (now.interrupt != Job::Interrupt::kNone || now.rescale_asked || now.shrunk) return false;
   return now.checkpoint_failures < ck.max_failures();
+}
+
+bool JobRunner::MayGrowBack() const {
+  const std::shared_ptr<const JobPlacement> placement = job_->placement();
+  if (!placement->shrunk()) return false;
+  const std::set<std::string> avoided = context_.avoided ? context_.avoided() : std::set<std::string>{};
+  int free = 0;
+  for (const auto& w : context_.meshes->FreeWorkers()) free += avoided.count(w.name()) == 0;
+  return free >= MeshSize(*placement->own) - MeshSize(*placement->spec);
+}
+
+void JobRunner::WatchStragglers(const StepCall& call) {
+  if (!stragglers_.has_value()) return;
+  const baton::v1::StragglerPolicy& policy = job_->spec().straggler();
+  for (size_t i = 0; i < call.compute_ms_by_rank().size(); ++i) {
+    const int step = call.first() + static_cast<int>(i);
+    for (const StragglerDetector::Finding& f : stragglers_->Observe(call.compute_ms_by_rank()[i])) {
+      baton::v1::Straggler s;
+      s.set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+      s.set_step(step);
+      s.set_rank(f.rank);
+      s.set_worker(f.rank < mesh_.worker_names_size() ? mesh_.worker_names(f.rank) : "");
+      s.set_factor(f.factor);
+      s.set_evicted(policy.action() == baton::v1::StragglerPolicy::EVICT && evict_.empty());
+      if (s.evicted()) evict_ = s.worker();
+      const std::string detail = absl::StrFormat(
+          "rank %d on %s: its compute %.2fx its peers' median over the last %d steps (threshold %.2f)%s", f.rank,
+          s.worker(), f.factor, stragglers_->window(), stragglers_->threshold(),
+          s.evicted() ? "; the job moves off it" : "");
+      baton::v1::Event e = JobEvent(baton::v1::Event::STRAGGLER, job_->id(), step, detail, "");
+      e.set_worker(s.worker());
+      e.set_mesh_id(mesh_.mesh_id());
+      context_.events->Append(std::move(e));
+      job_->RecordStraggler(std::move(s));
+    }
+  }
 }
 
 bool JobRunner::SavesAt(int step) const {
@@ -226,6 +262,7 @@ absl::Status JobRunner::RunCalls() {
     }
     last_step_ms_ = call->step_ms();
     previous_end = call->ended();
+    WatchStragglers(*call);
     // A periodic checkpoint's step ends a call, and nothing runs ahead of
     // it: the save holds that step's state. It (or its failure) is on disk
     // before the step is settled; steps alone are written by the manager's

@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "controller/checkpoint_coordinator.h"
@@ -46,6 +47,7 @@
 #include "controller/live_restore.h"
 #include "controller/mesh_manager.h"
 #include "controller/step_call.h"
+#include "controller/straggler_detector.h"
 
 namespace baton {
 
@@ -69,6 +71,9 @@ struct RunnerContext {
   std::function<void(Job&)> persist_progress;
   // A save published at this path: loadable again (its supervisor's).
   std::function<void(const std::string&)> published;
+  // Workers the job keeps off for now (evicted as slow; its supervisor's):
+  // not counted free for its grow-back.
+  std::function<std::set<std::string>()> avoided;
 };
 
 // What ended a placement.
@@ -80,6 +85,7 @@ struct RunOutcome {
     kFailed,       // its mesh was lost or a step failed (`cause`); workers held
     kRescale,      // a rescale is asked; workers held
     kGrowBack,     // shrunk, and enough workers are free for its own mesh; workers held
+    kEvict,        // a rank named slow (StragglerPolicy EVICT) on worker `cause`; workers held
   };
   Kind kind = Kind::kEnded;
   absl::Status status;
@@ -140,6 +146,12 @@ class JobRunner {
   bool MayRunAhead(const StepCall& call) const;
   // Whether a periodic checkpoint falls on `step` (a call ends there).
   bool SavesAt(int step) const;
+  // Feeds a finished call's compute times to the straggler detector; a rank
+  // named is recorded (status, event) and, with EVICT, its worker is left.
+  void WatchStragglers(const StepCall& call);
+  // Enough workers free (less those it keeps off) for a shrunk job's own
+  // mesh.
+  bool MayGrowBack() const;
   // Records the steps (logged, step] from the figures the workers kept
   // (every rank that kept them all); the number recorded.
   int RecordKeptFigures(const std::vector<CallResult<baton::v1::RunStepResponse>>& figures, int logged, int step);
@@ -158,6 +170,8 @@ class JobRunner {
   double last_step_ms_ = 0;  // the runner thread's: the last call's time per step
   absl::Time wire_free_ = absl::InfinitePast();  // the runner thread's: when the calls on the wire should end
   std::atomic<int> saves_waiting_{0};  // Saves waiting for the work lock
+  std::optional<StragglerDetector> stragglers_;  // the runner thread's (StragglerPolicy)
+  std::string evict_;  // the runner thread's: the worker an EVICT leaves
 };
 
 }  // namespace baton

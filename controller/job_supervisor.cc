@@ -65,8 +65,13 @@ JobSupervisor::Wants JobSupervisor::wants(absl::Time now) const {
   if (now < own_workers_until_) w.own_workers = own_workers_;
   w.not_before = not_before_;
   w.shrinking = shrinking_ || shrink_asked_;
+  for (const auto& [worker, until] : avoid_) {
+    if (now < until) w.avoid.insert(worker);
+  }
   return w;
 }
+
+std::set<std::string> JobSupervisor::Avoided(absl::Time now) const { return wants(now).avoid; }
 
 void JobSupervisor::Place(std::vector<baton::v1::WorkerInfo> reserved, bool fits) {
   absl::MutexLock lock(&mu_);
@@ -194,6 +199,7 @@ bool JobSupervisor::RunOn(const std::vector<baton::v1::WorkerInfo>& reserved, bo
     absl::MutexLock lock(&mu_);
     unloadable_.erase(path);  // a save published there again: loadable once more
   };
+  context.avoided = [this] { return Avoided(absl::Now()); };
   auto runner = std::make_shared<JobRunner>(job_, std::move(restore), live, std::move(context));
   {
     absl::MutexLock lock(&mu_);
@@ -226,6 +232,8 @@ bool JobSupervisor::TakeUp(JobRunner& runner, const RunOutcome& outcome, bool wa
                   absl::StrCat("grows back onto its ", MeshSize(*placement->own), " workers (from ",
                                MeshSize(*placement->spec), ") at step ", job_->step()));
     }
+    case RunOutcome::Kind::kEvict:
+      return Evict(runner, outcome.cause);
     case RunOutcome::Kind::kRescale: {
       baton::v1::JobSpec own;
       std::shared_ptr<const JobPlan> plan;
@@ -313,6 +321,20 @@ bool JobSupervisor::Failed(JobRunner& runner, const std::string& cause) {
       cause));
   context_.runner.persist(*job_);
   return Requeue(RestartBackoff());
+}
+
+bool JobSupervisor::Evict(JobRunner& runner, const std::string& worker) {
+  const baton::v1::StragglerPolicy& policy = job_->spec().straggler();
+  const absl::Duration keep_off = absl::Milliseconds(policy.evict_ms() > 0 ? policy.evict_ms() : kEvictMs);
+  {
+    absl::MutexLock lock(&mu_);
+    avoid_[worker] = absl::Now() + keep_off;
+    own_workers_.clear();  // any others will do
+    own_workers_until_ = absl::InfinitePast();
+  }
+  return Move(runner, job_->placement(),
+              absl::StrCat("moves off worker ", worker, ", named slow, at step ", job_->step(), "; keeps off it for ",
+                           absl::FormatDuration(keep_off)));
 }
 
 bool JobSupervisor::Move(JobRunner& runner, std::shared_ptr<const JobPlacement> to, const std::string& detail) {

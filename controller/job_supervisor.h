@@ -5,7 +5,8 @@
 //     ended ─────────────────────────────────────────────────────> done
 //     failed ─ restarts left? ─ no ──> FAILED ───────────────────> done
 //              yes: RECOVERING, its state left on its workers ─┐
-//     rescale asked / shrunk and workers free (grow back) ─────┤ the new placement
+//     rescale asked / shrunk and workers free (grow back) / ──┤ the new placement
+//     a rank named slow (EVICT: kept off its worker a while) ──┤
 //     placing failed: the fleet's fault ─> retry │ a checkpoint  │ swapped whole,
 //              of its own unloadable ─> the next older one ────┤ its restore planned
 //                                                              v (from disk, outside
@@ -33,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,6 +71,9 @@ class JobSupervisor {
   static constexpr int64_t kReplacementTimeoutMs = 30000;
   // The pause before a failed job is placed again (RestartPolicy.backoff_ms).
   static constexpr int64_t kRestartBackoffMs = 1000;
+  // How long a job keeps off a worker it left as slow (StragglerPolicy.
+  // evict_ms), by default.
+  static constexpr int64_t kEvictMs = 60000;
 
   // `job` is in the table; `restore` is what it loads from disk when placed.
   JobSupervisor(std::shared_ptr<Job> job, RestorePlan restore, SupervisorContext context);
@@ -88,6 +93,7 @@ class JobSupervisor {
     std::vector<std::string> own_workers;  // a restart waits for these (empty: none)
     absl::Time not_before = absl::InfinitePast();
     bool shrinking = false;  // it holds the line meanwhile
+    std::set<std::string> avoid;  // workers it keeps off for now (evicted as slow)
   };
   Wants wants(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   // Workers reserved for it (MeshManager::Reserve), taken off the queue:
@@ -122,6 +128,11 @@ class JobSupervisor {
   bool PlacingFailed(JobRunner& runner, const absl::Status& status, bool was_recovering);
   // Its mesh was lost or a step failed: a restart while they remain.
   bool Failed(JobRunner& runner, const std::string& cause);
+  // Off worker `worker`, named slow: kept off it for a while, placed as a
+  // restart is (shrunk when too few others are free).
+  bool Evict(JobRunner& runner, const std::string& worker);
+  // The workers it keeps off now.
+  std::set<std::string> Avoided(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
   // Onto another mesh (a rescale, a grow-back), its state left on its
   // workers.
   bool Move(JobRunner& runner, std::shared_ptr<const JobPlacement> to, const std::string& detail);
@@ -153,6 +164,8 @@ class JobSupervisor {
   absl::Time not_before_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Its checkpoints that failed to load for what they hold: path -> why.
   std::map<std::string, std::string> unloadable_ ABSL_GUARDED_BY(mu_);
+  // Workers it left as slow, and until when it keeps off them.
+  std::map<std::string, absl::Time> avoid_ ABSL_GUARDED_BY(mu_);
   std::optional<std::vector<baton::v1::WorkerInfo>> reserved_ ABSL_GUARDED_BY(mu_);
   bool fits_ ABSL_GUARDED_BY(mu_) = false;
   bool shrink_asked_ ABSL_GUARDED_BY(mu_) = false;

@@ -85,6 +85,10 @@ absl::Status StepCall::Finish(absl::Time previous_end) {
     }
   }
   Record(results, k_);
+  compute_ms_by_rank_.assign(k_, std::vector<double>(results.size(), 0));
+  for (int i = 0; i < k_; ++i) {
+    for (size_t r = 0; r < results.size(); ++r) compute_ms_by_rank_[i][r] = results[r].response.metrics(i).compute_ms();
+  }
   return absl::OkStatus();
 }
 

@@ -66,6 +66,9 @@ class StepCall {
   // After an OK Finish: when the call ended, and its time per step.
   absl::Time ended() const { return ended_; }
   double step_ms() const { return step_ms_; }
+  // After an OK Finish: each step's compute time (ms) by rank
+  // (StepMetrics.compute_ms: its step less its waits on communication).
+  const std::vector<std::vector<double>>& compute_ms_by_rank() const { return compute_ms_by_rank_; }
 
  private:
   // Records the first `k` steps every result holds.
@@ -87,6 +90,7 @@ class StepCall {
   std::unique_ptr<PendingFanOut<RunStepRpc>> pending_;
   absl::Time ended_;
   double step_ms_ = 0;
+  std::vector<std::vector<double>> compute_ms_by_rank_;
 };
 
 }  // namespace baton

@@ -224,5 +224,61 @@ TEST(SupervisionTest, AFailureAndItsRecoveringStateAreOneUpdate) {
   EXPECT_EQ(s.restarts(), 1);
 }
 
+// StragglerPolicy EVICT: the rank whose compute is 25 % above its peers' is
+// named with its worker and factor, the job moves off that worker between
+// steps (shrunk onto the others, RestartPolicy.min_workers) without a
+// failure counted, keeps off it for evict_ms, then grows back onto its
+// whole mesh (the same worker, no longer slow) and finishes.
+TEST(SupervisionTest, ARankNamedSlowIsEvictedAndTheJobGrowsBack) {
+  ControllerHarness h{HarnessOptions()};
+  testing::FakeScript normal;
+  normal.step_delay = absl::Milliseconds(5);
+  normal.compute_ms = 10;
+  testing::FakeScript slow = normal;
+  slow.compute_ms = 12.5;
+  for (int i = 0; i < 4; ++i) h.worker(i).set_script(i == 2 ? slow : normal);
+  auto job = h.jobs().Submit(MlpJob("evicts", 400, "mesh { name: \"dp\" size: 4 } plan { mode: FSDP } "
+                                                   "restart { min_workers: 2 backoff_ms: 20 } "
+                                                   "straggler { window: 10 action: EVICT evict_ms: 1500 }"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::set<std::string> without;  // the workers it went on with
+  ASSERT_TRUE(WaitFor([&] {
+    const baton::v1::JobStatus s = (*job)->status();
+    if (s.state() != baton::v1::JOB_RUNNING || s.stragglers_size() == 0 || s.workers_size() != 2) return false;
+    without = Workers(s);
+    return true;
+  }));
+  const absl::Time evicted = absl::Now();
+  // No longer slow: once the job may use fake-2 again it grows back onto
+  // it and stays. (Fakes keep no state: each placement restarts the job.)
+  h.worker(2).set_script(normal);
+  ASSERT_TRUE(WaitFor([&] {
+    const baton::v1::JobStatus s = (*job)->status();
+    return s.state() == baton::v1::JOB_RUNNING && s.workers_size() == 4;
+  }));
+  const double back_after = absl::ToDoubleSeconds(absl::Now() - evicted);
+  ASSERT_TRUE(WaitFor([&] { return (*job)->ended(); }, absl::Seconds(30)));
+  const baton::v1::JobStatus s = (*job)->status();
+  ASSERT_GE(s.stragglers_size(), 1);
+  const baton::v1::Straggler& first = s.stragglers(0);
+  std::printf("named: rank %d on %s at step %d, %.3fx its peers (evicted %d); went on with [%s]; back on 4 "
+              "workers %.1f s later; %s at step %d with %d restarts, %d STRAGGLER events\n",
+              first.rank(), first.worker().c_str(), first.step(), first.factor(), first.evicted(),
+              absl::StrJoin(without, ",").c_str(), back_after, baton::v1::JobState_Name(s.state()).c_str(), s.step(),
+              s.restarts(), static_cast<int>(h.EventsOf(baton::v1::Event::STRAGGLER).size()));
+  EXPECT_EQ(first.worker(), "fake-2");
+  EXPECT_EQ(first.rank(), 2);
+  EXPECT_NEAR(first.factor(), 1.25, 1e-6);
+  EXPECT_TRUE(first.evicted());
+  EXPECT_EQ(first.step(), 10) << "named at its first full window";
+  EXPECT_EQ(without.count("fake-2"), 0u);
+  EXPECT_GE(back_after, 1.0) << "kept off fake-2 for evict_ms";
+  EXPECT_EQ(s.state(), baton::v1::JOB_FINISHED) << s.error();
+  EXPECT_EQ(s.step(), 400);
+  EXPECT_EQ(s.restarts(), 0) << "an eviction is no failure";
+  EXPECT_EQ(s.stragglers_size(), 1) << "named once: fake-2 was no longer slow when the job came back to it";
+  EXPECT_EQ(h.EventsOf(baton::v1::Event::STRAGGLER).size(), 1u);
+}
+
 }  // namespace
 }  // namespace baton

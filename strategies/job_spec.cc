@@ -224,6 +224,19 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
     return Invalid(absl::StrCat("restart.backoff_ms and replacement_timeout_ms must be in [0, ", kMaxRestartWaitMs,
                                 "] (a day)"));
   }
+  if (const auto& st = job.straggler(); job.has_straggler()) {
+    if (st.threshold() != 0 && !(st.threshold() > 1 && st.threshold() <= 100)) {
+      return Invalid(absl::StrCat("straggler.threshold must be in (1, 100] (a factor of its peers' compute), got ",
+                                  st.threshold()));
+    }
+    if (st.window() < 0 || st.window() > kMaxStragglerWindow) {
+      return Invalid(absl::StrCat("straggler.window must be in [1, ", kMaxStragglerWindow, "] steps, got ", st.window()));
+    }
+    if (!baton::v1::StragglerPolicy::Action_IsValid(st.action())) return Invalid("straggler.action is unknown");
+    if (st.evict_ms() < 0 || st.evict_ms() > kMaxRestartWaitMs) {
+      return Invalid(absl::StrCat("straggler.evict_ms must be in [0, ", kMaxRestartWaitMs, "] (a day)"));
+    }
+  }
   auto mesh = ToDeviceMesh(job.mesh());
   if (!mesh.ok()) return Invalid(absl::StrCat("mesh: ", mesh.status().message()));
   if (job.workers_size() > 0) {

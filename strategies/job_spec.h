@@ -27,6 +27,7 @@ inline constexpr int kDefaultCheckpointMaxFailures = 3;
 inline constexpr int kMaxCheckpointFailures = 1000000;
 inline constexpr int kMaxRestarts = 1000;
 inline constexpr int64_t kMaxRestartWaitMs = 86400000;  // a day
+inline constexpr int kMaxStragglerWindow = 10000;  // steps
 
 // Parses text (JSON when `json`, else textproto), applies defaults and
 // validates.

@@ -186,6 +186,7 @@ grpc::Status FakeWorker::RunStep(grpc::ServerContext* ctx, const baton::v1::RunS
     m->set_has_loss(rank_ == 0);
     m->set_loss(10.0 / step);
     m->set_tokens(8);
+    m->set_compute_ms(script.compute_ms);
   }
   done.next = req->step() + std::max(1, req->steps());
   return grpc::Status::OK;

@@ -34,6 +34,7 @@ struct FakeScript {
   bool hang_steps = false;  // RunStep waits until its mesh is aborted (or cancelled)
   grpc::StatusCode configure_error = grpc::StatusCode::OK;  // Configure fails with it
   bool fail_saves = false;  // SaveShards fails as a full disk would
+  double compute_ms = 0;    // each step's StepMetrics.compute_ms
 };
 
 class FakeWorker final : public baton::v1::Worker::Service {
