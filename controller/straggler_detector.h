@@ -2,8 +2,9 @@
 // synchronous collective makes every rank's step equally long, so a slow
 // rank's time shows up as its peers' waits: what is compared is each rank's
 // own compute time per step (StepMetrics.compute_ms: the step less its waits
-// on communication), summed over a window of steps, against the median of
-// its peers' sums over the same steps. Peers are the ranks that do the same
+// on communication) against the median of its peers' that step; its factor
+// is the median of those ratios over a window of steps, so a few steps that
+// a busy host stole from a rank do not name it. Peers are the ranks that do the same
 // work: those of the same pipeline stage (data and tensor parallel ranks of
 // a stage compute alike; stages differ). A rank with no peer (a pipeline of
 // one replica) is compared with its own first window instead.
@@ -16,6 +17,7 @@
 #ifndef BATON_CONTROLLER_STRAGGLER_DETECTOR_H_
 #define BATON_CONTROLLER_STRAGGLER_DETECTOR_H_
 
+#include <cstdint>
 #include <deque>
 #include <vector>
 
@@ -30,7 +32,7 @@ class StragglerDetector {
 
   struct Finding {
     int rank = 0;
-    double factor = 0;  // its compute over the window ÷ its peers' median
+    double factor = 0;  // the window's median of its compute ÷ its peers' median
   };
 
   // `groups[r]`: the peer group of rank r (PeerGroups).
@@ -52,9 +54,10 @@ class StragglerDetector {
   const double threshold_;
   const int window_;
   const std::vector<int> groups_;
-  std::vector<std::deque<double>> recent_;  // per rank, the last `window_` steps
-  std::vector<double> sums_;                // per rank, over recent_
-  std::vector<double> baseline_;            // per rank, its first full window (0: not yet)
+  // Per rank, each of the last `window_` steps' compute ÷ its peers' median
+  // that step (or its own first window's median).
+  std::vector<std::deque<double>> ratios_;
+  std::vector<std::vector<double>> first_;  // per rank, its first `window_` compute times
   std::vector<double> factors_;
   std::vector<bool> named_;
 };

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -132,6 +133,15 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
                     " (assembled ", allocator.assembled - allocator_before.assembled, "); page faults ",
                     PageFaults() - faults_before);
     Logf("%s", line.c_str());
+  }
+  if (testing_slow_compute_ > 0) {
+    // Tests: this rank computes slower - its compute (the step less its
+    // waits on communication) stretched by the fraction, on this thread.
+    const double elapsed_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double waited_ms = groups_.comm_time().waited_ms - comm_before.waited_ms;
+    std::this_thread::sleep_for(
+        std::chrono::duration<double, std::milli>(std::max(0.0, elapsed_ms - waited_ms) * testing_slow_compute_));
   }
   baton::v1::StepMetrics m;
   m.set_step(static_cast<int32_t>(step));

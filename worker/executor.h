@@ -47,6 +47,9 @@ class Executor {
   // For tests: keep a copy of each gradient piece as the optimizer applied
   // it (off by default: it costs a copy of the gradients).
   void set_keep_last_grads(bool keep) { keep_last_grads_ = keep; }
+  // For tests: each step's compute takes `fraction` more (a slow rank; its
+  // peers then wait for it in their collectives).
+  void set_testing_slow_compute(double fraction) { testing_slow_compute_ = fraction; }
   // For tests: this rank's piece of a parameter (fp32 master) and of its
   // gradient as the last optimizer step applied it.
   absl::StatusOr<at::Tensor> MasterShard(const std::string& name) const;
@@ -95,6 +98,7 @@ class Executor {
   double loss_ = 0;
   double grad_norm_ = 0;
   bool keep_last_grads_ = false;
+  double testing_slow_compute_ = 0;
 };
 
 }  // namespace baton

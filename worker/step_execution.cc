@@ -61,6 +61,7 @@ grpc::Status StepExecution::LoadProgram(const baton::v1::LoadProgramRequest& req
     (*state)->memory_baseline = memory.resident - memory.shared;
     auto executor = Executor::Create(*confined, (*state)->comms);
     if (!executor.ok()) return ToGrpcStatus(executor.status());
+    (*executor)->set_testing_slow_compute(options_.testing_slow_compute);
     resp->set_state_bytes((*executor)->state_bytes());
     (*state)->job_id = program.job_id();
     (*state)->executor = std::move(*executor);

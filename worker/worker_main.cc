@@ -16,11 +16,14 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/blas_kernels.h"
@@ -72,6 +75,9 @@ ABSL_FLAG(int64_t, controller_lost_ms, 15 * 60 * 1000,
           "freed); the job's state on it is kept for a restarted controller, as for any dropped mesh, up to 15 "
           "minutes more (worker/retained_state.h).");
 ABSL_FLAG(int64_t, testing_write_delay_ms, 0, "Tests only: sleep this long before each piece a save writes.");
+ABSL_FLAG(std::string, testing_slow_compute, "",
+          "Tests only: NAME=FRACTION makes the worker named NAME compute FRACTION slower each step (a straggler); "
+          "other workers ignore it.");
 
 namespace baton {
 namespace {
@@ -233,6 +239,15 @@ int Main(int argc, char** argv) {
   options.file_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_checkpoint_root));
   options.data_root = RootOrWorkingDirectory(absl::GetFlag(FLAGS_data_root));
   options.testing_write_delay_ms = absl::GetFlag(FLAGS_testing_write_delay_ms);
+  if (const std::string slow = absl::GetFlag(FLAGS_testing_slow_compute); !slow.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(slow, absl::MaxSplits('=', 1));
+    double fraction = 0;
+    if (parts.size() != 2 || !absl::SimpleAtod(parts[1], &fraction) || fraction < 0 || fraction > 100) {
+      std::fprintf(stderr, "baton-worker: --testing_slow_compute wants NAME=FRACTION, got \"%s\"\n", slow.c_str());
+      return 2;
+    }
+    if (parts[0] == info.name()) options.testing_slow_compute = fraction;
+  }
   options.gloo_shared_memory = absl::GetFlag(FLAGS_gloo_shared_memory);
   options.cuda_device = cuda_device;
   options.step_channel = absl::GetFlag(FLAGS_step_channel);

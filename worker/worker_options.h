@@ -24,6 +24,8 @@ struct WorkerOptions {
   // For tests that kill a worker mid-save: sleep this long before each
   // piece a save writes.
   int64_t testing_write_delay_ms = 0;
+  // Tests only: every step's compute takes this fraction more (a slow rank).
+  double testing_slow_compute = 0;
   // What this worker presents to its peers when it reads their retained
   // state, and its step channels' TLS: the fleet's worker token and TLS
   // (none: plaintext, no token).
