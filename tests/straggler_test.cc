@@ -1,11 +1,9 @@
 // Slow ranks named (issue 49), through real daemons: worker-2 computes 25 %
-// slower (--testing_slow_compute, a test-only flag). A dp=4 FSDP job and a
-// dp=2 x tp=2 job each name it, with its rank and factor, from the ranks' own
-// compute times (their waits excluded: the slow rank's time shows up as the
-// others' waits); the same jobs on a fleet without a slow worker name nobody
-// in 1,000 steps each. (Pipelines are not covered yet: a stage's compute
-// figure still carries its neighbour's pace - see issue 49's note.) With
-// EVICT the dp=4
+// slower (--testing_slow_compute, a test-only flag). A dp=4 FSDP job, a
+// dp=2 x tp=2 job and a pp=2 x dp=2 1F1B job each name it, with its rank and
+// factor, from the ranks' own compute times (their waits excluded: the slow
+// rank's time shows up as the others' waits); the same jobs on a fleet
+// without a slow worker name nobody in 1,000 steps each. With EVICT the dp=4
 // job moves off worker-2 onto the other three (its state restored worker to
 // worker, nothing from disk), grows back onto its four, and finishes.
 #include <gtest/gtest.h>
@@ -35,6 +33,7 @@ struct Case {
 const Case kCases[] = {
     {"dp=4 FSDP", "examples/decoder_fsdp4.textproto"},
     {"dp=2 x tp=2", "examples/decoder_fsdp_tp.textproto"},
+    {"pp=2 x dp=2 1F1B", "examples/decoder_pp2_fsdp2.textproto"},
 };
 
 // A step of tens of milliseconds: windows of 20 steps span about a second,

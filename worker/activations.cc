@@ -36,6 +36,7 @@ void Activations::BeginStep(int64_t step, Milliseconds timeout) {
   peak_live_ = 0;
   live_bytes_ = peak_live_bytes_ = 0;
   idle_ms_ = 0;
+  send_wait_ms_ = 0;
 }
 
 absl::Status Activations::LoadBatch(const Instruction& ins) {
@@ -256,6 +257,14 @@ void Activations::Drop(Entries::iterator it) {
   if (--entries_per_microbatch_[microbatch] == 0) entries_per_microbatch_.erase(microbatch);
 }
 
-absl::Status Activations::WaitSends() { return sends_.Flush(); }
+absl::Status Activations::WaitSends() {
+  // The computing thread blocks here until its sends are received: exposed
+  // communication (the reaper's own waits are not).
+  if (!sends_.Pending()) return sends_.Flush();  // nothing to wait for: not timed
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = sends_.Flush();
+  send_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return s;
+}
 
 }  // namespace baton

@@ -65,6 +65,8 @@ class Activations {
   int64_t peak_live_activation_bytes() const { return peak_live_bytes_; }
   // Time spent waiting to receive from other stages this step.
   double idle_ms() const { return idle_ms_; }
+  // This step's time blocked in WaitSends (until its sends were received).
+  double send_wait_ms() const { return send_wait_ms_; }
 
  private:
   struct Entry {
@@ -104,6 +106,7 @@ class Activations {
   int peak_live_ = 0;
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;
   double idle_ms_ = 0;
+  double send_wait_ms_ = 0;
 };
 
 }  // namespace baton

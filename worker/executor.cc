@@ -139,7 +139,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     // waits on communication) stretched by the fraction, on this thread.
     const double elapsed_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const double waited_ms = groups_.comm_time().waited_ms - comm_before.waited_ms;
+    const double waited_ms = groups_.comm_time().waited_ms - comm_before.waited_ms + activations_->send_wait_ms();
     std::this_thread::sleep_for(
         std::chrono::duration<double, std::milli>(std::max(0.0, elapsed_ms - waited_ms) * testing_slow_compute_));
   }
@@ -165,8 +165,11 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   // transfers (gathers not hidden by compute, blocking reductions, tensor
   // parallelism's, receives); the rest of the step is compute.
   const Groups::CommTime comm = groups_.comm_time();
-  m.set_comm_wait_ms(comm.waited_ms - comm_before.waited_ms);
+  // What this thread blocked on, its sends' drain included - never more
+  // than what was in flight (the sends count there once their reaper saw
+  // them end).
   m.set_comm_ms(comm.in_flight_ms - comm_before.in_flight_ms);
+  m.set_comm_wait_ms(std::min(m.comm_ms(), comm.waited_ms - comm_before.waited_ms + activations_->send_wait_ms()));
   m.set_compute_ms(std::max(0.0, m.step_ms() - m.comm_wait_ms()));
   for (const auto& [op, ms] : op_ms) {
     if (detail != nullptr) detail->instruction_seconds[Instruction::Op_Name(static_cast<Instruction::Op>(op))] = ms / 1e3;

@@ -19,6 +19,11 @@ void SendReaper::Add(std::unique_ptr<CommHandle> handle, at::Tensor tensor) {
   queue_.push_back(Sending{std::move(handle), std::move(tensor)});
 }
 
+bool SendReaper::Pending() const {
+  absl::MutexLock lock(&mu_);
+  return !queue_.empty() || busy_;
+}
+
 absl::Status SendReaper::Flush() {
   absl::MutexLock lock(&mu_);
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !busy_; };
@@ -41,7 +46,9 @@ void SendReaper::Run() {
       busy_ = true;
     }
     // Bounded: a send's wait ends with its timeout or the mesh's abort.
-    absl::Status status = sending.handle->Wait();
+    // Waited here, not by the computing thread: in flight, not exposed
+    // (what the computing thread blocks on is its Flush, counted there).
+    absl::Status status = sending.handle->WaitAside();
     sending = Sending{};  // the tensor goes here, outside the lock
     absl::MutexLock lock(&mu_);
     if (first_error_.ok() && !status.ok()) first_error_ = std::move(status);

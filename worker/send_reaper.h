@@ -36,6 +36,8 @@ class SendReaper {
   // Waits until every send added so far is done; the first failure since
   // the last Flush, if any.
   absl::Status Flush();
+  // Whether a send is still queued or waited on (Flush would block).
+  bool Pending() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Sending {
@@ -46,7 +48,7 @@ class SendReaper {
 
   // Waiters wake as what they wait for changes under it (absl::Mutex
   // evaluates their conditions when it is released).
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::deque<Sending> queue_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a send is being waited on
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -122,6 +122,10 @@ class CommHandle {
  public:
   virtual ~CommHandle() = default;
   virtual absl::Status Wait() = 0;
+  // Wait, by a thread other than the one that computes (a send's reaper):
+  // the operation counts as in flight, not as exposed communication (its
+  // CommClock's `waited`), since the computing thread did not wait on it.
+  virtual absl::Status WaitAside() { return Wait(); }
 };
 
 // A handle that is already done (e.g. a no-op on a group of one, or an

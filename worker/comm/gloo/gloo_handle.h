@@ -115,6 +115,11 @@ class GlooHandle : public CommHandle {
     if (work_) in_flight_->Bury(std::move(work_));  // never waited: may still be queued
   }
 
+  absl::Status WaitAside() override {
+    aside_ = true;
+    return Wait();
+  }
+
   absl::Status Wait() override {
     if (done_) return status_;
     done_ = true;
@@ -122,7 +127,8 @@ class GlooHandle : public CommHandle {
     status_ = in_flight_ ? WaitPointToPoint() : WaitCollective();
     const auto ended = std::chrono::steady_clock::now();
     const int64_t completed = completed_->load();
-    clock_->Count(issued_, completed > 0 ? CommClock::Time(CommClock::Time::duration(completed)) : ended, began, ended);
+    clock_->Count(issued_, completed > 0 ? CommClock::Time(CommClock::Time::duration(completed)) : ended,
+                  aside_ ? ended : began, ended);
     if (status_.ok() && finish_) {
       try {
         finish_();
@@ -192,6 +198,7 @@ class GlooHandle : public CommHandle {
   const CommClock::Time issued_ = std::chrono::steady_clock::now();
   std::shared_ptr<std::atomic<int64_t>> completed_ = std::make_shared<std::atomic<int64_t>>(0);
   bool done_ = false;
+  bool aside_ = false;  // WaitAside: not the computing thread's wait
   absl::Status status_;
 };
 

@@ -84,7 +84,7 @@ absl::Status NcclHandle::Wait() {
   // The end of the wait stands for the completion (the event's time is
   // not read back).
   const auto ended = std::chrono::steady_clock::now();
-  clock_->Count(issued_, ended, began, ended);
+  clock_->Count(issued_, ended, aside_ ? ended : began, ended);
   return status_;
 }
 

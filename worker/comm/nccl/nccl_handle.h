@@ -59,8 +59,13 @@ class NcclHandle : public CommHandle {
   ~NcclHandle() override { (void)Wait(); }
 
   absl::Status Wait() override;
+  absl::Status WaitAside() override {
+    aside_ = true;
+    return Wait();
+  }
 
  private:
+  bool aside_ = false;  // WaitAside: not the computing thread's wait
   std::string op_;
   std::unique_ptr<Operation> operation_;
   int device_;
