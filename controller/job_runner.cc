@@ -209,9 +209,8 @@ bool JobRunner::MayRunAhead(const StepCall& call) const {
 bool JobRunner::MayGrowBack() const {
   const std::shared_ptr<const JobPlacement> placement = job_->placement();
   if (!placement->shrunk()) return false;
-  const std::set<std::string> avoided = context_.avoided ? context_.avoided() : std::set<std::string>{};
-  int free = 0;
-  for (const auto& w : context_.meshes->FreeWorkers()) free += avoided.count(w.name()) == 0;
+  const int free = context_.free_workers ? context_.free_workers()
+                                         : static_cast<int>(context_.meshes->FreeWorkers().size());
   return free >= MeshSize(*placement->own) - MeshSize(*placement->spec);
 }
 

@@ -71,9 +71,9 @@ struct RunnerContext {
   std::function<void(Job&)> persist_progress;
   // A save published at this path: loadable again (its supervisor's).
   std::function<void(const std::string&)> published;
-  // Workers the job keeps off for now (evicted as slow; its supervisor's):
-  // not counted free for its grow-back.
-  std::function<std::set<std::string>()> avoided;
+  // How many free workers the job may take now (less those it keeps off,
+  // evicted as slow; its supervisor's): what its grow-back counts.
+  std::function<int()> free_workers;
 };
 
 // What ended a placement.

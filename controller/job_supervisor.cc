@@ -71,7 +71,12 @@ JobSupervisor::Wants JobSupervisor::wants(absl::Time now) const {
   return w;
 }
 
-std::set<std::string> JobSupervisor::Avoided(absl::Time now) const { return wants(now).avoid; }
+int JobSupervisor::FreeForIt() const {
+  const std::set<std::string> avoided = wants(absl::Now()).avoid;
+  int free = 0;
+  for (const auto& w : context_.runner.meshes->FreeWorkers()) free += avoided.count(w.name()) == 0;
+  return free;
+}
 
 void JobSupervisor::Place(std::vector<baton::v1::WorkerInfo> reserved, bool fits) {
   absl::MutexLock lock(&mu_);
@@ -199,7 +204,7 @@ bool JobSupervisor::RunOn(const std::vector<baton::v1::WorkerInfo>& reserved, bo
     absl::MutexLock lock(&mu_);
     unloadable_.erase(path);  // a save published there again: loadable once more
   };
-  context.avoided = [this] { return Avoided(absl::Now()); };
+  context.free_workers = [this] { return FreeForIt(); };
   auto runner = std::make_shared<JobRunner>(job_, std::move(restore), live, std::move(context));
   {
     absl::MutexLock lock(&mu_);

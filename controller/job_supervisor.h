@@ -131,8 +131,9 @@ class JobSupervisor {
   // Off worker `worker`, named slow: kept off it for a while, placed as a
   // restart is (shrunk when too few others are free).
   bool Evict(JobRunner& runner, const std::string& worker);
-  // The workers it keeps off now.
-  std::set<std::string> Avoided(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Free workers it may take now: those it keeps off (evicted as slow) not
+  // counted.
+  int FreeForIt() const ABSL_LOCKS_EXCLUDED(mu_);
   // Onto another mesh (a rescale, a grow-back), its state left on its
   // workers.
   bool Move(JobRunner& runner, std::shared_ptr<const JobPlacement> to, const std::string& detail);

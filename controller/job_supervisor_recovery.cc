@@ -3,10 +3,8 @@
 // (RestartPolicy.min_workers). Both compile or read checkpoints: on the
 // supervisor's thread, under no lock.
 #include <optional>
-#include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "controller/job_supervisor.h"
 #include "controller/resume_points.h"
 #include "strategies/job_spec.h"
@@ -46,10 +44,7 @@ absl::Status JobSupervisor::Shrink() {
   const baton::v1::JobSpec& spec = *placement->own;
   const int own = MeshSize(spec);
   const int min_workers = spec.restart().has_min_workers() ? spec.restart().min_workers() : own;
-  // Free, less the workers it keeps off (evicted as slow).
-  const std::set<std::string> avoided = Avoided(absl::Now());
-  int free = 0;
-  for (const auto& w : context_.runner.meshes->FreeWorkers()) free += avoided.count(w.name()) == 0;
+  const int free = FreeForIt();  // less the workers it keeps off (evicted as slow)
   if (job_->state() != baton::v1::JOB_RECOVERING || min_workers >= own || free < min_workers) {
     return absl::FailedPreconditionError("it may not shrink, or too few workers are free for its min_workers");
   }

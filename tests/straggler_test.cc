@@ -79,16 +79,23 @@ bool Ended(const baton::v1::JobStatus& s) {
          s.state() == baton::v1::JOB_STOPPED;
 }
 
+// Submits `req` and waits until the job ended (or `timeout`); its status then.
+baton::v1::JobStatus RunToEnd(Client& client, const baton::v1::CreateJobRequest& req, absl::Duration timeout) {
+  auto submitted = client.Submit(req);
+  if (!submitted.ok()) {
+    ADD_FAILURE() << submitted.status();
+    return baton::v1::JobStatus();
+  }
+  return Await(client, submitted->job().job_id(), Ended, timeout);
+}
+
 TEST(StragglerTest, ASlowWorkerIsNamedOnEveryKindOfMesh) {
   auto cluster = testing::StartCluster(4, {}, {kSlowFlag});
   ASSERT_NE(cluster, nullptr);
   auto client = Client::Connect(cluster->controller_address());
   ASSERT_TRUE(client.ok()) << client.status();
   for (const Case& c : kCases) {
-    auto submitted = (*client)->Submit(Job(c, 60, "straggler { action: REPORT }"));
-    ASSERT_TRUE(submitted.ok()) << submitted.status();
-    const std::string id = submitted->job().job_id();
-    const baton::v1::JobStatus s = Await(**client, id, Ended, absl::Minutes(3));
+    const baton::v1::JobStatus s = RunToEnd(**client, Job(c, 60, "straggler { action: REPORT }"), absl::Minutes(3));
     ASSERT_EQ(s.state(), baton::v1::JOB_FINISHED) << c.name << ": " << s.error();
     ASSERT_GE(s.stragglers_size(), 1) << c.name << ": nobody named";
     const baton::v1::Straggler& first = s.stragglers(0);
@@ -111,11 +118,8 @@ TEST(StragglerTest, CleanStepsNameNobody) {
   auto client = Client::Connect(cluster->controller_address());
   ASSERT_TRUE(client.ok()) << client.status();
   for (const Case& c : kCases) {
-    auto submitted = (*client)->Submit(Job(c, 1000, "straggler { action: REPORT }"));
-    ASSERT_TRUE(submitted.ok()) << submitted.status();
-    const std::string id = submitted->job().job_id();
     const absl::Time started = absl::Now();
-    const baton::v1::JobStatus s = Await(**client, id, Ended, absl::Minutes(10));
+    const baton::v1::JobStatus s = RunToEnd(**client, Job(c, 1000, "straggler { action: REPORT }"), absl::Minutes(10));
     std::string reports;
     for (const auto& r : s.stragglers()) absl::StrAppend(&reports, "; ", r.worker(), " ", r.factor(), "x at step ", r.step());
     std::printf("%s: %d clean steps in %.0f s: %d reports%s\n", c.name, s.step(),

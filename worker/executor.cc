@@ -134,12 +134,15 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
                     PageFaults() - faults_before);
     Logf("%s", line.c_str());
   }
+  // What this thread blocked on: collectives and transfers (gathers not
+  // hidden by compute, blocking reductions, tensor parallelism's, receives)
+  // and its sends' drain.
+  const double waited_ms = groups_.comm_time().waited_ms - comm_before.waited_ms + activations_->send_wait_ms();
   if (testing_slow_compute_ > 0) {
     // Tests: this rank computes slower - its compute (the step less its
     // waits on communication) stretched by the fraction, on this thread.
     const double elapsed_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const double waited_ms = groups_.comm_time().waited_ms - comm_before.waited_ms + activations_->send_wait_ms();
     std::this_thread::sleep_for(
         std::chrono::duration<double, std::milli>(std::max(0.0, elapsed_ms - waited_ms) * testing_slow_compute_));
   }
@@ -161,15 +164,11 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
       m.set_comm_bytes(m.comm_bytes() + sent);
     }
   }
-  // Exposed communication: the time this thread waited on collectives and
-  // transfers (gathers not hidden by compute, blocking reductions, tensor
-  // parallelism's, receives); the rest of the step is compute.
-  const Groups::CommTime comm = groups_.comm_time();
-  // What this thread blocked on, its sends' drain included - never more
-  // than what was in flight (the sends count there once their reaper saw
-  // them end).
-  m.set_comm_ms(comm.in_flight_ms - comm_before.in_flight_ms);
-  m.set_comm_wait_ms(std::min(m.comm_ms(), comm.waited_ms - comm_before.waited_ms + activations_->send_wait_ms()));
+  // Exposed communication: what this thread blocked on (waited_ms), never
+  // more than what was in flight (sends count there once their reaper saw
+  // them end); the rest of the step is compute.
+  m.set_comm_ms(groups_.comm_time().in_flight_ms - comm_before.in_flight_ms);
+  m.set_comm_wait_ms(std::min(m.comm_ms(), waited_ms));
   m.set_compute_ms(std::max(0.0, m.step_ms() - m.comm_wait_ms()));
   for (const auto& [op, ms] : op_ms) {
     if (detail != nullptr) detail->instruction_seconds[Instruction::Op_Name(static_cast<Instruction::Op>(op))] = ms / 1e3;
