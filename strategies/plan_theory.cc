@@ -151,7 +151,9 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
     int64_t& most = largest_input[group];
     most = std::max(most, bytes);
   };
+  t.instruction_comm.reserve(p.instructions_size());
   for (const Instruction& ins : p.instructions()) {
+    const int64_t comm_before = t.comm;
     switch (ins.op()) {
       case Instruction::LOAD_BATCH:
         rows[ins.microbatch()] = ins.rows();
@@ -316,6 +318,7 @@ absl::StatusOr<RankTheory> AnalyzeProgram(const Program& p) {
       default:
         break;
     }
+    t.instruction_comm.push_back(t.comm - comm_before);
   }
   // What stays between steps; the Executor's rules for views (shard_store.h).
   int64_t kept_grads = 0;

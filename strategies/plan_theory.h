@@ -62,6 +62,9 @@ struct RankTheory {
   // operation input; groups of one rank have none): host memory beside
   // `memory`, which the process's own growth does not show.
   int64_t shared_memory = 0;
+  // By instruction (the Program's order): what each sends, `comm` in all
+  // (what a trace's spans are checked against: controller/trace_json.h).
+  std::vector<int64_t> instruction_comm;
 };
 
 // What a worker process grows by for any job besides its tensors (measured:

@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "program/program_check.h"
 #include "program/wire.h"
 #include "worker/optimizer.h"
+#include "worker/step_tracer.h"
 #include "common/exceptions.h"
 
 namespace baton {
@@ -68,7 +70,8 @@ int64_t PageFaults() {
 }
 }  // namespace
 
-absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseconds timeout, StepDetail* detail) {
+absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseconds timeout, StepDetail* detail,
+                                                         baton::v1::StepTrace* trace_out) {
   if (step != step_ + 1) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", program_.rank(), " expected step ",
                                                       step_ + 1, ", asked for ", step));
@@ -94,14 +97,19 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   std::string peak_at;
   const AllocatorStats allocator_before = CachingAllocatorStats();
   const int64_t faults_before = trace ? PageFaults() : 0;
-  for (const Instruction& ins : program_.instructions()) {
+  std::optional<StepTracer> tracer;
+  if (trace_out != nullptr) tracer.emplace(trace_out, static_cast<int>(step), [this] { return groups_.bytes_sent(); });
+  for (int index = 0; index < program_.instructions_size(); ++index) {
+    const Instruction& ins = program_.instructions(index);
     absl::Status s;
+    if (tracer) tracer->Begin(index);
     const auto op_start = std::chrono::steady_clock::now();
     try {
       s = Execute(ins);
     } catch (const std::exception& e) {
       s = absl::InternalError(FirstLine(e));
     }
+    if (tracer) tracer->End(ins);
     op_ms[ins.op()] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - op_start).count();
     if (trace) {  // where the step's tensor peak is reached
       const int64_t peak = CachingAllocatorStats().peak_allocated_bytes;
@@ -120,6 +128,7 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   if (auto s = AwaitTransfers(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, ": ", s.message()));
   }
+  if (tracer) tracer->Finish();
   committed_step_ = step;
   if (trace) {
     std::string line = absl::StrCat("rank ", program_.rank(), " step ", step, ":");

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/program.pb.h"
+#include "proto/trace.pb.h"
 #include "worker/activations.h"
 #include "worker/caching_allocator.h"
 #include "worker/groups.h"
@@ -41,8 +42,10 @@ class Executor {
                                                           CommunicatorMap comms);
 
   // Runs step `step` (1-based, consecutive). `detail`, when given, gets the
-  // step's figures that only the worker uses.
-  absl::StatusOr<baton::v1::StepMetrics> RunStep(int64_t step, Milliseconds timeout, StepDetail* detail = nullptr);
+  // step's figures that only the worker uses; `trace`, when given, a span
+  // per instruction (worker/step_tracer.h).
+  absl::StatusOr<baton::v1::StepMetrics> RunStep(int64_t step, Milliseconds timeout, StepDetail* detail = nullptr,
+                                                 baton::v1::StepTrace* trace = nullptr);
 
   // For tests: keep a copy of each gradient piece as the optimizer applied
   // it (off by default: it costs a copy of the gradients).

@@ -42,6 +42,12 @@ std::array<int64_t, kCommOpCount> Groups::bytes_sent_by_op() const {
   return sent;
 }
 
+int64_t Groups::bytes_sent() const {
+  int64_t sent = 0;
+  for (const int64_t b : bytes_sent_by_op()) sent += b;
+  return sent;
+}
+
 Groups::CommTime Groups::comm_time() const {
   CommTime t;
   for (const auto& [name, comm] : comms_) {

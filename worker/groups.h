@@ -43,6 +43,7 @@ class Groups {
   // Bytes sent so far over every communicator, by collective (indexed by
   // CommOp).
   std::array<int64_t, kCommOpCount> bytes_sent_by_op() const;
+  int64_t bytes_sent() const;  // their sum
   // Time so far over every communicator: operations in flight, and waited on
   // (worker/comm/communicator.h CommClock).
   struct CommTime {

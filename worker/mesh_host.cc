@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/collective_ops.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -291,6 +292,7 @@ grpc::Status MeshHost::GetInfo(baton::v1::GetInfoResponse* resp) {
     resp->set_epoch(current_->mesh.epoch());
     resp->set_rank(current_->rank);
   }
+  resp->set_now_unix_ns(absl::GetCurrentTimeNanos());  // the controller's clock probes
   return grpc::Status::OK;
 }
 

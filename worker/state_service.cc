@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "checkpoint/files.h"
 #include "common/collective_ops.h"
 #include "common/file_root.h"
@@ -78,18 +79,27 @@ grpc::Status StateService::SaveShards(const baton::v1::SaveShardsRequest& req, b
     const std::string dir = path->substr(0, path->rfind('/'));
     if (auto s = MakeDirs(dir); !s.ok()) return ToGrpcStatus(s);
     const auto start = std::chrono::steady_clock::now();
+    const int64_t start_ns = absl::GetCurrentTimeNanos();
     auto pieces = CollectPieces(mesh->executor->store(), req.writes(), req.async());
     if (!pieces.ok()) return ToGrpcStatus(pieces.status());
     if (!req.async()) {
       auto written = WritePieces(*path, req.file(), *pieces, req.block_bytes(), options_.testing_write_delay_ms);
       if (!written.ok()) return ToGrpcStatus(written.status());
       *resp = *written;
+      for (baton::v1::TraceSpan& span : *resp->mutable_io()) span.set_step(req.step());
       return grpc::Status::OK;
     }
     auto pending = std::make_shared<PendingSave>();
     pending->job_id = req.job_id();
     pending->step = req.step();
     resp->set_copy_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    baton::v1::TraceSpan* copy = resp->add_io();
+    copy->set_lane(baton::v1::TraceSpan::IO);
+    copy->set_instruction(-1);
+    copy->set_what("checkpoint copy");
+    copy->set_step(req.step());
+    copy->set_start_unix_ns(start_ns);
+    copy->set_duration_ns(absl::GetCurrentTimeNanos() - start_ns);
     pending->writer =
         std::thread([pending = pending.get(), pieces = std::move(*pieces), path = *path, file = req.file(),
                      block_bytes = req.block_bytes(), delay = options_.testing_write_delay_ms]() mutable {
@@ -126,6 +136,7 @@ grpc::Status StateService::FinishSave(const baton::v1::FinishSaveRequest& req, b
     auto result = AwaitPendingSave(*mesh, pending, absl::Milliseconds(req.timeout_ms()));
     if (!result.ok()) return ToGrpcStatus(result.status());
     *resp = *result;
+    for (baton::v1::TraceSpan& span : *resp->mutable_io()) span.set_step(req.step());
     return grpc::Status::OK;
   });
 }

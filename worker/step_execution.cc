@@ -80,7 +80,9 @@ std::pair<absl::Status, int64_t> StepExecution::RunSteps(MeshState& mesh, const 
       return {absl::CancelledError(absl::StrCat("cancelled after ", i, " of ", steps, " steps")), step};
     }
     StepDetail detail;
-    auto metrics = mesh.executor->RunStep(step, Milliseconds(req.timeout_ms()), &detail);
+    // A traced step's spans travel with the answer (a failed step's not).
+    baton::v1::StepTrace trace;
+    auto metrics = mesh.executor->RunStep(step, Milliseconds(req.timeout_ms()), &detail, req.trace() ? &trace : nullptr);
     if (!metrics.ok()) return {metrics.status(), step};
     // The collectives' shared-memory segments grow only while a job
     // starts (to its largest operation) and are shared with the peers:
@@ -95,6 +97,7 @@ std::pair<absl::Status, int64_t> StepExecution::RunSteps(MeshState& mesh, const 
     mesh.recent.push_back(*metrics);
     if (mesh.recent.size() > RetainedStates::kRecentSteps) mesh.recent.pop_front();
     *resp->add_metrics() = std::move(*metrics);
+    if (req.trace()) *resp->add_traces() = std::move(trace);
   }
   return {absl::OkStatus(), 0};
 }
