@@ -19,6 +19,8 @@
 #                   example's memory vs the plan; the tensor allocator's step time)
 #   ./dev.sh bench-cp  install what is missing, run bench/cp.sh (context
 #                   parallelism at cp = 1, 2, 4: tokens/s and peak memory)
+#   ./dev.sh bench-trace  install what is missing, run bench/trace.sh (a live
+#                   job's step time traced and not, side by side)
 #   ./dev.sh bench-ac  install what is missing, run bench/activation_checkpointing.sh
 #                   (the controller driving 8 .. 1,024 fake workers)
 # Installing is idempotent: apt is not called when every package is present.
@@ -37,6 +39,7 @@ cd "$(dirname "$0")"
 # the status page's browser test; python3-yaml: reading rendered manifests;
 # python3-grpcio: a gRPC client that is not ours (health probes); iproute2:
 # the multi-host test on network namespaces;
+# nlohmann-json3-dev: the JSON library the controller writes traces with;
 # kubernetes-client: kubectl kustomize (only when no kubectl is installed:
 # another package may own /usr/bin/kubectl).
 PACKAGES=(
@@ -44,6 +47,7 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libabsl-dev libgtest-dev libgmock-dev
   libbenchmark-dev libopenblas0-openmp python3-venv libdeflate-dev openssl libssl-dev clang
   prometheus-cpp-dev libmicrohttpd-dev prometheus chromium python3-yaml python3-grpcio iproute2
+  nlohmann-json3-dev
 )
 if ! command -v kubectl >/dev/null 2>&1; then PACKAGES+=(kubernetes-client); fi
 
@@ -159,5 +163,6 @@ case "${1:-}" in
   bench-ac) install_missing; shift; bench/activation_checkpointing.sh "$@"; bazel shutdown ;;
   bench-memory) install_missing; shift; bench/memory.sh "$@"; bazel shutdown ;;
   bench-cp) install_missing; shift; bench/cp.sh "$@"; bazel shutdown ;;
+  bench-trace) install_missing; shift; status=0; bench/trace.sh "$@" || status=$?; bazel shutdown; exit $status ;;
   *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|bench-dispatch|bench-ac|bench-memory|bench-cp|fuzz" >&2; exit 2 ;;
 esac

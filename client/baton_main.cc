@@ -9,6 +9,7 @@
 //   baton logs --controller ADDR JOB_ID [--follow]   a job's steps, checkpoints and states
 //   baton jobs --controller ADDR [--output=json]     every job
 //   baton stop --controller ADDR JOB_ID              stop a job
+//   baton trace --controller ADDR JOB_ID [--steps N] [-o trace.json]  record its next steps, every rank
 //   baton watch --controller ADDR [--seconds S]      stream the fleet's events
 //   baton reference JOBFILE [--output=json]          the same job in one process (baton-reference)
 //   baton checkpoint list|inspect DIR                checkpoints on this machine
@@ -76,6 +77,8 @@ ABSL_FLAG(bool, restart_workers, true,
 ABSL_FLAG(int64_t, lease_ms, 0,
           "run: stop the job when this process makes no call for this long (0: the controller's default, 10 s); "
           "up: the controller's default lease.");
+ABSL_FLAG(int, steps, 10, "trace: steps to record (1 .. 100).");
+ABSL_FLAG(std::string, o, "trace.json", "trace: where to write the Chrome trace (Perfetto opens it).");
 ABSL_FLAG(bool, follow, false, "logs: go on printing until the job ends; exit 0 only if it FINISHED.");
 
 namespace baton {
@@ -123,6 +126,7 @@ std::string Usage() {
          "  baton logs --controller HOST:PORT JOB_ID [--follow] [--output=json]\n"
          "  baton jobs --controller HOST:PORT [--output=json]\n"
          "  baton stop --controller HOST:PORT JOB_ID\n"
+         "  baton trace --controller HOST:PORT JOB_ID [--steps N] [-o trace.json]\n"
          "  baton rescale --controller HOST:PORT JOB_ID --mesh dp=4\n"
          "  baton watch --controller HOST:PORT [--seconds S] [--output=json]\n"
          "  baton reference JOBFILE [--output=json]\n"
@@ -151,6 +155,7 @@ int Main(int argc, char** argv) {
     if (command == "submit") return Submit(arg);
     if (command == "logs") return Logs(arg);
     if (command == "stop") return StopCommand(arg);
+    if (command == "trace") return TraceCommand(arg);
     if (command == "rescale") return RescaleCommand(arg);
     if (command == "reference") return Reference(arg);
   } else if (positional.size() == 2) {

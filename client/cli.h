@@ -42,6 +42,8 @@ ABSL_DECLARE_FLAG(std::string, checkpoint_root);
 ABSL_DECLARE_FLAG(std::string, data_root);
 ABSL_DECLARE_FLAG(int64_t, seconds);
 ABSL_DECLARE_FLAG(bool, follow);
+ABSL_DECLARE_FLAG(int, steps);
+ABSL_DECLARE_FLAG(std::string, o);
 
 namespace baton {
 
@@ -68,6 +70,7 @@ int Submit(const std::string& path);
 int Logs(const std::string& job_id);
 int Jobs();
 int StopCommand(const std::string& job_id);
+int TraceCommand(const std::string& job_id);
 // baton rescale JOB_ID --mesh dp=4
 int RescaleCommand(const std::string& job_id);
 

@@ -256,6 +256,20 @@ absl::StatusOr<baton::v1::SaveCheckpointResponse> Client::SaveCheckpoint(const s
   return resp;
 }
 
+absl::StatusOr<baton::v1::TraceJobResponse> Client::TraceJob(const std::string& job_id, int steps, bool start_only,
+                                                             absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout + absl::Seconds(15));  // and the clocks' probes
+  baton::v1::TraceJobRequest req;
+  req.set_job_id(job_id);
+  req.set_steps(steps);
+  req.set_start_only(start_only);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  baton::v1::TraceJobResponse resp;
+  if (auto s = FromGrpcStatus(stub_->TraceJob(&ctx, req, &resp)); !s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<baton::v1::SaveCheckpointResponse> Client::WaitCheckpoint(const std::string& job_id,
                                                                          absl::Duration deadline) {
   grpc::ClientContext ctx;

@@ -86,6 +86,12 @@ class Client {
   // Waits until the job's async save (if any) is published.
   absl::StatusOr<baton::v1::SaveCheckpointResponse> WaitCheckpoint(const std::string& job_id,
                                                                    absl::Duration deadline = absl::Minutes(15));
+  // Records the job's next `steps` steps on every rank (a detached job
+  // steps by itself meanwhile) and answers them as Chrome trace JSON, on
+  // the controller's clock. `start_only`: arms the trace and answers at
+  // once (an attached job's client then runs the steps and asks again).
+  absl::StatusOr<baton::v1::TraceJobResponse> TraceJob(const std::string& job_id, int steps, bool start_only = false,
+                                                       absl::Duration timeout = absl::Minutes(2));
   // Streams events to `on_event` until it returns false or `duration` passed.
   absl::Status Watch(int64_t after_sequence, const std::function<bool(const baton::v1::Event&)>& on_event,
                      absl::Duration duration);

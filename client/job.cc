@@ -68,6 +68,13 @@ absl::StatusOr<std::vector<baton::v1::StepMetrics>> Job::Step(int n, int steps_p
   return out;
 }
 
+absl::StatusOr<baton::v1::TraceJobResponse> Job::Trace(int n, int steps_per_call) {
+  // Armed first, so the steps this handle runs next are the ones recorded.
+  if (auto armed = client_->TraceJob(id_, n, /*start_only=*/true); !armed.ok()) return armed.status();
+  if (auto stepped = Step(n, steps_per_call); !stepped.ok()) return stepped.status();
+  return client_->TraceJob(id_, n);
+}
+
 absl::StatusOr<baton::v1::CheckpointInfo> Job::Save(const std::string& dir, bool async) {
   auto resp = client_->SaveCheckpoint(id_, dir, async);
   if (!resp.ok()) return resp.status();

@@ -53,6 +53,11 @@ class Job {
   // (periodic checkpoints still fall on their steps); 0 leaves K to the
   // controller (a second's worth per call, as for a detached job).
   absl::StatusOr<std::vector<baton::v1::StepMetrics>> Step(int n = 1, int steps_per_call = 1);
+  // Runs the next `n` steps as Step does, recording them on every rank: one
+  // span per Program instruction, each collective in flight, on the
+  // controller's clock (TraceJobResponse.trace_json: Chrome trace-event
+  // JSON, which Perfetto opens). The job goes on as untraced.
+  absl::StatusOr<baton::v1::TraceJobResponse> Trace(int n = 10, int steps_per_call = 1);
   // Saves at the current step under DIR/step-N; returns where. Async: the
   // save goes on while Step runs; WaitForSave publishes it.
   absl::StatusOr<baton::v1::CheckpointInfo> Save(const std::string& dir, bool async = false);

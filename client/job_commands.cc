@@ -295,6 +295,26 @@ int StopCommand(const std::string& job_id) {
   return 0;
 }
 
+int TraceCommand(const std::string& job_id) {
+  auto client = ConnectFromFlag();
+  if (!client.ok()) return Fail("trace", client.status());
+  const int steps = absl::GetFlag(FLAGS_steps);
+  auto traced = (*client)->TraceJob(job_id, steps);
+  if (!traced.ok()) return Fail("trace", traced.status());
+  const std::string path = absl::GetFlag(FLAGS_o);
+  if (!WriteFileAtomically(path, traced->trace_json())) {
+    return Fail("trace", absl::InternalError(absl::StrCat("cannot write ", path)));
+  }
+  std::printf("%s: steps %d-%d on %d ranks, %lld slices, written to %s\n", job_id.c_str(), traced->first_step(),
+              traced->last_step(), traced->clocks_size(), static_cast<long long>(traced->slices()), path.c_str());
+  for (const baton::v1::RankClock& c : traced->clocks()) {
+    std::printf("  rank %d (%s): clock offset %+.1f us, exact to within %.1f us\n", c.rank(), c.worker().c_str(),
+                c.offset_us(), c.bound_us());
+  }
+  std::printf("clock bound: %.1f us (every rank on the controller's clock to within it)\n", traced->clock_bound_us());
+  return 0;
+}
+
 int RescaleCommand(const std::string& job_id) {
   if (absl::GetFlag(FLAGS_mesh).empty()) return Fail("rescale", absl::InvalidArgumentError("--mesh is required"));
   auto client = ConnectFromFlag();

@@ -126,9 +126,9 @@ std::string FormatPlanJson(const baton::v1::JobSpec& job, const DryRun& plan) {
     ranks.push_back(absl::StrFormat(
         "{\"rank\":%d,\"coordinates\":\"%s\",\"state_bytes\":%d,\"comm_bytes\":%d,\"peak_unsharded_param_bytes\":%d,"
         "\"peak_live_microbatches\":%d,\"peak_live_activation_bytes\":%d,\"memory_bytes\":%d,\"shared_memory_bytes\":%d,"
-        "\"idle_fraction\":%.6f}",
+        "\"idle_fraction\":%.6f,\"instructions\":%d}",
         r, plan.coordinates[r], t.state, t.comm, t.peak, t.peak_live, t.peak_live_bytes, t.memory, t.shared_memory,
-        plan.idle_fraction[r]));
+        plan.idle_fraction[r], plan.programs[r].instructions_size()));
   }
   std::string pipeline = "null";
   if (plan.pipeline.enabled) {

@@ -197,6 +197,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Save(const bato
     RemoveFailedSave(step_dir, files);
     return fail(failed);
   }
+  TraceIo(mesh, step, ranks, written);
   if (!async) {
     auto published = Publish(step_dir, *root_dir, written, step, started, false, 0);
     if (!published.ok()) RemoveFailedSave(step_dir, files);
@@ -229,6 +230,7 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Save(const bato
     if (const int i = FirstFailure(done); i >= 0 && reason.empty()) {
       reason = absl::StrCat(WorkerLabel(mesh, ranks[i]), ": ", done[i].status.error_message());
     }
+    if (reason.empty()) TraceIo(mesh, step, ranks, done);
     absl::StatusOr<baton::v1::CheckpointInfo> published =
         reason.empty() ? Publish(step_dir, root_dir, done, step, started, true, copy_seconds)
                        : absl::StatusOr<baton::v1::CheckpointInfo>(absl::UnavailableError(
@@ -249,6 +251,17 @@ absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Save(const bato
   info.set_async(true);
   info.set_copy_seconds(copy_seconds);
   return info;
+}
+
+void CheckpointCoordinator::TraceIo(const baton::v1::Mesh& mesh, int step, const std::vector<int>& ranks,
+                                    const std::vector<CallResult<baton::v1::SaveShardsResponse>>& answers) {
+  std::vector<std::vector<baton::v1::TraceSpan>> by_rank(mesh.worker_names_size());
+  for (size_t i = 0; i < answers.size() && i < ranks.size(); ++i) {
+    if (ranks[i] < static_cast<int>(by_rank.size())) {
+      by_rank[ranks[i]].assign(answers[i].response.io().begin(), answers[i].response.io().end());
+    }
+  }
+  job_->trace().AddIo(mesh.epoch(), step, by_rank);
 }
 
 absl::StatusOr<baton::v1::CheckpointInfo> CheckpointCoordinator::Publish(

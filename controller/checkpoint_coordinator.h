@@ -111,6 +111,10 @@ class CheckpointCoordinator {
       const std::string& step_dir, const std::string& root_dir,
       const std::vector<CallResult<baton::v1::SaveShardsResponse>>& written, int step, absl::Time started,
       bool async, double copy_seconds);
+  // Hands the workers' I/O spans of a save of `step` (answers[i] from rank
+  // ranks[i]) to the job's trace (controller/job_trace.h).
+  void TraceIo(const baton::v1::Mesh& mesh, int step, const std::vector<int>& ranks,
+               const std::vector<CallResult<baton::v1::SaveShardsResponse>>& answers);
   // Records the outcome of a save in the job's status, log and the events.
   void Record(const absl::StatusOr<baton::v1::CheckpointInfo>& outcome, int step, bool periodic);
   // Removes the data files `files` of a failed save in `step_dir`, and the

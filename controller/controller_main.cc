@@ -175,6 +175,12 @@ int Main(int argc, char** argv) {
       {{"/", [] { return HttpResponse{200, "text/html; charset=utf-8", StatusPageHtml()}; }},
        {"/api/status",
         [&] { return HttpResponse{200, "application/json", ProtoToJson(controller_service.Snapshot(true))}; }},
+       {"/api/trace/newest",
+        [&] {
+          std::string json = controller_service.newest_trace().json();
+          if (json.empty()) return HttpResponse{404, "text/plain; charset=utf-8", "no trace yet: baton trace JOB\n"};
+          return HttpResponse{200, "application/json", std::move(json)};
+        }},
        {"/metrics",
         [&] {
           metrics.Refresh(controller_service.Snapshot(false));

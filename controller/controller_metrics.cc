@@ -46,7 +46,15 @@ ControllerMetrics::ControllerMetrics(absl::Duration retire_after)
       job_comm_bytes_(Build(prometheus::BuildCounter(), "baton_job_comm_bytes_total",
                             "Bytes the job's ranks have sent to each other, all ranks together", registry_)),
       step_seconds_(Build(prometheus::BuildHistogram(), "baton_step_duration_seconds",
-                          "Wall time of one training step as the controller saw it", registry_)) {}
+                          "Wall time of one training step as the controller saw it", registry_)),
+      rank_compute_(Build(prometheus::BuildGauge(), "baton_rank_compute_seconds",
+                          "The rank's own compute in the job's newest step (its waits on communication excluded)",
+                          registry_)),
+      rank_exposed_comm_(Build(prometheus::BuildGauge(), "baton_rank_exposed_comm_seconds",
+                               "What the rank was blocked on communication in the job's newest step (not idle)",
+                               registry_)),
+      rank_idle_(Build(prometheus::BuildGauge(), "baton_rank_idle_seconds",
+                       "What the rank waited for another pipeline stage in the job's newest step", registry_)) {}
 
 void ControllerMetrics::ObserveStep(const baton::v1::JobStatus& job, const baton::v1::StepMetrics& merged,
                                     int64_t comm_bytes) {
@@ -124,6 +132,7 @@ void ControllerMetrics::Refresh(const baton::v1::StatusResponse& status) {
     job_steps_.Add(labels).Set(job.steps());
     if (job.last().has_loss()) job_loss_.Add(labels).Set(job.last().loss());
     job_tokens_per_second_.Add(labels).Set(job.last().tokens_per_s());
+    SetRankTimes(job, /*retire=*/false);
   }
   for (const auto& [state, n] : jobs_by_state) jobs_.Add({{"state", state}}).Set(n);
   // Forgotten jobs need no memory of having been retired.
@@ -142,7 +151,39 @@ void ControllerMetrics::RetireJob(const baton::v1::JobStatus& job) {
   job_tokens_.Remove(&job_tokens_.Add(labels));
   job_comm_bytes_.Remove(&job_comm_bytes_.Add(labels));
   step_seconds_.Remove(&step_seconds_.Add(labels, DurationBuckets()));
+  SetRankTimes(job, /*retire=*/true);
   retired_.insert(job.job_id());
+}
+
+void ControllerMetrics::SetRankTimes(const baton::v1::JobStatus& job, bool retire) {
+  auto with_rank = [&job](const RankLabels& rank) {
+    prometheus::Labels labels = JobLabels(job);
+    labels["rank"] = rank.first;
+    labels["worker"] = rank.second;
+    return labels;
+  };
+  std::set<RankLabels>& had = rank_series_[job.job_id()];
+  std::set<RankLabels> has;
+  if (!retire) {
+    for (const baton::v1::RankTime& t : job.rank_times()) {
+      const RankLabels rank{std::to_string(t.rank()), t.worker()};
+      const prometheus::Labels labels = with_rank(rank);
+      rank_compute_.Add(labels).Set(t.compute_ms() / 1e3);
+      rank_exposed_comm_.Add(labels).Set(t.exposed_comm_ms() / 1e3);
+      rank_idle_.Add(labels).Set(t.idle_ms() / 1e3);
+      has.insert(rank);
+    }
+  }
+  for (const RankLabels& rank : had) {
+    if (has.count(rank)) continue;
+    const prometheus::Labels labels = with_rank(rank);
+    for (auto* family : {&rank_compute_, &rank_exposed_comm_, &rank_idle_}) family->Remove(&family->Add(labels));
+  }
+  if (has.empty()) {
+    rank_series_.erase(job.job_id());
+  } else {
+    had = std::move(has);
+  }
 }
 
 }  // namespace baton

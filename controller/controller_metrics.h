@@ -3,7 +3,10 @@
 // the gauges are read from a status snapshot at each scrape. Jobs are
 // labelled job_id and job_name (Prometheus keeps `job` for its scrape job);
 // a job's series are retired `retire_after` after it ended, a mesh's when
-// it is gone.
+// it is gone. Each rank's newest step, split into its own compute, its
+// exposed communication and its pipeline idle time:
+// baton_rank_compute_seconds, baton_rank_exposed_comm_seconds and
+// baton_rank_idle_seconds, labelled also rank and worker.
 #ifndef BATON_CONTROLLER_CONTROLLER_METRICS_H_
 #define BATON_CONTROLLER_CONTROLLER_METRICS_H_
 
@@ -37,6 +40,9 @@ class ControllerMetrics {
 
  private:
   void RetireJob(const baton::v1::JobStatus& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // baton_rank_*_seconds of the job's newest step, by rank; the series of
+  // ranks it no longer has (`times` empty: all) removed.
+  void SetRankTimes(const baton::v1::JobStatus& job, bool retire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration retire_after_;
   prometheus::Registry registry_;
@@ -54,6 +60,9 @@ class ControllerMetrics {
   prometheus::Family<prometheus::Counter>& job_tokens_;
   prometheus::Family<prometheus::Counter>& job_comm_bytes_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Family<prometheus::Gauge>& rank_compute_;
+  prometheus::Family<prometheus::Gauge>& rank_exposed_comm_;
+  prometheus::Family<prometheus::Gauge>& rank_idle_;
 
   absl::Mutex mu_;
   // Per-worker series, removed when the worker is forgotten.
@@ -67,6 +76,9 @@ class ControllerMetrics {
   // Mesh series by mesh id; jobs whose series are retired.
   std::map<std::string, prometheus::Gauge*> mesh_series_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> retired_ ABSL_GUARDED_BY(mu_);
+  // A job's rank series, by its rank and worker labels.
+  using RankLabels = std::pair<std::string, std::string>;
+  std::map<std::string, std::set<RankLabels>> rank_series_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

@@ -76,6 +76,7 @@ baton::v1::StatusResponse ControllerService::Snapshot(bool with_history) const {
   resp.set_heartbeat_timeout_ms(absl::ToInt64Milliseconds(registry_->heartbeat_timeout()));
   const std::vector<std::shared_ptr<Job>> jobs = jobs_->Jobs();
   for (const auto& job : jobs) *resp.add_jobs() = job->status();
+  resp.set_newest_trace_job(newest_trace_.job_id());
   if (with_history) {
     for (size_t i = jobs.size() > kHistoryJobs ? jobs.size() - kHistoryJobs : 0; i < jobs.size(); ++i) {
       baton::v1::JobHistory* history = resp.add_histories();
@@ -304,6 +305,16 @@ grpc::Status ControllerService::WaitCheckpoint(grpc::ServerContext* ctx, const b
   if (!status.ok()) return ToGrpcStatus(status.status());
   *resp->mutable_checkpoint() = status->last_checkpoint();
   *resp->mutable_job() = *status;
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::TraceJob(grpc::ServerContext* ctx, const baton::v1::TraceJobRequest* req,
+                                         baton::v1::TraceJobResponse* resp) {
+  if (grpc::Status denied = auth_.Check(ctx, Role::kClient); !denied.ok()) return denied;
+  if (auto job = FindJob(req->job_id()); !job.ok()) return ToGrpcStatus(job.status());
+  auto traced = baton::TraceJob(*jobs_, *meshes_, &newest_trace_, *req);
+  if (!traced.ok()) return ToGrpcStatus(traced.status());
+  *resp = std::move(*traced);
   return grpc::Status::OK;
 }
 

@@ -24,6 +24,7 @@
 #include "controller/job_manager.h"
 #include "common/text.h"
 #include "controller/mesh_manager.h"
+#include "controller/trace_call.h"
 #include "controller/worker_registry.h"
 #include "proto/controller.grpc.pb.h"
 
@@ -77,12 +78,16 @@ class ControllerService final : public ControllerBase {
                               baton::v1::SaveCheckpointResponse* resp) override;
   grpc::Status WaitCheckpoint(grpc::ServerContext*, const baton::v1::WaitCheckpointRequest* req,
                               baton::v1::SaveCheckpointResponse* resp) override;
+  grpc::Status TraceJob(grpc::ServerContext*, const baton::v1::TraceJobRequest* req,
+                        baton::v1::TraceJobResponse* resp) override;
 
   // What Status returns; with the newest jobs' steps and recent events for
   // the status page when `with_history`.
   baton::v1::StatusResponse Snapshot(bool with_history) const;
   // Where /metrics and the status page are served (for Status).
   void set_http_address(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
+  // The newest trace TraceJob wrote (the status page hands it out).
+  const NewestTrace& newest_trace() const { return newest_trace_; }
 
  private:
   // Takes a stream slot, or RESOURCE_EXHAUSTED when none is left.
@@ -97,6 +102,7 @@ class ControllerService final : public ControllerBase {
   const Authenticator auth_;
   std::atomic<int> streams_{0};
   std::atomic<int64_t> checks_{0};
+  NewestTrace newest_trace_;
   mutable absl::Mutex mu_;
   std::string http_address_ ABSL_GUARDED_BY(mu_);
 };

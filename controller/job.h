@@ -30,6 +30,7 @@
 #include "common/job_state.h"
 #include "controller/lease.h"
 #include "controller/job_placement.h"
+#include "controller/job_trace.h"
 #include "controller/sequenced_log.h"
 #include "controller/step_ledger.h"
 #include "proto/controller.pb.h"
@@ -147,6 +148,8 @@ class Job {
 
   // An attached job's client's hold on it (controller/lease.h).
   Lease& lease() { return lease_; }
+  // Its trace in the making (TraceJob; controller/job_trace.h).
+  JobTrace& trace() { return trace_; }
 
   // Held while a step or a save of this job runs: one at a time.
   absl::Mutex& work_mu() { return work_mu_; }
@@ -167,6 +170,8 @@ class Job {
   // kMaxStragglers.
   static constexpr int kMaxStragglers = 16;
   void RecordStraggler(baton::v1::Straggler straggler) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where each rank's newest step went (status().rank_times), by rank.
+  void RecordRankTimes(std::vector<baton::v1::RankTime> times) ABSL_LOCKS_EXCLUDED(mu_);
   // Placed again: a lost mesh's interrupt no longer applies.
   void ClearMeshLost() ABSL_LOCKS_EXCLUDED(mu_);
   // Why the job table could not record its last change; "" once it could.
@@ -182,6 +187,7 @@ class Job {
   const int restarts_allowed_;
   Log log_{kLogCapacity};
   Lease lease_;
+  JobTrace trace_;
   absl::Mutex work_mu_;
 
   mutable absl::Mutex mu_;

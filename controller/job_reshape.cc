@@ -92,6 +92,12 @@ void Job::RecordStraggler(baton::v1::Straggler straggler) {
   if (list->size() > kMaxStragglers) list->DeleteSubrange(0, list->size() - kMaxStragglers);
 }
 
+void Job::RecordRankTimes(std::vector<baton::v1::RankTime> times) {
+  absl::MutexLock lock(&mu_);
+  status_.clear_rank_times();
+  for (baton::v1::RankTime& t : times) *status_.add_rank_times() = std::move(t);
+}
+
 void Job::ClearMeshLost() {
   absl::MutexLock lock(&mu_);
   if (interrupt_ == Interrupt::kMeshLost) {

@@ -187,7 +187,7 @@ std::unique_ptr<StepCall> JobRunner::StartCall(int first) {
   wire_free_ = starts + absl::Milliseconds(k * last_step_ms_);
   job_->AddStepsRunning(k);
   return std::make_unique<StepCall>(StepCall::Context{job_.get(), context_.meshes, context_.metrics}, mesh_, first, k,
-                                    now.call.collective_timeout_ms);
+                                    now.call.collective_timeout_ms, job_->trace().Wants(first));
 }
 
 bool JobRunner::MayRunAhead(const StepCall& call) const {

@@ -165,7 +165,7 @@
       var s0 = $("job-state"); s0.className = "badge"; s0.textContent = "–";
       setText("job-step", "0"); setText("job-steps", "0"); setText("job-start", "");
       prog.max = 1; prog.value = 0; setText("job-pct", "0%");
-      ["job-loss", "job-tps", "job-ms", "job-error"].forEach(function (id) { setText(id, "–"); });
+      ["job-loss", "job-tps", "job-ms", "job-error", "job-stragglers"].forEach(function (id) { setText(id, "–"); });
       $("job-error").className = "";
       return;
     }
@@ -186,7 +186,51 @@
     setText("job-tps", num(last.tokens_per_s) > 0 ? fmtRate(last.tokens_per_s) : "–");
     setText("job-ms", num(last.step_ms) > 0 ? num(last.step_ms).toFixed(1) + " ms" : "–");
     setText("job-error", j.error ? j.error : "–");
+    // Ranks named slow (StragglerPolicy), the newest last.
+    var slow = (j.stragglers || []).map(function (x) {
+      return (x.worker || "?") + " (rank " + num(x.rank) + ") " + num(x.factor).toFixed(2) + "x at step " +
+        num(x.step) + (x.evicted ? ", moved off" : "");
+    });
+    setText("job-stragglers", slow.length ? slow.join("; ") : "none");
     $("job-error").className = j.error ? "err" : "";
+  }
+
+  // One bar per rank: its newest step split into its own compute, exposed
+  // communication and pipeline idle (JobStatus.rank_times), with the figures
+  // written beside it.
+  function renderRanks(st) {
+    var j = focusJob(st);
+    var svg = $("rank-chart");
+    clear(svg);
+    var times = (j && j.rank_times) || [];
+    setText("ranks-step", times.length ? "step " + num(times[0].step) : "–");
+    var link = $("trace-link");
+    link.textContent = st.newest_trace_job ? "trace.json (job " + st.newest_trace_job + ")" : "none yet (baton trace JOB)";
+    if (!times.length) {
+      svg.appendChild(svgEl("text", { x: 300, y: 100, "text-anchor": "middle", "class": "axis" }, "no steps yet"));
+      return;
+    }
+    var W = 600, L = 90, R = 10, rowH = Math.min(40, 190 / times.length);
+    var most = 0;
+    times.forEach(function (t) { most = Math.max(most, num(t.compute_ms) + num(t.exposed_comm_ms) + num(t.idle_ms)); });
+    var scale = most > 0 ? (W - L - R - 150) / most : 0;
+    times.forEach(function (t, i) {
+      var y = 5 + i * rowH, x = L;
+      var g = svgEl("g", { "class": "rank-bar", "data-rank": num(t.rank), "data-worker": t.worker || "",
+                            "data-compute-ms": num(t.compute_ms), "data-exposed-comm-ms": num(t.exposed_comm_ms),
+                            "data-idle-ms": num(t.idle_ms) });
+      g.appendChild(svgEl("text", { x: 4, y: y + rowH * 0.6, "class": "axis" }, "rank " + num(t.rank)));
+      [["compute", t.compute_ms], ["comm", t.exposed_comm_ms], ["idle", t.idle_ms]].forEach(function (part) {
+        var w = num(part[1]) * scale;
+        g.appendChild(svgEl("rect", { x: x.toFixed(1), y: y.toFixed(1), width: w.toFixed(1),
+                                      height: (rowH * 0.8).toFixed(1), "class": "bar " + part[0] }));
+        x += w;
+      });
+      g.appendChild(svgEl("text", { x: (x + 6).toFixed(1), y: y + rowH * 0.6, "class": "figure" },
+                          num(t.compute_ms).toFixed(2) + " / " + num(t.exposed_comm_ms).toFixed(2) + " / " +
+                          num(t.idle_ms).toFixed(2) + " ms"));
+      svg.appendChild(g);
+    });
   }
 
   function renderLoss(st) {
@@ -254,7 +298,7 @@
 
   function render(st) {
     // Each part is drawn on its own, so one odd field cannot blank the page.
-    [renderHeader, renderFleet, renderJobs, renderMesh, renderJob, renderLoss, renderEvents].forEach(function (f) {
+    [renderHeader, renderFleet, renderJobs, renderMesh, renderJob, renderRanks, renderLoss, renderEvents].forEach(function (f) {
       try { f(st); } catch (err) { if (window.console) console.error(err); }
     });
   }

@@ -9,11 +9,13 @@
 
 namespace baton {
 
-StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k, int64_t timeout_ms)
+StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k, int64_t timeout_ms,
+                   bool trace)
     : context_(context),
       mesh_(mesh),
       first_(first),
       k_(k),
+      trace_(trace),
       started_(absl::Now()) {
   baton::v1::RunStepRequest rr;
   rr.set_epoch(mesh.epoch());
@@ -21,6 +23,7 @@ StepCall::StepCall(const Context& context, const baton::v1::Mesh& mesh, int firs
   rr.set_step(first);
   rr.set_steps(k);
   rr.set_timeout_ms(timeout_ms);
+  rr.set_trace(trace);
   const absl::Duration deadline =
       std::max(kMinStepDeadline, absl::Milliseconds(timeout_ms) * kStepDeadlineInTimeouts) * k +
       context_.meshes->options().rpc_slack;
@@ -85,6 +88,12 @@ absl::Status StepCall::Finish(absl::Time previous_end) {
     }
   }
   Record(results, k_);
+  if (trace_) {
+    std::vector<const baton::v1::RunStepResponse*> by_rank;
+    for (const auto& r : results) by_rank.push_back(&r.response);
+    job.trace().Collect(mesh_, job.plan(), first_, by_rank);
+  }
+  RecordRankTimes(results);
   compute_ms_by_rank_.assign(k_, std::vector<double>(results.size(), 0));
   for (int i = 0; i < k_; ++i) {
     for (size_t r = 0; r < results.size(); ++r) compute_ms_by_rank_[i][r] = results[r].response.metrics(i).compute_ms();
@@ -103,6 +112,24 @@ void StepCall::Record(const std::vector<CallResult<baton::v1::RunStepResponse>>&
     context_.job->RecordStep(m, comm_bytes);
     if (context_.metrics != nullptr) context_.metrics->ObserveStep(labels, m, comm_bytes);
   }
+}
+
+void StepCall::RecordRankTimes(const std::vector<CallResult<baton::v1::RunStepResponse>>& results) const {
+  std::vector<baton::v1::RankTime> times;
+  for (size_t r = 0; r < results.size(); ++r) {
+    const baton::v1::StepMetrics& m = results[r].response.metrics(k_ - 1);
+    baton::v1::RankTime t;
+    t.set_rank(static_cast<int>(r));
+    t.set_worker(r < static_cast<size_t>(mesh_.worker_names_size()) ? mesh_.worker_names(static_cast<int>(r)) : "");
+    t.set_step(last());
+    t.set_compute_ms(m.compute_ms());
+    // A stage's wait for its neighbour's activations is a wait on a
+    // receive: part of its exposed communication, shown apart as idle.
+    t.set_idle_ms(std::min(m.idle_ms(), m.comm_wait_ms()));
+    t.set_exposed_comm_ms(m.comm_wait_ms() - t.idle_ms());
+    times.push_back(std::move(t));
+  }
+  context_.job->RecordRankTimes(std::move(times));
 }
 
 int StepCall::RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results) const {

@@ -49,8 +49,10 @@ class StepCall {
   };
   // Puts steps first .. first + k - 1 on the wire to every rank of `mesh`
   // (which outlives the call), each collective timed out after
-  // `timeout_ms` (the asking call's setting).
-  StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k, int64_t timeout_ms);
+  // `timeout_ms` (the asking call's setting). `trace`: the ranks record
+  // their spans, handed to the job's trace (controller/job_trace.h).
+  StepCall(const Context& context, const baton::v1::Mesh& mesh, int first, int k, int64_t timeout_ms,
+           bool trace = false);
   StepCall(const StepCall&) = delete;
   StepCall& operator=(const StepCall&) = delete;
 
@@ -73,6 +75,8 @@ class StepCall {
  private:
   // Records the first `k` steps every result holds.
   void Record(const std::vector<CallResult<baton::v1::RunStepResponse>>& results, int k) const;
+  // The newest step's time by rank (JobStatus.rank_times).
+  void RecordRankTimes(const std::vector<CallResult<baton::v1::RunStepResponse>>& results) const;
   // After a failed call: records the steps every rank that answered
   // completed; how many.
   int RecordCompleted(const std::vector<CallResult<baton::v1::RunStepResponse>>& results) const;
@@ -81,6 +85,7 @@ class StepCall {
   const baton::v1::Mesh& mesh_;
   const int first_;
   const int k_;
+  const bool trace_;
   const absl::Time started_;
   // The failure grace's findings (it runs on the thread that finishes the call).
   std::string why_;

@@ -98,7 +98,7 @@ TEST(SecurityTest, EveryRpcOfEveryServiceNeedsItsToken) {
   std::printf("%d RPCs of 3 services: %d UNAUTHENTICATED without a token, %d PERMISSION_DENIED with a wrong one, "
               "%d PERMISSION_DENIED with the other role's token\n",
               rpcs, unauthenticated, wrong_denied, other_role_denied);
-  EXPECT_EQ(rpcs, 15 + 8 + 12);  // Controller (StepStream included), Registry, Worker
+  EXPECT_EQ(rpcs, 16 + 8 + 12);  // Controller (StepStream and TraceJob included), Registry, Worker
   // gRPC reflection is off: it would describe the API to strangers before
   // any token is checked.
   for (const auto& address : {cluster->controller_address(), worker_address}) {

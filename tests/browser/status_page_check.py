@@ -9,6 +9,11 @@ timeout and a net log:
   1. --dump-dom: the fleet table must hold N `tr.worker` rows; #job-step read;
   2. after --wait seconds, --dump-dom again: #job-step must have increased;
   3. --screenshot=DIR/status_page.png at 1280x1000.
+With --rank-chart N (a job that no longer steps: its figures stay put), load 1
+must draw N bars in svg#rank-chart, each bar's compute, exposed communication
+and idle equal to that rank's rank_times in /api/status (fetched beside it),
+and the newest trace's link must name /api/status's newest_trace_job; load 2
+then does not wait for the step to move.
 Then every request in the three net logs is checked: whatever the page caused
 must go to the page's own scheme://host:port (chrome:, data:, about:, blob:
 and devtools: are ignored). Debian's Chromium also talks to Google on its own
@@ -44,6 +49,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 
 VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link",
              "meta", "param", "source", "track", "wbr"}
@@ -447,6 +453,47 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+def focus_job(status):
+    """The job the page's panels show (status_page.js focusJob): the newest not ended, else the newest."""
+    jobs = status.get("jobs") or []
+    ended = ("JOB_FINISHED", "JOB_STOPPED", "JOB_FAILED", "JOB_UNREADABLE")
+    for j in reversed(jobs):
+        if j.get("state") not in ended:
+            return j
+    return jobs[-1] if jobs else {}
+
+
+def check_rank_chart(f, page, url, ranks):
+    """The per-rank chart's bars against /api/status's rank_times, figure by figure."""
+    with urllib.request.urlopen(urllib.parse.urljoin(url, "api/status"), timeout=10) as r:
+        status = json.loads(r.read().decode())
+    times = focus_job(status).get("rank_times") or []
+    chart = page.by_id.get("rank-chart")
+    bars = [n for n in chart.iter() if n.tag == "g" and "rank-bar" in n.classes()] if chart is not None else []
+    f.check(len(bars) == ranks == len(times), "rank chart: %d bars, /api/status has %d ranks (want %d)"
+            % (len(bars), len(times), ranks))
+    keys = (("data-compute-ms", "compute_ms"), ("data-exposed-comm-ms", "exposed_comm_ms"), ("data-idle-ms", "idle_ms"))
+    for bar, t in zip(bars, times):
+        drawn = [float(bar.attrs.get(a, "nan")) for a, _ in keys]
+        api = [float(t.get(k, 0)) for _, k in keys]
+        same = all(abs(d - a) <= 1e-9 * max(1.0, abs(a)) for d, a in zip(drawn, api)) and \
+            int(bar.attrs.get("data-rank", -1)) == int(t.get("rank", 0)) and bar.attrs.get("data-worker") == t.get("worker")
+        label = next((n.text().strip() for n in bar.iter() if n.tag == "text" and "figure" in n.classes()), "")
+        f.check(same, "rank chart: rank %s on %s drawn compute/exposed comm/idle %s ms = /api/status %s ms (label %r)"
+                % (bar.attrs.get("data-rank"), bar.attrs.get("data-worker"), "/".join("%.3f" % d for d in drawn),
+                   "/".join("%.3f" % a for a in api), label))
+    named = focus_job(status).get("stragglers") or []
+    shown = page.text("job-stragglers")
+    f.check(shown is not None and (shown == "none") == (not named) and
+            all(x.get("worker", "") in shown for x in named),
+            "slow ranks %r for /api/status's %d named" % (shown, len(named)))
+    link = page.by_id.get("trace-link")
+    want = status.get("newest_trace_job", "")
+    f.check(link is not None and link.attrs.get("href") == "/api/trace/newest" and want and want in link.text(),
+            "newest trace link %r -> %s names job %r" % (link.text().strip() if link else None,
+                                                       link.attrs.get("href") if link else None, want))
+
+
 def main():
     ap = argparse.ArgumentParser(description="Headless-Chromium check of the Baton status page.")
     ap.add_argument("--url", required=True, help="the page, e.g. http://127.0.0.1:8080/")
@@ -457,6 +504,8 @@ def main():
     ap.add_argument("--budget-ms", type=int, default=3000,
                     help="--virtual-time-budget: page time for fetching and rendering")
     ap.add_argument("--timeout", type=float, default=60.0, help="hard limit per chromium run (s)")
+    ap.add_argument("--rank-chart", type=int, default=0,
+                    help="expected bars in the per-rank chart, checked against /api/status (a job at rest)")
     args = ap.parse_args()
 
     u = urllib.parse.urlsplit(args.url)
@@ -537,13 +586,16 @@ def main():
             newest = " | ".join(parts) if parts else items[0].text().strip()
         f.info("load 1: %d event(s); newest: %r" % (len(items), newest))
 
-    # Load 2: the step moves.
-    time.sleep(args.wait)
-    p2 = dump(2)
-    step2 = parse_int(p2.text("job-step"))
-    f.check(step1 is not None and step2 is not None and step2 > step1,
-            "job step advanced: %s -> %s over %.1f s (job state %s -> %s)"
-            % (step1, step2, args.wait, state1, p2.text("job-state")))
+    if args.rank_chart:
+        check_rank_chart(f, p1, args.url, args.rank_chart)
+    else:
+        # Load 2: the step moves.
+        time.sleep(args.wait)
+        p2 = dump(2)
+        step2 = parse_int(p2.text("job-step"))
+        f.check(step1 is not None and step2 is not None and step2 > step1,
+                "job step advanced: %s -> %s over %.1f s (job state %s -> %s)"
+                % (step1, step2, args.wait, state1, p2.text("job-state")))
 
     # Load 3: screenshot.
     shot = os.path.join(out, "status_page.png")

@@ -31,7 +31,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from observability_test import Fleet, check, failures, field  # noqa: E402
+from observability_test import Fleet, check, field, summary  # noqa: E402
 
 SLOW_ADDRESSES = 9
 SLOW_PER_ADDRESS = 64
@@ -222,11 +222,7 @@ def main():
     finally:
         if fleet is not None:
             fleet.stop()
-    if failures:
-        print("\nhostile_test: %d check(s) FAILED" % len(failures))
-        return 1
-    print("\nhostile_test: all checks passed")
-    return 0
+    return summary("hostile_test")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,15 @@ def check(ok, what):
         failures.append(what)
 
 
+def summary(test):
+    """The exit status of `test` from the checks made: 0 when all passed."""
+    if failures:
+        print("\n%s: %d check(s) FAILED" % (test, len(failures)))
+        return 1
+    print("\n%s: all checks passed" % test)
+    return 0
+
+
 def remaining(limit):
     return max(1.0, min(limit, DEADLINE - time.time()))
 
@@ -56,14 +65,14 @@ def http_get(url, timeout=5):
 class Fleet:
     """`baton up` (4 workers unless told) with HTTP on; stopped by pid."""
 
-    def __init__(self, baton, controller_bin, worker_bin, tmp, workers=4):
+    def __init__(self, baton, controller_bin, worker_bin, tmp, workers=4, extra=()):
         self.baton = baton
         self.env = dict(os.environ, BATON_TOKEN_FILE=os.path.join(tmp, "client.token"))
         addr_file = os.path.join(tmp, "controller.addr")
         self.log = open(os.path.join(tmp, "up.log"), "w")
         self.proc = subprocess.Popen(
             [baton, "up", "--workers=%d" % workers, "--http_port=0", "--address_file=" + addr_file,
-             "--controller_bin=" + controller_bin, "--worker_bin=" + worker_bin],
+             "--controller_bin=" + controller_bin, "--worker_bin=" + worker_bin, *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         while not os.path.exists(addr_file) or not open(addr_file).read():
             if self.proc.poll() is not None or time.time() > DEADLINE:

@@ -8,6 +8,10 @@
 #   third_party/python/env.sh ensure   makes it if it is missing; prints a
 #                                      line with what it downloaded and how long
 #   third_party/python/env.sh python   prints its interpreter
+#   third_party/python/env.sh tools-python  prints the interpreter of the
+#                                      small tools environment (Perfetto's
+#                                      Python API: tools-requirements.txt),
+#                                      which `ensure` makes too
 # BATON_ENV_ROOT (default /opt/baton) is where environments live. The
 # environment also sees Debian's site packages (python3-grpcio, python3-yaml):
 # a gRPC client that is not ours, from Debian, as the tests have used it.
@@ -17,6 +21,22 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 requirements="$here/requirements.txt"
 root=${BATON_ENV_ROOT:-/opt/baton}
 env_dir="$root/venv-$(sha256sum "$requirements" | cut -c1-16)"
+tools_requirements="$here/tools-requirements.txt"
+tools_dir="$root/tools-$(sha256sum "$tools_requirements" | cut -c1-16)"
+
+ensure_tools() {
+  if [ -x "$tools_dir/bin/python" ] && [ -f "$tools_dir/.complete" ]; then return; fi
+  rm -rf "$tools_dir"
+  mkdir -p "$root"
+  /usr/bin/python3 -m venv "$tools_dir"
+  if ! "$tools_dir/bin/pip" install --quiet --no-input --disable-pip-version-check --require-hashes \
+      --only-binary=:all: -r "$tools_requirements"; then
+    echo "env.sh: pip could not install $tools_requirements (see above)" >&2
+    exit 1
+  fi
+  touch "$tools_dir/.complete"
+  echo "env.sh: tools environment $tools_dir ready ($(du -sh "$tools_dir" | cut -f1))"
+}
 
 ensure() {
   if [ -x "$env_dir/bin/python" ] && [ -f "$env_dir/.complete" ]; then return; fi
@@ -54,11 +74,13 @@ PYEOF
 case "${1:-}" in
   path) echo "$env_dir" ;;
   python) echo "$env_dir/bin/python" ;;
+  tools-python) echo "$tools_dir/bin/python" ;;
   ensure)
     began=$(date +%s.%N)
     ensure
+    ensure_tools
     version=$("$env_dir/bin/python" -c 'import torch; print("torch", torch.__version__)')
     echo "env.sh: using $env_dir ($version); the environment step took $(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
     ;;
-  *) echo "usage: third_party/python/env.sh path|ensure|python" >&2; exit 2 ;;
+  *) echo "usage: third_party/python/env.sh path|ensure|python|tools-python" >&2; exit 2 ;;
 esac
