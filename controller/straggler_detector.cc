@@ -10,7 +10,7 @@ StragglerDetector::StragglerDetector(const baton::v1::StragglerPolicy& policy, s
       window_(policy.window() > 0 ? policy.window() : kDefaultWindow),
       groups_(std::move(groups)),
       ratios_(groups_.size()),
-      first_(groups_.size()),
+      history_(groups_.size()),
       factors_(groups_.size(), 0),
       named_(groups_.size(), false) {}
 
@@ -45,25 +45,39 @@ double Median(std::vector<double> v) {
 
 std::vector<StragglerDetector::Finding> StragglerDetector::Observe(const std::vector<double>& compute_ms) {
   std::vector<Finding> found;
-  if (compute_ms.size() != groups_.size()) return found;  // another mesh's figures
   const size_t n = groups_.size();
-  // A rank with no peer: its own first window is its baseline.
+  if (compute_ms.size() != n || n < 2) return found;  // another mesh's figures, or nobody to compare with
+  // Each rank's typical compute lately: the median of its last kHistoryWindows
+  // windows (a stage that drifts slowly moves it along).
+  std::vector<double> typical(n);
   for (size_t r = 0; r < n; ++r) {
-    if (static_cast<int>(first_[r].size()) < window_) first_[r].push_back(compute_ms[r]);
+    history_[r].push_back(compute_ms[r]);
+    if (static_cast<int>(history_[r].size()) > kHistoryWindows * window_) history_[r].pop_front();
+    typical[r] = Median({history_[r].begin(), history_[r].end()});
   }
+  int stages = 0;
+  for (int g : groups_) stages = std::max(stages, g + 1);
+  std::vector<std::vector<double>> by_stage(stages);
+  for (size_t r = 0; r < n; ++r) by_stage[groups_[r]].push_back(typical[r]);
+  std::vector<double> stage_scale(stages);
+  for (int g = 0; g < stages; ++g) stage_scale[g] = Median(by_stage[g]);
   for (size_t r = 0; r < n; ++r) {
+    // Rank r's own stage is scaled by its other ranks' (by its own history
+    // when it has none): a rank slow from the start raises no scale it is
+    // measured against.
     std::vector<double> peers;
+    for (size_t q = 0; q < n; ++q) {
+      if (q != r && groups_[q] == groups_[r]) peers.push_back(typical[q]);
+    }
+    const double own_stage = peers.empty() ? typical[r] : Median(std::move(peers));
+    auto scale = [&](size_t p) { return groups_[p] == groups_[r] ? own_stage : stage_scale[groups_[p]]; };
+    std::vector<double> others;
     for (size_t p = 0; p < n; ++p) {
-      if (p != r && groups_[p] == groups_[r]) peers.push_back(compute_ms[p]);
+      if (p != r && scale(p) > 0) others.push_back(compute_ms[p] / scale(p));
     }
-    double base = 0;
-    if (!peers.empty()) {
-      base = Median(std::move(peers));
-    } else if (static_cast<int>(first_[r].size()) == window_) {
-      base = Median(first_[r]);
-    }
-    if (base <= 0) continue;  // nothing to compare with yet
-    ratios_[r].push_back(compute_ms[r] / base);
+    const double base = Median(std::move(others));
+    if (base <= 0 || scale(r) <= 0) continue;
+    ratios_[r].push_back(compute_ms[r] / scale(r) / base);
     if (static_cast<int>(ratios_[r].size()) > window_) ratios_[r].pop_front();
   }
   const double rearm = 1 + (threshold_ - 1) / 2;

@@ -2,12 +2,22 @@
 // synchronous collective makes every rank's step equally long, so a slow
 // rank's time shows up as its peers' waits: what is compared is each rank's
 // own compute time per step (StepMetrics.compute_ms: the step less its waits
-// on communication) against the median of its peers' that step; its factor
-// is the median of those ratios over a window of steps, so a few steps that
-// a busy host stole from a rank do not name it. Peers are the ranks that do the same
-// work: those of the same pipeline stage (data and tensor parallel ranks of
-// a stage compute alike; stages differ). A rank with no peer (a pipeline of
-// one replica) is compared with its own first window instead.
+// on communication).
+//
+// Stages of a pipeline do different work, so every rank's compute is put
+// on its stage's scale first: ÷ the stage's typical compute lately, the
+// median over its ranks of each one's median over the last
+// kHistoryWindows windows (a stage that drifts - a pipeline's last stage
+// grew 10 % slower than its first over 1,000 steps on a 2-core host -
+// moves its scale along). For a rank's own stage that is its other ranks'
+// (its own history when it has none: a pipeline of one replica), so a rank
+// slow from the start raises no scale it is measured against. Each step a
+// rank's scaled compute is divided by the median of every other rank's:
+// data and tensor parallel ranks of one stage compare alike, and a host
+// that favours one rank over its only same-stage peer for a while (such a
+// pair reached 1.21 against each other alone) is outvoted by the others.
+// Its factor is the median of those ratios over a window of steps, so a few
+// steps that a busy host stole from a rank do not name it.
 //
 // A rank is named once when its factor passes the threshold, and again only
 // after it went back under the halfway mark (1 + (threshold - 1) / 2), so
@@ -29,10 +39,12 @@ class StragglerDetector {
  public:
   static constexpr double kDefaultThreshold = 1.2;
   static constexpr int kDefaultWindow = 20;
+  // How many windows of its own past set a rank's typical compute.
+  static constexpr int kHistoryWindows = 5;
 
   struct Finding {
     int rank = 0;
-    double factor = 0;  // the window's median of its compute ÷ its peers' median
+    double factor = 0;  // the window's median of its scaled compute ÷ the others' (above)
   };
 
   // `groups[r]`: the peer group of rank r (PeerGroups).
@@ -54,10 +66,10 @@ class StragglerDetector {
   const double threshold_;
   const int window_;
   const std::vector<int> groups_;
-  // Per rank, each of the last `window_` steps' compute ÷ its peers' median
-  // that step (or its own first window's median).
+  // Per rank, each of the last `window_` steps' scaled compute ÷ the other
+  // ranks' median that step; and its last kHistoryWindows windows' compute.
   std::vector<std::deque<double>> ratios_;
-  std::vector<std::vector<double>> first_;  // per rank, its first `window_` compute times
+  std::vector<std::deque<double>> history_;
   std::vector<double> factors_;
   std::vector<bool> named_;
 };

@@ -132,13 +132,7 @@ TEST(RescaleTest, RescaleTwoFourTwoMovesStateWorkerToWorker) {
   std::map<int, double> expected = first;
   for (const auto& [step, loss] : second) expected[step] = loss;
   for (const auto& [step, loss] : third) expected[step] = loss;
-  double worst = 0;
-  int compared = 0;
-  for (const auto& [step, loss] : live) {
-    if (!expected.count(step)) continue;
-    worst = std::max(worst, std::abs(loss - expected.at(step)) / std::abs(expected.at(step)));
-    ++compared;
-  }
+  const auto [worst, compared] = testing::CompareLosses(live, expected);
   auto metadata = ReadMetadata(FindCheckpoint(first_dir).value_or(""));
   const int64_t state_bytes = metadata.ok() ? metadata->total_bytes() : -1;
   std::printf("rescaled dp=2 -> dp=4 at step %d: %lld bytes worker to worker, %lld kept in place, %lld from disk; "

@@ -51,4 +51,15 @@ TheoryLine ParseTheory(const std::string& output) {
 
 double Fp32DriftBound(double torch_drift) { return kFp32DriftFactor * std::max(torch_drift, kFp32DriftFloor); }
 
+LossComparison CompareLosses(const std::map<int, double>& got, const std::map<int, double>& expected) {
+  LossComparison c;
+  for (const auto& [step, loss] : got) {
+    auto it = expected.find(step);
+    if (it == expected.end()) continue;
+    c.worst = std::max(c.worst, std::abs(loss - it->second) / std::abs(it->second));
+    ++c.compared;
+  }
+  return c;
+}
+
 }  // namespace baton::testing

@@ -4,6 +4,7 @@
 #define BATON_TESTS_STEP_LINES_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,14 @@ std::vector<std::string> JsonLines(const std::string& output, const std::string&
 double Field(const std::string& line, const std::string& key);
 // A string field of a flat JSON object; "" when absent.
 std::string StringField(const std::string& line, const std::string& key);
+
+// The largest |got - expected| / |expected| over the steps both have, and
+// how many those are.
+struct LossComparison {
+  double worst = 0;
+  int compared = 0;
+};
+LossComparison CompareLosses(const std::map<int, double>& got, const std::map<int, double>& expected);
 
 // "theory per rank: comm C B/step, state S B, peak unsharded P B"
 struct TheoryLine {

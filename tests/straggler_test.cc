@@ -5,11 +5,16 @@
 // rank's time shows up as the others' waits); the same jobs on a fleet
 // without a slow worker name nobody in 1,000 steps each. With EVICT the dp=4
 // job moves off worker-2 onto the other three (its state restored worker to
-// worker, nothing from disk), grows back onto its four, and finishes.
+// worker, nothing from disk), grows back onto its four, and its losses equal
+// a reference resumed from checkpoints at the same steps on the same meshes
+// (<= 1e-5).
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cmath>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <utility>
 #include <string>
 
@@ -20,6 +25,7 @@
 #include "strategies/job_spec.h"
 #include "tests/cluster_util.h"
 #include "tests/process_util.h"
+#include "tests/step_lines.h"
 
 namespace baton {
 namespace {
@@ -131,8 +137,24 @@ TEST(StragglerTest, CleanStepsNameNobody) {
   testing::StopAndExpectAllGone(*cluster);
 }
 
+// A job's losses by step, from its log.
+std::map<int, double> Losses(Client& client, const std::string& job) {
+  std::map<int, double> losses;
+  const absl::Status read = client.Logs(
+      job, 0, /*follow=*/false,
+      [&losses](const baton::v1::JobLogEntry& e) {
+        if (e.has_step() && e.step().has_loss()) losses[e.step().step()] = e.step().loss();
+        return true;
+      },
+      absl::Seconds(30));
+  EXPECT_TRUE(read.ok()) << read;
+  return losses;
+}
+
 TEST(StragglerTest, EvictMovesTheJobOffTheSlowWorkerAndItGrowsBack) {
-  auto cluster = testing::StartCluster(4, {}, {kSlowFlag});
+  const std::string root = ::testing::TempDir() + "/evict_root";
+  std::filesystem::create_directories(root);
+  auto cluster = testing::StartCluster(4, {"--checkpoint_root=" + root}, {kSlowFlag, "--checkpoint_root=" + root});
   ASSERT_NE(cluster, nullptr);
   auto client = Client::Connect(cluster->controller_address());
   ASSERT_TRUE(client.ok()) << client.status();
@@ -152,7 +174,9 @@ TEST(StragglerTest, EvictMovesTheJobOffTheSlowWorkerAndItGrowsBack) {
       **client, id, [](const auto& s) { return Ended(s) || (s.state() == baton::v1::JOB_RUNNING && s.workers_size() == 4); },
       absl::Minutes(3));
   const double back_after = absl::ToDoubleSeconds(absl::Now() - moved);
-  (*client)->StopJob(id).IgnoreError();  // grown back: enough seen
+  // Some steps on the four again, then enough seen.
+  Await(**client, id, [&on4](const auto& s) { return Ended(s) || s.step() >= on4.start_step() + 10; }, absl::Minutes(1));
+  (*client)->StopJob(id).IgnoreError();
   const baton::v1::JobStatus end = Await(**client, id, Ended, absl::Minutes(2));
   ASSERT_GE(end.stragglers_size(), 1);
   const baton::v1::Straggler& first = end.stragglers(0);
@@ -173,6 +197,33 @@ TEST(StragglerTest, EvictMovesTheJobOffTheSlowWorkerAndItGrowsBack) {
   EXPECT_GE(back_after, 3.0) << "kept off worker-2 for evict_ms";
   EXPECT_EQ(on4.restored().bytes(), 0);
   EXPECT_EQ(end.restarts(), 0) << "an eviction is no failure";
+
+  // Its losses against a reference resumed at the same steps on the same
+  // meshes: dp=4 to the eviction, dp=3 from its checkpoint to the grow-back,
+  // dp=4 again from that one to the end (what the job's state went through,
+  // moved worker to worker instead of through disk).
+  const std::map<int, double> evicted = Losses(**client, id);
+  auto reference = [&](int dp, int steps, const std::string& dir, const std::string& resume) {
+    std::string extra = absl::StrCat("checkpoint { dir: \"", dir, "\" every_n_steps: ", steps, " }");
+    if (!resume.empty()) absl::StrAppend(&extra, " resume_from: \"", resume, "\"");
+    baton::v1::CreateJobRequest req = Job(kCases[0], steps, extra, "batch_size: 24");
+    req.mutable_job()->mutable_mesh(0)->set_size(dp);
+    auto submitted = (*client)->Submit(req);
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    if (!submitted.ok()) return std::map<int, double>();
+    const baton::v1::JobStatus s = Await(**client, submitted->job().job_id(), Ended, absl::Minutes(3));
+    EXPECT_EQ(s.state(), baton::v1::JOB_FINISHED) << s.error();
+    return Losses(**client, submitted->job().job_id());
+  };
+  std::map<int, double> expected = reference(4, on3.start_step(), "ref4", "");
+  for (const auto& [step, loss] : reference(3, on4.start_step(), "ref3", "ref4")) expected[step] = loss;
+  for (const auto& [step, loss] : reference(4, end.step(), "ref4_again", "ref3")) expected[step] = loss;
+  const auto [worst, compared] = testing::CompareLosses(evicted, expected);
+  std::printf("evicted job: %d steps (dp=4 to %d, dp=3 to %d, dp=4 to %d) against a reference resumed from "
+              "checkpoints at the same steps on the same meshes: worst relative loss difference %.3g\n",
+              compared, on3.start_step(), on4.start_step(), end.step(), worst);
+  EXPECT_EQ(compared, end.step());
+  EXPECT_LE(worst, 1e-5);
   testing::StopAndExpectAllGone(*cluster);
 }
 
