@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "checkpoint/files.h"
 #include "checkpoint/layout.h"
+#include "worker/step_tracer.h"
 #include "common/file_root.h"
 #include "common/text.h"
 #include "mesh/box_copy.h"
@@ -67,7 +67,7 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WritePieces(const std::string& pat
                                                           const std::vector<SavePiece>& pieces, int64_t block_bytes,
                                                           int64_t delay_per_piece_ms) {
   const auto start = std::chrono::steady_clock::now();
-  const int64_t start_ns = absl::GetCurrentTimeNanos();
+  const int64_t start_ns = StepTracer::NowNs();
   auto writer = ChunkWriter::Open(path, file, block_bytes);
   if (!writer.ok()) return writer.status();
   for (const SavePiece& p : pieces) {
@@ -83,13 +83,7 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WritePieces(const std::string& pat
   for (auto& t : *written) *resp.add_written() = std::move(t);
   resp.set_bytes(bytes);
   resp.set_write_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  baton::v1::TraceSpan* span = resp.add_io();
-  span->set_lane(baton::v1::TraceSpan::IO);
-  span->set_instruction(-1);
-  span->set_what("checkpoint write");
-  span->set_start_unix_ns(start_ns);
-  span->set_duration_ns(absl::GetCurrentTimeNanos() - start_ns);
-  span->set_bytes(bytes);
+  *resp.add_io() = IoSpan("checkpoint write", start_ns, bytes);
   return resp;
 }
 

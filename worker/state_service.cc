@@ -7,7 +7,6 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "checkpoint/files.h"
 #include "common/collective_ops.h"
 #include "common/file_root.h"
@@ -17,6 +16,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "worker/checkpoint_io.h"
 #include "worker/rpc_guard.h"
+#include "worker/step_tracer.h"
 
 namespace baton {
 namespace {
@@ -79,7 +79,7 @@ grpc::Status StateService::SaveShards(const baton::v1::SaveShardsRequest& req, b
     const std::string dir = path->substr(0, path->rfind('/'));
     if (auto s = MakeDirs(dir); !s.ok()) return ToGrpcStatus(s);
     const auto start = std::chrono::steady_clock::now();
-    const int64_t start_ns = absl::GetCurrentTimeNanos();
+    const int64_t start_ns = StepTracer::NowNs();
     auto pieces = CollectPieces(mesh->executor->store(), req.writes(), req.async());
     if (!pieces.ok()) return ToGrpcStatus(pieces.status());
     if (!req.async()) {
@@ -94,12 +94,8 @@ grpc::Status StateService::SaveShards(const baton::v1::SaveShardsRequest& req, b
     pending->step = req.step();
     resp->set_copy_ms(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     baton::v1::TraceSpan* copy = resp->add_io();
-    copy->set_lane(baton::v1::TraceSpan::IO);
-    copy->set_instruction(-1);
-    copy->set_what("checkpoint copy");
+    *copy = IoSpan("checkpoint copy", start_ns);
     copy->set_step(req.step());
-    copy->set_start_unix_ns(start_ns);
-    copy->set_duration_ns(absl::GetCurrentTimeNanos() - start_ns);
     pending->writer =
         std::thread([pending = pending.get(), pieces = std::move(*pieces), path = *path, file = req.file(),
                      block_bytes = req.block_bytes(), delay = options_.testing_write_delay_ms]() mutable {

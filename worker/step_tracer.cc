@@ -12,6 +12,17 @@ StepTracer::StepTracer(baton::v1::StepTrace* out, int step, std::function<int64_
   out_->set_step(step);
 }
 
+baton::v1::TraceSpan IoSpan(const char* what, int64_t start_ns, int64_t bytes) {
+  TraceSpan span;
+  span.set_lane(TraceSpan::IO);
+  span.set_instruction(-1);
+  span.set_what(what);
+  span.set_start_unix_ns(start_ns);
+  span.set_duration_ns(StepTracer::NowNs() - start_ns);
+  span.set_bytes(bytes);
+  return span;
+}
+
 int64_t StepTracer::NowNs() { return absl::GetCurrentTimeNanos(); }
 
 void StepTracer::Begin(int index) {

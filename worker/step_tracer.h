@@ -26,6 +26,10 @@
 
 namespace baton {
 
+// A checkpoint's I/O as a trace span (lane IO, instruction -1): `what`
+// ("checkpoint copy", "checkpoint write") from `start_ns` until now.
+baton::v1::TraceSpan IoSpan(const char* what, int64_t start_ns, int64_t bytes = 0);
+
 class StepTracer {
  public:
   // `out` receives the spans of step `step`; `bytes_sent` reads this rank's
