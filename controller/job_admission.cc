@@ -36,10 +36,16 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
   // Everything that can be checked without a worker is checked first.
   const baton::v1::JobSpec spec = WithDefaults(req.job());
   if (auto s = ValidateJobSpec(spec); !s.ok()) return s;
-  const baton::v1::CommBackend backend = req.backend() == baton::v1::COMM_BACKEND_UNSPECIFIED
-                                             ? meshes_->options().default_backend
-                                             : req.backend();
+  // A CUDA job's collectives run on its device's memory: NCCL's; gloo's run
+  // on host memory.
+  const bool cuda = spec.device() == baton::v1::CUDA;
+  const baton::v1::CommBackend backend = req.backend() != baton::v1::COMM_BACKEND_UNSPECIFIED ? req.backend()
+                                         : cuda                                            ? baton::v1::NCCL
+                                                : meshes_->options().default_backend;
   if (!baton::v1::CommBackend_IsValid(backend)) return absl::InvalidArgumentError("unknown backend");
+  if (cuda && backend != baton::v1::NCCL) {
+    return absl::InvalidArgumentError("device CUDA takes the nccl backend (gloo's collectives run on host memory)");
+  }
   // NCCL's send blocks its stream until the peer receives: one rank's
   // "send activation k, receive gradient j" against its neighbour's "send
   // gradient j, receive activation k" (1F1B's steady state) waits in a
@@ -157,7 +163,8 @@ absl::StatusOr<std::shared_ptr<Job>> JobManager::Create(const baton::v1::CreateJ
   if (!prepared.ok()) return prepared.status();
   std::shared_ptr<Job> job = prepared->job;
   const baton::v1::JobSpec& spec = job->spec();
-  auto reserved = meshes_->Reserve(job->id(), MeshSize(spec), {spec.workers().begin(), spec.workers().end()});
+  auto reserved = meshes_->Reserve(job->id(), MeshSize(spec), {spec.workers().begin(), spec.workers().end()}, {},
+                                   JobDeviceKind(spec));
   if (!reserved.ok()) {
     return absl::Status(reserved.status().code(),
                         absl::StrCat("job \"", spec.name().substr(0, 128), "\" ", reserved.status().message(),

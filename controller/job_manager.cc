@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -76,8 +77,11 @@ void JobManager::Schedule() {
     // meanwhile (backfill): they take nothing it waits for. One that waits
     // for a number of workers holds the line: whatever started behind it
     // would take workers it waits for, and it could wait forever.
+    // Each kind of device has its own line: a CUDA job waiting for GPUs
+    // holds no CPU job back, nor the other way round.
     std::set<std::string> kept;  // workers named by waiting jobs ahead
-    std::string held_by;         // the job that holds the line, and why
+    std::map<baton::v1::DeviceKind, std::string> held_by;  // per kind: the job that holds its line, and why
+    std::map<baton::v1::DeviceKind, int> ahead;            // per kind: jobs still queued ahead
     size_t i = 0;
     while (!shutting_down_ && i < queue_.size()) {
       const std::string id = queue_[i];
@@ -91,14 +95,31 @@ void JobManager::Schedule() {
         continue;
       }
       Job& job = supervisor->job();
+      const baton::v1::DeviceKind kind = JobDeviceKind(job.spec());
+      auto wait = [&](std::string why, bool holds_line) {
+        job.SetWaitingFor(why);
+        if (holds_line) held_by[kind] = absl::StrCat(id, ", which ", why);
+        ++ahead[kind];
+        ++i;
+      };
+      if (auto held = held_by.find(kind); held != held_by.end()) {
+        job.SetWaitingFor(absl::StrCat("queued behind job ", held->second.substr(0, 512)));
+        ++ahead[kind];
+        ++i;
+        continue;
+      }
       const JobSupervisor::Wants wants = supervisor->wants(now);
       if (now < wants.not_before) {
-        held_by = absl::StrCat(id, ", which waits before it restarts");
-        break;
+        held_by[kind] = absl::StrCat(id, ", which waits before it restarts");
+        ++ahead[kind];
+        ++i;
+        continue;
       }
       if (wants.shrinking) {
-        held_by = absl::StrCat(id, ", which is being shrunk onto the workers left");
-        break;
+        held_by[kind] = absl::StrCat(id, ", which is being shrunk onto the workers left");
+        ++ahead[kind];
+        ++i;
+        continue;
       }
       // A restart waits for the workers it ran on for a while, then takes
       // what its spec allows - or, too few being free, shrinks if it may.
@@ -110,35 +131,25 @@ void JobManager::Schedule() {
         if (kept.count(n)) taken = n;
       }
       if (!taken.empty()) {
-        job.SetWaitingFor(absl::StrCat("worker ", taken.substr(0, 128), ", which a job ahead of it waits for"));
-        ++i;
+        wait(absl::StrCat("worker ", taken.substr(0, 128), ", which a job ahead of it waits for"), false);
         continue;
       }
       // Not the workers kept for the jobs ahead, nor those it keeps off.
       std::set<std::string> exclude = kept;
       exclude.insert(wants.avoid.begin(), wants.avoid.end());
-      auto reserved = meshes_->Reserve(id, job.placement()->workers(), names, exclude);
+      auto reserved = meshes_->Reserve(id, job.placement()->workers(), names, exclude, kind);
       if (!reserved.ok()) {
         // Its supervisor shrinks it, on its own thread; it holds the line
-        // meanwhile (below: it waits for a number of workers).
-        if (i == 0 && !waits_for_its_own && job.state() == baton::v1::JOB_RECOVERING) supervisor->AskShrink();
-        job.SetWaitingFor(std::string(reserved.status().message()));
-        if (names.empty()) {
-          held_by = absl::StrCat(id, ", which ", reserved.status().message());
-          break;
+        // meanwhile (it waits for a number of workers).
+        if (ahead[kind] == 0 && !waits_for_its_own && job.state() == baton::v1::JOB_RECOVERING) {
+          supervisor->AskShrink();
         }
-        kept.insert(names.begin(), names.end());
-        ++i;
+        if (!names.empty()) kept.insert(names.begin(), names.end());
+        wait(std::string(reserved.status().message()), names.empty());
         continue;
       }
       queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
       supervisor->Place(std::move(*reserved));
-    }
-    // The jobs behind the one that holds the line say so.
-    for (size_t j = i + 1; !held_by.empty() && j < queue_.size(); ++j) {
-      if (auto it = supervisors_.find(queue_[j]); it != supervisors_.end()) {
-        it->second->job().SetWaitingFor(absl::StrCat("queued behind job ", held_by.substr(0, 512)));
-      }
     }
   }
   for (auto& [supervisor, cause] : stops) supervisor->Stop(cause);

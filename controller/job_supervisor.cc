@@ -74,7 +74,10 @@ JobSupervisor::Wants JobSupervisor::wants(absl::Time now) const {
 int JobSupervisor::FreeForIt() const {
   const std::set<std::string> avoided = wants(absl::Now()).avoid;
   int free = 0;
-  for (const auto& w : context_.runner.meshes->FreeWorkers()) free += avoided.count(w.name()) == 0;
+  const baton::v1::DeviceKind kind = JobDeviceKind(job_->spec());
+  for (const auto& w : context_.runner.meshes->FreeWorkers()) {
+    free += avoided.count(w.name()) == 0 && WorkerDeviceKind(w) == kind;
+  }
   return free;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -55,14 +56,30 @@ std::vector<baton::v1::WorkerInfo> MeshManager::FreeWorkers() const {
   return free;
 }
 
+baton::v1::DeviceKind WorkerDeviceKind(const baton::v1::WorkerInfo& worker) {
+  return absl::StartsWith(worker.compute_device(), "cuda") ? baton::v1::CUDA : baton::v1::CPU;
+}
+
+baton::v1::DeviceKind JobDeviceKind(const baton::v1::JobSpec& job) {
+  return job.device() == baton::v1::CUDA ? baton::v1::CUDA : baton::v1::CPU;
+}
+
 absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const std::string& owner, int need,
                                                                         const std::vector<std::string>& named,
-                                                                        const std::set<std::string>& spare) {
+                                                                        const std::set<std::string>& spare,
+                                                                        std::optional<baton::v1::DeviceKind> kind) {
   const std::vector<baton::v1::WorkerInfo> fleet = registry_->List();
   absl::MutexLock lock(&mu_);
   if (reserved_.count(owner)) return absl::FailedPreconditionError(absl::StrCat(owner, " already holds workers"));
+  auto of_kind = [&](const baton::v1::WorkerInfo& w) { return !kind || WorkerDeviceKind(w) == *kind; };
+  // Messages name the kind where it matters: a CUDA job, or a fleet of both.
+  const bool kinds_matter =
+      kind && (*kind != baton::v1::CPU || std::any_of(fleet.begin(), fleet.end(), [&](const auto& w) {
+                 return w.state() != baton::v1::DEAD && !of_kind(w);
+               }));
+  const std::string kind_name = kinds_matter ? absl::StrCat(baton::v1::DeviceKind_Name(*kind), " ") : "";
   std::vector<baton::v1::WorkerInfo> chosen;
-  int free = 0, dead = 0, held = 0;
+  int free = 0, dead = 0, held = 0, other_kind = 0;
   std::vector<std::string> dead_workers;
   for (const auto& w : fleet) {
     if (w.state() == baton::v1::DEAD) {
@@ -73,13 +90,17 @@ absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const st
       }
     } else if (held_by_.count(w.name())) {
       ++held;
+    } else if (!of_kind(w)) {
+      ++other_kind;
     } else {
       ++free;
     }
   }
   auto counts = [&] {
-    return absl::StrCat(free, " of ", fleet.size(), " registered are free (", held, " held by other jobs or checks, ",
-                        dead, " DEAD", dead_workers.empty() ? "" : ": ", absl::StrJoin(dead_workers, "; "), ")");
+    return absl::StrCat(free, " of ", fleet.size(), " registered are free", kinds_matter ? " " : "", kind_name,
+                        kinds_matter ? "workers" : "", " (", held, " held by other jobs or checks, ", dead, " DEAD",
+                        other_kind > 0 ? absl::StrCat(", ", other_kind, " free of another device kind") : "",
+                        dead_workers.empty() ? "" : ": ", absl::StrJoin(dead_workers, "; "), ")");
   };
   if (!named.empty()) {
     for (const std::string& name : named) {
@@ -91,6 +112,9 @@ absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const st
         why = "is DEAD";
       } else if (auto h = held_by_.find(name); h != held_by_.end()) {
         why = absl::StrCat("is held by ", h->second);
+      } else if (!of_kind(*it)) {
+        why = absl::StrCat("computes on ", it->compute_device().empty() ? "cpu" : it->compute_device(),
+                           ", not on a ", kind_name, "device");
       }
       if (!why.empty()) {
         return absl::ResourceExhaustedError(
@@ -101,11 +125,13 @@ absl::StatusOr<std::vector<baton::v1::WorkerInfo>> MeshManager::Reserve(const st
   } else {
     for (const auto& w : fleet) {
       if (static_cast<int>(chosen.size()) == need) break;
-      if (w.state() != baton::v1::DEAD && !held_by_.count(w.name()) && !spare.count(w.name())) chosen.push_back(w);
+      if (w.state() != baton::v1::DEAD && !held_by_.count(w.name()) && !spare.count(w.name()) && of_kind(w)) {
+        chosen.push_back(w);
+      }
     }
     if (static_cast<int>(chosen.size()) < need) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "needs ", need, " workers but ", counts(),
+          "needs ", need, " ", kind_name, "workers but ", counts(),
           spare.empty() ? "" : absl::StrCat("; ", spare.size(), " kept for the job at the head of the queue")));
     }
   }

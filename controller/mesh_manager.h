@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "controller/event_log.h"
 #include "controller/step_channels.h"
 #include "controller/worker_registry.h"
+#include "proto/job.pb.h"
 #include "proto/mesh.pb.h"
 
 namespace baton {
@@ -58,6 +60,11 @@ struct MeshOptions {
   Credentials step_channel_tls;
 };
 
+// The kind of device a worker computes on (its compute_device before the
+// colon; a worker that does not say: CPU), and the kind a job asks for.
+baton::v1::DeviceKind WorkerDeviceKind(const baton::v1::WorkerInfo& worker);
+baton::v1::DeviceKind JobDeviceKind(const baton::v1::JobSpec& job);
+
 class MeshManager {
  public:
   // Called when a mesh that has an owner is aborted by something other than
@@ -77,10 +84,12 @@ class MeshManager {
   // when it names any, else the first free ones not in `spare` (kept for a
   // job ahead of it in the queue). RESOURCE_EXHAUSTED naming the needed and
   // free counts (or the named worker that is not free).
-  absl::StatusOr<std::vector<baton::v1::WorkerInfo>> Reserve(const std::string& owner, int need,
-                                                             const std::vector<std::string>& named,
-                                                             const std::set<std::string>& spare = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // With `kind` (a job's device), only workers that compute on that kind of
+  // device are taken; a named one of another kind is refused.
+  absl::StatusOr<std::vector<baton::v1::WorkerInfo>> Reserve(
+      const std::string& owner, int need, const std::vector<std::string>& named,
+      const std::set<std::string>& spare = {},
+      std::optional<baton::v1::DeviceKind> kind = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
   // Forms a mesh of `axes` on the workers `owner` reserved (rank r = the
   // r-th of them) and configures every one of them (their rendezvous).
   // An idle mesh holding any of them is aborted first.

@@ -288,6 +288,12 @@ absl::Status ValidateJobSpec(const JobSpec& job) {
                                 job.plan().has_context_parallel() ? " (the context-parallel axis counts as one)" : "",
                                 "; use HSDP for two (replicate, shard)"));
   }
+  if (!baton::v1::DeviceKind_IsValid(job.device())) {
+    return Invalid(absl::StrCat("device ", job.device(), " is not CPU or CUDA"));
+  }
+  if (job.allow_tf32() && job.device() != baton::v1::CUDA) {
+    return Invalid("allow_tf32 is for device: CUDA (a CPU worker's fp32 products are fp32)");
+  }
   const auto& mp = job.plan().mixed_precision();
   if (mp.reduce_dtype() == baton::v1::BF16) {
     return Invalid("plan.mixed_precision.reduce_dtype must be FP32: gradients are reduced in fp32");

@@ -101,6 +101,7 @@ absl::StatusOr<CompiledJob> CompileCheckedJob(const JobSpec& job, const std::str
     p.set_compute_dtype(job.plan().mixed_precision().param_dtype() == baton::v1::BF16 ? baton::v1::BF16
                                                                                        : baton::v1::FP32);
     p.set_threads(job.threads_per_rank());
+    p.set_allow_tf32(job.allow_tf32());
     p.set_microbatches(job.data().microbatches());
     StepWriter writer(job, model, layout, *tp, *pp, *mesh, rank, &p);
     // The loss comes from the loss stage; tokens count once per

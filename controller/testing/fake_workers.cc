@@ -216,7 +216,9 @@ grpc::Status FakeWorker::RunCollectiveCheck(grpc::ServerContext*, const baton::v
   return grpc::Status::OK;
 }
 
-FakeFleet::FakeFleet(int n, WorkerRegistry* registry, absl::Duration heartbeat) : registry_(registry) {
+FakeFleet::FakeFleet(int n, WorkerRegistry* registry, absl::Duration heartbeat,
+                     const std::vector<std::string>& devices)
+    : registry_(registry) {
   for (int i = 0; i < n; ++i) {
     workers_.push_back(std::make_unique<FakeWorker>(absl::StrCat("fake-", i)));
     incarnations_.push_back("1");
@@ -224,6 +226,7 @@ FakeFleet::FakeFleet(int n, WorkerRegistry* registry, absl::Duration heartbeat) 
     info.set_name(workers_.back()->name());
     info.set_address(workers_.back()->address());
     info.set_incarnation("1");
+    if (i < static_cast<int>(devices.size())) info.set_compute_device(devices[i]);
     registry_->Register(info).IgnoreError();
   }
   heartbeats_ = std::thread([this, heartbeat] {

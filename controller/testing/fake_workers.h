@@ -98,7 +98,10 @@ class FakeWorker final : public baton::v1::Worker::Service {
 // `heartbeat` while alive.
 class FakeFleet {
  public:
-  FakeFleet(int n, WorkerRegistry* registry, absl::Duration heartbeat = absl::Milliseconds(50));
+  // `devices[i]`: what worker i says it computes on (WorkerInfo.compute_device;
+  // none: says nothing, a CPU worker).
+  FakeFleet(int n, WorkerRegistry* registry, absl::Duration heartbeat = absl::Milliseconds(50),
+            const std::vector<std::string>& devices = {});
   ~FakeFleet();
 
   FakeWorker& worker(int i) { return *workers_[i]; }

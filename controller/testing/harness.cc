@@ -27,7 +27,7 @@ MeshOptions Meshes(JobStore* store) {
 ControllerHarness::ControllerHarness(HarnessOptions options)
     : store_(OpenStore(options.state_dir)),
       registry_(options.heartbeat_timeout, &events_),
-      fleet_(options.workers, &registry_),
+      fleet_(options.workers, &registry_, absl::Milliseconds(50), options.devices),
       dispatcher_(fleet_.stubs()),
       meshes_(&registry_, &kv_, &events_, &dispatcher_, Meshes(store_.get())),
       jobs_(&meshes_, &events_, nullptr, store_.get(), options.jobs),

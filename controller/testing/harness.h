@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "common/kv_store.h"
@@ -24,6 +25,7 @@ namespace baton::testing {
 
 struct HarnessOptions {
   int workers = 4;
+  std::vector<std::string> devices;  // each fake worker's compute_device (FakeFleet)
   std::string state_dir;  // empty: nothing persists
   absl::Duration heartbeat_timeout = absl::Milliseconds(600);
   JobManagerOptions jobs;
