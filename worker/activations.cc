@@ -31,6 +31,7 @@ void Activations::BeginStep(int64_t step, Milliseconds timeout) {
   entries_.clear();
   entries_per_microbatch_.clear();
   loss_sum_ = 0;
+  device_loss_sum_ = at::Tensor();
   tokens_ = 0;
   peak_logits_ = 0;
   peak_live_ = 0;
@@ -50,6 +51,13 @@ absl::Status Activations::LoadBatch(const Instruction& ins) {
     batch.targets = batch.targets.index_select(1, positions);
   }
   if (program_.counts_tokens()) tokens_ += batch.token_count();
+  // The batch is made on the CPU (its counter-based stream) and computed on
+  // where the parameters are; the copy is enqueued, not awaited.
+  if (!store_->device().is_cpu()) {
+    for (at::Tensor* t : {&batch.x, &batch.y, &batch.tokens, &batch.targets}) {
+      if (t->defined()) *t = t->to(store_->device(), /*non_blocking=*/true);
+    }
+  }
   batches_[ins.microbatch()] = std::move(batch);
   return absl::OkStatus();
 }
@@ -157,7 +165,15 @@ absl::Status Activations::Forward(int stage, int microbatch) {
   peak_live_ = std::max(peak_live_, static_cast<int>(entries_per_microbatch_.size()));
   live_bytes_ += entry.output.nbytes();
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
-  if (IsLossStage(program_.stages(stage).kind())) loss_sum_ += entry.output.item<double>();
+  if (IsLossStage(program_.stages(stage).kind())) {
+    // On a device the sum stays there until the step reads it, once.
+    if (store_->device().is_cpu()) {
+      loss_sum_ += entry.output.item<double>();
+    } else {
+      const at::Tensor loss = entry.output.detach().to(at::kDouble);
+      device_loss_sum_ = device_loss_sum_.defined() ? device_loss_sum_.add(loss) : loss;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -231,7 +247,7 @@ absl::Status Activations::Recv(const Instruction& ins) {
   if (!comm.ok()) return comm.status();
   auto peer = groups_->PeerInGroup(ins.axes(0), ins.peer());
   if (!peer.ok()) return peer.status();
-  at::Tensor t = at::empty(std::vector<int64_t>(ins.shape().begin(), ins.shape().end()), store_->compute_dtype());
+  at::Tensor t = at::empty(std::vector<int64_t>(ins.shape().begin(), ins.shape().end()), store_->options(store_->compute_dtype()));
   const auto start = std::chrono::steady_clock::now();
   absl::Status received = (*comm)->Recv(t, *peer, timeout_);
   idle_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

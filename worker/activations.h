@@ -54,7 +54,8 @@ class Activations {
   absl::Status WaitSends();
 
   // Sum over this step's microbatches of the loss this rank computed.
-  double loss_sum() const { return loss_sum_; }
+  // Reads a device's sum (a host synchronisation: once per step).
+  double loss_sum() const { return device_loss_sum_.defined() ? device_loss_sum_.item<double>() : loss_sum_; }
   // Tokens this step's batches carried.
   int64_t tokens() const { return tokens_; }
   // The most logits one microbatch's loss stage held on this rank.
@@ -101,6 +102,7 @@ class Activations {
   std::map<int, int> entries_per_microbatch_;
   SendReaper sends_;
   double loss_sum_ = 0;
+  at::Tensor device_loss_sum_;  // on a device: the sum, still there
   int64_t tokens_ = 0;
   int64_t peak_logits_ = 0;
   int peak_live_ = 0;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/files.h"
 #include "checkpoint/layout.h"
+#include "worker/device/pinned_copy.h"
 #include "worker/step_tracer.h"
 #include "common/file_root.h"
 #include "common/text.h"
@@ -57,7 +58,13 @@ absl::StatusOr<std::vector<SavePiece>> CollectPieces(
     piece.tensor = w.tensor();
     piece.shape = (*p)->storage_layout.shape;
     piece.box = (*p)->master_piece;
-    piece.values = copy ? t->detach().clone(at::MemoryFormat::Contiguous) : t->detach().contiguous();
+    if (t->is_cuda()) {
+      PinnedCopy pinned = CopyToPinned(t->detach());
+      piece.values = std::move(pinned.host);
+      piece.ready = std::move(pinned.ready);
+    } else {
+      piece.values = copy ? t->detach().clone(at::MemoryFormat::Contiguous) : t->detach().contiguous();
+    }
     out.push_back(std::move(piece));
   }
   return out;
@@ -72,6 +79,7 @@ absl::StatusOr<baton::v1::SaveShardsResponse> WritePieces(const std::string& pat
   if (!writer.ok()) return writer.status();
   for (const SavePiece& p : pieces) {
     if (delay_per_piece_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_per_piece_ms));
+    if (auto s = AwaitReady(p.ready); !s.ok()) return s;
     if (auto s = (*writer)->Append(p.tensor, p.shape, p.box, static_cast<const char*>(p.values.data_ptr())); !s.ok()) {
       return s;
     }
@@ -111,7 +119,7 @@ absl::StatusOr<std::vector<std::string>> ReadBoxes(
       return absl::InvalidArgumentError(absl::StrCat("box ", region.ToString(), " of ", Printable(box.param(), 128),
                                                      " lies outside the piece held, ", (*p)->master_piece.ToString()));
     }
-    const at::Tensor values = Narrow(*field, (*p)->master_piece, region).to(at::kFloat).contiguous();
+    const at::Tensor values = Narrow(*field, (*p)->master_piece, region).to(at::kFloat).cpu().contiguous();
     out.emplace_back(static_cast<const char*>(values.data_ptr()), values.numel() * sizeof(float));
   }
   return out;

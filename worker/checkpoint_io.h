@@ -13,12 +13,14 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "mesh/layout.h"
 #include "proto/worker.pb.h"
+#include "worker/device/streams.h"
 #include "worker/shard_store.h"
 
 namespace baton {
@@ -27,11 +29,16 @@ struct SavePiece {
   std::string tensor;
   std::vector<int64_t> shape;  // global
   Piece box;
-  at::Tensor values;  // fp32, contiguous
+  at::Tensor values;  // fp32, contiguous, on the host
+  // From a device: done once `values` (pinned) has landed
+  // (worker/device/pinned_copy.h); nullptr on the CPU.
+  std::shared_ptr<StreamEvent> ready;
 };
 
 // The pieces `writes` name. With `copy`, each is cloned to fresh host
-// memory (an async save: training may change the store meanwhile).
+// memory (an async save: training may change the store meanwhile). A
+// device's pieces are always copied, to pinned memory on a side stream,
+// without a host wait (WritePieces waits for each before writing it).
 absl::StatusOr<std::vector<SavePiece>> CollectPieces(
     const ShardStore& store, const google::protobuf::RepeatedPtrField<baton::v1::ShardWrite>& writes, bool copy);
 

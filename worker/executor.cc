@@ -2,6 +2,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -16,6 +18,8 @@
 #include "common/log.h"
 #include "program/program_check.h"
 #include "program/wire.h"
+#include "worker/device/cuda_streams.h"
+#include "worker/device/device.h"
 #include "worker/optimizer.h"
 #include "worker/step_tracer.h"
 #include "common/exceptions.h"
@@ -25,8 +29,14 @@ namespace baton {
 using baton::v1::Instruction;
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Program& program,
-                                                           CommunicatorMap comms) {
+                                                           CommunicatorMap comms, at::Device device) {
   if (auto s = ValidateProgram(program); !s.ok()) return s;  // before anything indexes or divides by it
+  if (device.is_cuda()) {
+    SetTf32(program.allow_tf32());
+  } else if (!device.is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat("this worker cannot compute on ", device.str()));
+  }
+  const c10::DeviceGuard on_device(device);
   auto mesh = ToDeviceMesh(program.mesh());
   if (!mesh.ok()) return mesh.status();
   // The worker's communicators must be those of the Program's mesh.
@@ -48,7 +58,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Prog
   if (!data.ok()) return data.status();
   std::unique_ptr<Executor> e(new Executor(program, Groups(*mesh, program.rank(), std::move(comms))));
   try {
-    auto store = ShardStore::Create(e->program_, *mesh);
+    auto store = ShardStore::Create(e->program_, *mesh, device);
     if (!store.ok()) return store.status();
     e->store_ = std::move(*store);
   } catch (const std::exception& ex) {
@@ -60,6 +70,10 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Prog
 }
 
 namespace {
+cudaStream_t CurrentStream(at::Device device) {
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
 // The process's minor page faults so far: a fresh page costs one on first
 // touch (about 10 us on some virtual machines), so a step that maps memory
 // afresh shows here.
@@ -82,6 +96,13 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   // their mesh's StepThread, but tests and other callers need not): set it
   // here, where the compute happens.
   at::set_num_threads(std::max(1, program_.threads()));
+  const c10::DeviceGuard on_device(store_->device());
+  std::optional<CudaStepClock> cuda_clock;
+  if (store_->device().is_cuda()) {
+    ResetCudaPeak(store_->device().index());
+    cuda_clock.emplace();
+    cuda_clock->Begin(CurrentStream(store_->device()));
+  }
   const auto start = std::chrono::steady_clock::now();
   const std::array<int64_t, kCommOpCount> sent_by_op_before = groups_.bytes_sent_by_op();
   const Groups::CommTime comm_before = groups_.comm_time();
@@ -128,6 +149,9 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   if (auto s = AwaitTransfers(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, ": ", s.message()));
   }
+  if (auto s = groups_.Drain(timeout_); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("rank ", program_.rank(), " step ", step, ": ", s.message()));
+  }
   if (tracer) tracer->Finish();
   committed_step_ = step;
   if (trace) {
@@ -162,7 +186,8 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     m.set_loss(loss_);
     m.set_grad_norm(grad_norm_);
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = cuda_clock ? cuda_clock->Ms(CurrentStream(store_->device())) / 1e3
+                                    : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.set_step_ms(seconds * 1e3);
   m.set_tokens(activations_->tokens());
   m.set_tokens_per_s(m.tokens() / seconds);
@@ -188,6 +213,12 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   m.set_peak_live_microbatches(activations_->peak_live_microbatches());
   m.set_idle_ms(activations_->idle_ms());
   m.set_peak_live_activation_bytes(activations_->peak_live_activation_bytes());
+  if (store_->device().is_cuda()) {
+    const DeviceMemory memory = CudaMemory(store_->device().index());
+    m.set_peak_tensor_bytes(memory.peak_allocated);
+    m.set_peak_reserved_bytes(memory.reserved);
+    return m;
+  }
   const AllocatorStats allocator = CachingAllocatorStats();
   m.set_peak_tensor_bytes(allocator.peak_allocated_bytes);
   m.set_peak_reserved_bytes(allocator.peak_reserved_bytes);

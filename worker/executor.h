@@ -38,8 +38,12 @@ class Executor {
   // Validates `program` (program/program_check.h), initialises this rank's
   // pieces and opens its data. `comms` maps "world" and every mesh axis to
   // this rank's communicator.
+  // Its tensors live on `device`, the worker's (worker/device/device.h): on
+  // a CUDA device its steps' times come from CUDA events, its memory figures
+  // from LibTorch's caching allocator, and it ends each step by draining the
+  // communicators' device collectives.
   static absl::StatusOr<std::unique_ptr<Executor>> Create(const baton::v1::Program& program,
-                                                          CommunicatorMap comms);
+                                                          CommunicatorMap comms, at::Device device = at::kCPU);
 
   // Runs step `step` (1-based, consecutive). `detail`, when given, gets the
   // step's figures that only the worker uses; `trace`, when given, a span

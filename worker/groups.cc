@@ -48,6 +48,13 @@ int64_t Groups::bytes_sent() const {
   return sent;
 }
 
+absl::Status Groups::Drain(Milliseconds timeout) const {
+  for (const auto& [name, comm] : comms_) {
+    if (absl::Status s = comm->Drain(timeout); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 Groups::CommTime Groups::comm_time() const {
   CommTime t;
   for (const auto& [name, comm] : comms_) {

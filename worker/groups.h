@@ -50,6 +50,9 @@ class Groups {
     double in_flight_ms = 0, waited_ms = 0;
   };
   CommTime comm_time() const;
+  // Every communicator's device collectives have run (Communicator::Drain):
+  // the one host wait a GPU step makes for its collectives, at its end.
+  absl::Status Drain(Milliseconds timeout) const;
 
  private:
   DeviceMesh mesh_;

@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <cmath>
@@ -10,7 +11,28 @@
 
 namespace baton {
 
+namespace {
+
+// On a device: every part summed there, read once (one host synchronisation
+// per step, not one per parameter).
+double DeviceSquaredGradNorm(const ShardStore& store, const std::vector<int>& axes) {
+  at::Tensor sq = at::zeros({}, store.options(at::kDouble));
+  for (const auto& u : store.units()) {
+    for (const auto& p : u->params) {
+      const at::Tensor& g = p.PieceGrad();
+      if (!g.defined() || g.numel() == 0) continue;
+      at::Tensor part = g.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true).square_().sum();
+      const int64_t copies = store.Copies(p, axes);
+      sq.add_(copies == 1 ? part : part.div_(static_cast<double>(copies)));
+    }
+  }
+  return sq.item<double>();
+}
+
+}  // namespace
+
 double SquaredGradNorm(const ShardStore& store, const std::vector<int>& axes) {
+  if (!store.device().is_cpu()) return DeviceSquaredGradNorm(store, axes);
   double sq = 0;
   for (const auto& u : store.units()) {
     for (const auto& p : u->params) {

@@ -4,6 +4,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/DeviceGuard.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros_like.h>
@@ -23,11 +24,27 @@ int64_t StorageBytes(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
+// Gives a storage `bytes` of fresh memory (0: none), keeping the storage
+// object. On the CPU LibTorch's own resize; elsewhere (a CUDA storage, whose
+// allocator is the caching allocator) a new block from the storage's
+// allocator on its device.
+void ResizeStorage(const at::Tensor& t, size_t bytes) {
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  if (t.device().is_cpu()) {
+    at::native::resize_bytes_cpu(impl, bytes);
+    return;
+  }
+  const c10::DeviceGuard guard(t.device());
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  impl->set_nbytes(bytes);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::Program& program,
-                                                               const DeviceMesh& mesh) {
+                                                               const DeviceMesh& mesh, at::Device device) {
   std::unique_ptr<ShardStore> store(new ShardStore());
+  store->device_ = device;
   store->compute_dtype_ = program.compute_dtype() == baton::v1::BF16 ? at::kBFloat16 : at::kFloat;
   for (const auto& axis : mesh.axes()) store->axis_sizes_.push_back(axis.size);
   at::NoGradGuard no_grad;
@@ -62,7 +79,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
       const std::vector<int64_t> shape(pl.shape().begin(), pl.shape().end());
       if (unit->resident) {
         p.full = InitParamPiece(p.name, shape, p.compute_piece, pl.init(), program.seed())
-                     .to(store->compute_dtype_)
+                     .to(device, store->compute_dtype_)
                      .set_requires_grad(true);
         unit->materialized = true;
         store->Track(StorageBytes(p.full));
@@ -72,7 +89,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Create(const baton::v1::
         p.master = p.full.detach().narrow(0, p.master_piece.offset[0] - p.compute_piece.offset[0],
                                           p.master_piece.shape[0]);
       } else {
-        p.master = InitParamPiece(p.name, shape, p.master_piece, pl.init(), program.seed());
+        p.master = InitParamPiece(p.name, shape, p.master_piece, pl.init(), program.seed()).to(device);
       }
       p.exp_avg = at::zeros_like(p.master);
       p.exp_avg_sq = at::zeros_like(p.master);
@@ -120,10 +137,10 @@ void ShardStore::Materialize(Unit& unit) {
   for (Param& p : unit.params) {
     const size_t bytes = static_cast<size_t>(p.compute_piece.numel()) * c10::elementSize(compute_dtype_);
     if (!p.full.defined()) {
-      p.full = at::empty(p.compute_piece.shape, compute_dtype_).set_requires_grad(true);
+      p.full = at::empty(p.compute_piece.shape, options(compute_dtype_)).set_requires_grad(true);
     } else {
       // The same storage object autograd may have saved; give it memory again.
-      at::native::resize_bytes_cpu(p.full.storage().unsafeGetStorageImpl(), bytes);
+      ResizeStorage(p.full, bytes);
     }
     Track(static_cast<int64_t>(bytes));
   }
@@ -134,7 +151,7 @@ void ShardStore::Release(Unit& unit) {
   if (!unit.materialized || unit.resident) return;
   for (Param& p : unit.params) {
     Track(-StorageBytes(p.full));
-    at::native::resize_bytes_cpu(p.full.storage().unsafeGetStorageImpl(), 0);
+    ResizeStorage(p.full, 0);
   }
   unit.materialized = false;
 }

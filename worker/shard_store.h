@@ -66,8 +66,11 @@ class ShardStore {
     std::vector<Param> params;
   };
 
+  // Every tensor lives on `device` (the worker's: parameters, gradients,
+  // moments); the counter-based init runs on the CPU and is copied there, so
+  // every device starts from the same bits.
   static absl::StatusOr<std::unique_ptr<ShardStore>> Create(const baton::v1::Program& program,
-                                                            const DeviceMesh& mesh);
+                                                            const DeviceMesh& mesh, at::Device device = at::kCPU);
 
   // The unit with global index `index`, or nullptr when this rank does not
   // own it.
@@ -78,6 +81,9 @@ class ShardStore {
   absl::StatusOr<Param*> param(const std::string& name) const;
 
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  at::Device device() const { return device_; }
+  // For a tensor of `dtype` on this rank's device.
+  at::TensorOptions options(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(device_); }
   // How many ranks of a group spanning `axes` hold an identical copy of
   // `param`'s piece.
   int64_t Copies(const Param& param, const std::vector<int>& axes) const;
@@ -110,6 +116,7 @@ class ShardStore {
   void Track(int64_t delta);
 
   at::ScalarType compute_dtype_;
+  at::Device device_ = at::kCPU;
   std::vector<int> axis_sizes_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::map<int, Unit*> by_index_;

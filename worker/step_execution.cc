@@ -59,7 +59,7 @@ grpc::Status StepExecution::LoadProgram(const baton::v1::LoadProgramRequest& req
     ResetPeakMemory();
     const ProcessMemory memory = ReadProcessMemory();
     (*state)->memory_baseline = memory.resident - memory.shared;
-    auto executor = Executor::Create(*confined, (*state)->comms);
+    auto executor = Executor::Create(*confined, (*state)->comms, at::Device(options_.device));
     if (!executor.ok()) return ToGrpcStatus(executor.status());
     (*executor)->set_testing_slow_compute(options_.testing_slow_compute);
     resp->set_state_bytes((*executor)->state_bytes());

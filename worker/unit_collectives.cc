@@ -128,13 +128,13 @@ absl::Status UnitCollectives::Gather(ShardStore::Unit& unit, const AxisNames& ax
     if (!packing.ok()) return packing.status();
     gather->packing = *packing;
     const Packing& pk = *gather->packing;
-    gather->send = at::empty({pk.block()}, store_->compute_dtype());
+    gather->send = at::empty({pk.block()}, store_->options(store_->compute_dtype()));
     pk.ZeroSlack(gather->send, 0, pk.own());
     for (const auto& region : pk.regions()) {
       if (region.rank != pk.own() || region.numel == 0) continue;
       Packing::InBlock(gather->send, region).copy_(region.param->master);
     }
-    gather->recv = at::empty({pk.size() * pk.block()}, store_->compute_dtype());
+    gather->recv = at::empty({pk.size() * pk.block()}, store_->options(store_->compute_dtype()));
     gather->handle = (*comm)->AllGatherAsync(gather->send, gather->recv, timeout);
   }
   gathers_[unit.index] = std::move(gather);
@@ -189,7 +189,7 @@ absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const A
   auto packing = PackingOf(unit, axes[0]);
   if (!packing.ok()) return packing.status();
   std::shared_ptr<const Packing> pk = *packing;
-  at::Tensor flat = at::empty({pk->size() * pk->block()}, at::kFloat);
+  at::Tensor flat = at::empty({pk->size() * pk->block()}, store_->options(at::kFloat));
   for (int r = 0; r < pk->size(); ++r) pk->ZeroSlack(flat, r * pk->block(), r);
   for (const auto& region : pk->regions()) {
     if (region.numel == 0) continue;
@@ -200,7 +200,7 @@ absl::Status UnitCollectives::ReduceScatterGrads(ShardStore::Unit& unit, const A
       pk->InBuffer(flat, region).zero_();  // no gradient reached it
     }
   }
-  at::Tensor out = at::empty({pk->block()}, at::kFloat);
+  at::Tensor out = at::empty({pk->block()}, store_->options(at::kFloat));
   Pending pending;
   pending.units = {unit.index};
   pending.handle = (*comm)->ReduceScatterAsync(flat, out, ReduceOp::kAvg, timeout);
@@ -240,11 +240,11 @@ absl::Status UnitCollectives::AllReduceGrads(const std::vector<ShardStore::Unit*
   const bool one_rank = *comm != nullptr && (*comm)->size() == 1;
   if (*comm == nullptr || params.empty() || one_rank) {
     pending.handle = CompletedHandle(absl::OkStatus());
-    pending.finish = [params, one_rank]() {
+    pending.finish = [params, one_rank, fp32 = store_->options(at::kFloat)]() {
       for (ShardStore::Param* p : params) {
         at::Tensor& g = p->PieceGrad();
         if (one_rank && !g.defined() && p->master_piece.numel() > 0) {
-          g = at::empty(p->master_piece.shape, at::kFloat).zero_();
+          g = at::empty(p->master_piece.shape, fp32).zero_();
         }
       }
     };
@@ -255,7 +255,7 @@ absl::Status UnitCollectives::AllReduceGrads(const std::vector<ShardStore::Unit*
   for (const ShardStore::Param* p : params) total += p->master_piece.numel();
   // Every element is written once: a gradient's, or zero where none
   // reached its parameter (no zero-filling pass over the whole bucket).
-  at::Tensor flat = at::empty({total}, at::kFloat);
+  at::Tensor flat = at::empty({total}, store_->options(at::kFloat));
   int64_t offset = 0;
   for (ShardStore::Param* p : params) {
     const int64_t len = p->master_piece.numel();

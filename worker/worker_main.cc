@@ -35,6 +35,7 @@
 #include "common/process.h"
 #include "proto/registry.grpc.pb.h"
 #include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/device/device.h"
 #include "worker/caching_allocator.h"
 #include "worker/model/linear.h"
 #include "worker/grpc_rendezvous.h"
@@ -66,6 +67,10 @@ ABSL_FLAG(bool, gloo_shared_memory, true,
 ABSL_FLAG(int, cuda_device, 0,
           "The GPU this worker's NCCL groups use: an index among the CUDA devices it sees, modulo their "
           "number (`baton up` numbers its workers 0, 1, ...; one GPU per pod: 0).");
+ABSL_FLAG(std::string, device, "",
+          "What this worker computes on: cpu, cuda or cuda:N. Default: cpu when no GPU is visible, else the "
+          "--cuda_device one. Jobs are placed only on workers of the kind their job file asks for (device: CPU | "
+          "CUDA).");
 ABSL_FLAG(bool, step_channel, true,
           "Offer each mesh's controller a step channel: its RunStep calls over one TCP connection, "
           "authenticated by a secret from Configure, instead of gRPC calls (docs/control_plane.md); inside "
@@ -218,11 +223,19 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const int cuda_devices = CudaDeviceCount();
+  auto device = ResolveDevice(absl::GetFlag(FLAGS_device), cuda_device, cuda_devices);
+  if (!device.ok()) {
+    std::fprintf(stderr, "baton-worker: %s\n", std::string(device.status().message()).c_str());
+    return 2;
+  }
+  info.set_compute_device(*device);
   for (int d = 0; d < cuda_devices; ++d) {
     auto* gpu = info.add_devices();
     gpu->set_kind("cuda");
     gpu->set_index(d);
-    if (d == cuda_device % cuda_devices) gpu->set_description("NCCL's (--cuda_device)");
+    if (d == (CudaIndexOf(*device) >= 0 ? CudaIndexOf(*device) : cuda_device % cuda_devices)) {
+      gpu->set_description(CudaIndexOf(*device) >= 0 ? "computes here (--device)" : "NCCL's (--cuda_device)");
+    }
   }
 
   WorkerMetrics metrics;
@@ -249,7 +262,9 @@ int Main(int argc, char** argv) {
     if (parts[0] == info.name()) options.testing_slow_compute = fraction;
   }
   options.gloo_shared_memory = absl::GetFlag(FLAGS_gloo_shared_memory);
-  options.cuda_device = cuda_device;
+  // A GPU worker's collectives run on the device it computes on.
+  options.cuda_device = CudaIndexOf(*device) >= 0 ? CudaIndexOf(*device) : cuda_device;
+  options.device = *device;
   options.step_channel = absl::GetFlag(FLAGS_step_channel);
   options.auth = Authenticator("", credentials->token);
   options.metrics = &metrics;

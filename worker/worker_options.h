@@ -36,6 +36,8 @@ struct WorkerOptions {
   // The GPU every NCCL group of this worker uses (NcclOptions::device_index):
   // the worker's, never a group rank's.
   int cuda_device = 0;
+  // What its jobs compute on: "cpu" or "cuda:N" (--device, resolved).
+  std::string device = "cpu";
   // Offer each mesh's controller a step channel (worker/step_channel.h),
   // inside TLS when fleet_credentials have it.
   bool step_channel = true;

@@ -190,6 +190,12 @@ class Communicator {
     return BarrierAsync(timeout)->Wait();
   }
 
+  // Blocks until every collective issued on device memory has run (their
+  // handles' waits only ordered streams: worker/device/streams.h), or one
+  // failed (its status), or `timeout` passed. A step calls it once, at its
+  // end. Host-memory backends complete in Wait: OK at once.
+  virtual absl::Status Drain(Milliseconds timeout) { return absl::OkStatus(); }
+
   CommStats stats() const;
   // Time its operations were in flight and its callers waited on them.
   const CommClock& clock() const { return *clock_; }

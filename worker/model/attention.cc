@@ -10,8 +10,10 @@
 
 namespace baton {
 
-at::Tensor CausalMask(int64_t len, at::ScalarType dtype) {
-  return at::full({len, len}, -std::numeric_limits<float>::infinity(), at::kFloat).triu(1).to(dtype);
+at::Tensor CausalMask(int64_t len, at::ScalarType dtype, at::Device device) {
+  return at::full({len, len}, -std::numeric_limits<float>::infinity(), at::TensorOptions(at::kFloat).device(device))
+      .triu(1)
+      .to(dtype);
 }
 
 at::Tensor RepeatHeads(const at::Tensor& x, int64_t group) {
@@ -24,7 +26,7 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   // not its output, and [b, heads, t, t] tensors fresh from the allocator
   // cost their page faults on every call.
   at::Tensor scores = BatchedMatmul(q, RepeatHeads(k, group).transpose(-2, -1));
-  scores.mul_(scale).add_(CausalMask(t, scores.scalar_type()));
+  scores.mul_(scale).add_(CausalMask(t, scores.scalar_type(), scores.device()));
   const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(q.scalar_type());
   return BatchedMatmul(probs, RepeatHeads(v, group));
 }

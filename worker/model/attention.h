@@ -14,7 +14,7 @@
 namespace baton {
 
 // [len, len] of 0 on and below the diagonal and -inf above it, in `dtype`.
-at::Tensor CausalMask(int64_t len, at::ScalarType dtype);
+at::Tensor CausalMask(int64_t len, at::ScalarType dtype, at::Device device = at::kCPU);
 
 // Key/value heads ([b, kv_heads, t, hd]) repeated to the query heads they
 // serve, each `group` times in a row (grouped-query attention; autograd sums

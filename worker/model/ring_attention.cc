@@ -74,7 +74,7 @@ at::Tensor SumGroups(const at::Tensor& x, int64_t group) {
 // The pair's scaled scores, masked on the diagonal (fp32).
 at::Tensor Scores(const at::Tensor& q, const at::Tensor& k, const Pair& pair, int64_t len, double scale) {
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
-  return pair.diagonal ? scores.add_(CausalMask(len, at::kFloat)) : scores;
+  return pair.diagonal ? scores.add_(CausalMask(len, at::kFloat, scores.device())) : scores;
 }
 
 class RingFunction : public torch::autograd::Function<RingFunction> {

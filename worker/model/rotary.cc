@@ -91,7 +91,7 @@ class RotateFunction : public torch::autograd::Function<RotateFunction> {
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> RotaryTables(const at::Tensor& positions, int64_t head_dim, double theta) {
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(positions.device());
   const at::Tensor exponents = at::arange(0, 2 * (head_dim / 2), 2, f32).div(static_cast<double>(head_dim));
   const at::Tensor inverse = at::reciprocal(at::pow(at::Scalar(theta), exponents));
   const at::Tensor angles = positions.to(at::kFloat).unsqueeze(1).mul(inverse);

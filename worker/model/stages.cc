@@ -58,7 +58,7 @@ at::Tensor Attention(const baton::v1::DecoderModel& m, const std::string& p, con
   // gathered it on entry): positions 0 .. t - 1, or its chunks' under
   // context parallelism.
   const bool chunks = cp != nullptr && !cp->faults.rotate_local_positions;
-  const at::Tensor positions = chunks ? cp->Positions(cp->rank()) : at::arange(t, at::kLong);
+  const at::Tensor positions = (chunks ? cp->Positions(cp->rank()) : at::arange(t, at::kLong)).to(a.device());
   const auto [cos, sin] = RotaryTables(positions, hd, m.has_rope_theta() ? m.rope_theta() : 10000.0);
   const at::Tensor q = Rotate(heads("wq"), cos, sin), k = Rotate(heads("wk"), cos, sin), v = heads("wv");
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));

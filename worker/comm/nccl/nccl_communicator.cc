@@ -2,8 +2,13 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include <algorithm>
+#include <unistd.h>
 
 #include <functional>
 #include <thread>
@@ -11,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/comm/nccl/nccl_handle.h"
+#include "worker/comm/stream_handle.h"
+#include "worker/device/cuda_streams.h"
 
 namespace baton {
 namespace {
@@ -35,9 +42,18 @@ absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size)
-      : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {}
+      : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {
+    // A collective on device memory past its deadline aborts the
+    // communicator from the watch's thread: its kernels end, and the step
+    // that waits on it fails instead of hanging.
+    watch_ = std::make_shared<EventWatch>([this](const std::string& why) {
+      abort_signal()->Raise(why + " timed out");
+      if (!broken_->exchange(true)) ncclCommAbort(comm_);
+    });
+  }
 
   ~NcclCommunicator() override {
+    watch_.reset();  // its thread ends before the communicator it aborts
     cudaSetDevice(device_);
     if (!broken_->load()) {
       cudaStreamSynchronize(stream_);
@@ -148,6 +164,14 @@ class NcclCommunicator : public Communicator {
                });
   }
 
+  absl::Status Drain(Milliseconds timeout) override { return watch_->Drain(timeout); }
+
+ protected:
+  void WakeWaits() override {
+    watch_->Fail(abort_signal()->status("nccl"));
+    if (!broken_->exchange(true)) ncclCommAbort(comm_);
+  }
+
  private:
   static ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kMax ? ncclMax : ncclSum; }
 
@@ -174,6 +198,9 @@ class NcclCommunicator : public Communicator {
       return CompletedHandle(absl::OkStatus());
     }
     cudaSetDevice(device_);
+    if (std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.device().is_cuda(); })) {
+      return RunOnDevice(op, tensors, timeout, std::move(finish), call);
+    }
     auto operation = std::make_unique<Operation>();
     operation->finish = std::move(finish);
     operation->copy_back = copy_back;
@@ -212,15 +239,66 @@ class NcclCommunicator : public Communicator {
                                         shared_clock());
   }
 
+  // Tensors in device memory: the collective goes on this communicator's
+  // stream after what the caller's current stream (LibTorch's) enqueued so
+  // far, and the handle orders that stream after it; the host waits on
+  // neither (worker/device/streams.h). The caching allocator is told the
+  // comm stream uses the tensors, so their blocks are not reused under it.
+  std::unique_ptr<CommHandle> RunOnDevice(
+      const char* op, const std::vector<at::Tensor>& tensors, Milliseconds timeout, std::function<void()> finish,
+      const std::function<ncclResult_t(const std::vector<DeviceBuffer>&, ncclDataType_t)>& call) {
+    auto type = NcclType(tensors[0].scalar_type());
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
+    auto compute = std::make_shared<CudaStream>(current.stream(), device_);
+    CudaStream comm(stream_, device_);
+    const c10::cuda::CUDAStream comm_view =
+        c10::cuda::getStreamFromExternal(stream_, static_cast<c10::DeviceIndex>(device_));
+    std::vector<DeviceBuffer> buffers;
+    for (const at::Tensor& t : tensors) {
+      DeviceBuffer b;
+      b.device = t.data_ptr();
+      b.bytes = t.numel() * t.element_size();
+      buffers.push_back(b);
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm_view);
+    }
+    ncclResult_t r = ncclSuccess;
+    std::shared_ptr<StreamEvent> done = IssueAfter(*compute, comm, [&] { r = call(buffers, *type); });
+    absl::Status s = (r == ncclSuccess || r == ncclInProgress)
+                         ? AwaitComm(comm_, absl::Now() + absl::FromChrono(timeout), op)
+                         : NcclError(r, op);
+    if (!s.ok()) {
+      if (!broken_->exchange(true)) ncclCommAbort(comm_);
+      return CompletedHandle(s);
+    }
+    const auto deadline = EventWatch::Clock::now() + timeout;
+    watch_->Add(absl::StrCat("nccl ", op, " (rank ", rank_, " of ", size_, ")"), done, deadline);
+    return std::make_unique<StreamHandle>(absl::StrCat("nccl ", op), std::move(compute), std::move(done), watch_,
+                                          std::move(finish), deadline, shared_clock());
+  }
+
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int device_;
   const int rank_;
   const int size_;
   NcclBrokenFlag broken_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<EventWatch> watch_;
 };
 
 }  // namespace
+
+absl::Status CheckOneRankPerGpu(const std::vector<std::string>& gpus, const std::string& name) {
+  for (size_t a = 0; a < gpus.size(); ++a) {
+    for (size_t b = a + 1; b < gpus.size(); ++b) {
+      if (gpus[a] == gpus[b]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ranks ", a, " and ", b, " of one NCCL group are on the same GPU (", name,
+            "): NCCL needs one GPU per rank; give each worker its own (--device cuda:N)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 int CudaDeviceCount() {
   int count = 0;
@@ -257,6 +335,26 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   const int device = options.device_index % count;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaError(e, "cudaSetDevice");
   const absl::Duration timeout = absl::FromChrono(options.rendezvous_timeout);
+  if (size > 1) {
+    // NCCL forbids two ranks of one communicator on one GPU (it would hang or
+    // fail deep in its init): each rank says which GPU it has, and a repeat
+    // is refused here, naming both ranks.
+    cudaDeviceProp prop;
+    if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+      return CudaError(e, "cudaGetDeviceProperties");
+    }
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    const std::string mine = absl::StrCat(host, "/", std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes)));
+    if (auto s = rendezvous->Set(absl::StrCat(key_prefix, "gpu/", rank), mine); !s.ok()) return s;
+    std::vector<std::string> gpus(size);
+    for (int r = 0; r < size; ++r) {
+      auto value = rendezvous->Get(absl::StrCat(key_prefix, "gpu/", r), timeout);
+      if (!value.ok()) return value.status();
+      gpus[r] = *value;
+    }
+    if (auto s = CheckOneRankPerGpu(gpus, absl::StrCat("GPU ", device, " on ", host)); !s.ok()) return s;
+  }
   ncclUniqueId id;
   const std::string key = key_prefix + kUniqueIdKey;
   if (rank == 0) {

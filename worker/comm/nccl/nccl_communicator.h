@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/kv_store.h"
@@ -31,6 +32,10 @@ struct NcclOptions {
 // Empty when NCCL can run `world` ranks of one group on this machine (one GPU
 // per rank); otherwise a sentence saying why not, for skip messages.
 std::string NcclUnavailableReason(int world = 1);
+
+// OK unless two entries of `gpus` (rank r's GPU: its host and UUID) are one
+// GPU: FAILED_PRECONDITION naming the ranks (`name` says which GPU).
+absl::Status CheckOneRankPerGpu(const std::vector<std::string>& gpus, const std::string& name);
 
 // Number of usable CUDA devices (0 without a driver or GPU).
 int CudaDeviceCount();

@@ -1,0 +1,46 @@
+#include "worker/device/cuda_streams.h"
+
+namespace baton {
+
+CudaEvent::CudaEvent(cudaStream_t recorded_on) {
+  cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
+  cudaEventRecord(event_, recorded_on);
+}
+
+CudaEvent::~CudaEvent() {
+  if (event_ != nullptr) cudaEventDestroy(event_);
+}
+
+bool CudaEvent::Done() const { return cudaEventQuery(event_) != cudaErrorNotReady; }
+
+std::shared_ptr<StreamEvent> CudaStream::Record() {
+  cudaSetDevice(device_);
+  return std::make_shared<CudaEvent>(stream_);
+}
+
+void CudaStream::Wait(const StreamEvent& event) {
+  cudaSetDevice(device_);
+  cudaStreamWaitEvent(stream_, static_cast<const CudaEvent&>(event).event(), 0);
+}
+
+CudaStepClock::CudaStepClock() {
+  cudaEventCreate(&begin_);
+  cudaEventCreate(&end_);
+}
+
+CudaStepClock::~CudaStepClock() {
+  cudaEventDestroy(begin_);
+  cudaEventDestroy(end_);
+}
+
+void CudaStepClock::Begin(cudaStream_t stream) { cudaEventRecord(begin_, stream); }
+
+double CudaStepClock::Ms(cudaStream_t stream) {
+  cudaEventRecord(end_, stream);
+  cudaEventSynchronize(end_);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, begin_, end_);
+  return ms;
+}
+
+}  // namespace baton
