@@ -21,6 +21,10 @@
 #                   parallelism at cp = 1, 2, 4: tokens/s and peak memory)
 #   ./dev.sh bench-trace  install what is missing, run bench/trace.sh (a live
 #                   job's step time traced and not, side by side)
+#   ./dev.sh gpu-check --stage DIR  install what is missing, build, and stage
+#                   the GPU check in DIR (<= 60 MiB: bench/gpu/stage.sh); on a
+#                   machine with a GPU and PyPI's torch, DIR/run.sh runs it
+#                   and prints one JSON document (here: DIR/run.sh --device cpu)
 #   ./dev.sh bench-ac  install what is missing, run bench/activation_checkpointing.sh
 #                   (the controller driving 8 .. 1,024 fake workers)
 # Installing is idempotent: apt is not called when every package is present.
@@ -151,8 +155,19 @@ demo() {
   bazel shutdown
 }
 
+gpu_check() {
+  if [ "${1:-}" != "--stage" ] || [ -z "${2:-}" ]; then
+    echo "usage: ./dev.sh gpu-check --stage DIR" >&2
+    exit 2
+  fi
+  bazel build //controller:baton-controller //worker:baton-worker //bench:gpu_check
+  bench/gpu/stage.sh "$2" bazel-bin/controller/baton-controller bazel-bin/worker/baton-worker bazel-bin/bench/gpu_check
+  echo "gpu-check: on the GPU machine run $2/run.sh (or here: $2/run.sh --device cpu)"
+}
+
 case "${1:-}" in
   demo) install_missing; demo ;;
+  gpu-check) install_missing; shift; status=0; gpu_check "$@" || status=$?; bazel shutdown; exit $status ;;
   test) install_missing; shift; run_tests "$@" ;;
   build) install_missing; build ;;
   bench) install_missing; shift; bench/vs_pytorch.sh "$@"; bazel shutdown ;;
@@ -164,5 +179,5 @@ case "${1:-}" in
   bench-memory) install_missing; shift; bench/memory.sh "$@"; bazel shutdown ;;
   bench-cp) install_missing; shift; bench/cp.sh "$@"; bazel shutdown ;;
   bench-trace) install_missing; shift; status=0; bench/trace.sh "$@" || status=$?; bazel shutdown; exit $status ;;
-  *) echo "usage: ./dev.sh demo|test|build|bench|bench-tp|bench-checkpoint|bench-dispatch|bench-ac|bench-memory|bench-cp|fuzz" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo|test|build|gpu-check --stage DIR|bench|bench-tp|bench-checkpoint|bench-dispatch|bench-ac|bench-memory|bench-cp|bench-trace|fuzz" >&2; exit 2 ;;
 esac

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "controller/mesh_manager.h"
 
 namespace baton {
 
@@ -29,7 +30,9 @@ absl::Status CheckFits(const baton::v1::JobSpec& job, const PlanTheory& theory,
   }
   for (const auto& w : chosen) job_per_host[host_of(w)]++;
   for (const auto& w : chosen) {
-    const int sharing = std::max(1, per_host[host_of(w)]);
+    // A GPU worker reports its own device's free memory; CPU workers on a
+    // host share its memory.
+    const int sharing = WorkerDeviceKind(w) == baton::v1::CUDA ? 1 : std::max(1, per_host[host_of(w)]);
     const int64_t memory = w.memory_bytes() / sharing;
     if (w.cpu_cores() > 0 && job.threads_per_rank() > w.cpu_cores()) {
       return absl::InvalidArgumentError(absl::StrCat("threads_per_rank ", job.threads_per_rank(), " exceeds the ",

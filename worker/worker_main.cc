@@ -229,6 +229,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   info.set_compute_device(*device);
+  // A GPU worker's jobs hold their tensors on the GPU: what it has free is
+  // what a job's per-rank prediction must fit (controller/job_fit.h).
+  if (CudaIndexOf(*device) >= 0) info.set_memory_bytes(CudaFreeBytes(CudaIndexOf(*device)));
   for (int d = 0; d < cuda_devices; ++d) {
     auto* gpu = info.add_devices();
     gpu->set_kind("cuda");

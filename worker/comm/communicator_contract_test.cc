@@ -178,7 +178,50 @@ TEST_P(CommunicatorContractTest, SendRecvRingAndBarrier) {
 // wait for ranks that wait for it, and both operations would fail at their
 // timeout instead of completing with the right values.
 
+// NCCL on device memory (a GPU worker's tensors): each collective runs on the
+// communicator's stream after what the caller's stream enqueued, the caller's
+// stream waits for it (worker/device/streams.h), and the host waits once, in
+// Drain. The results are the host path's, bit for bit.
+class DeviceMemoryContractTest : public CommunicatorContractTest {};
+
+TEST_P(DeviceMemoryContractTest, CollectivesMatchTheHostOnes) {
+  const int64_t k = GetParam().numel;
+  RunOnAllRanks([&](Communicator& c) {
+    const int n = c.size();
+    // The contract gives rank r the GPU of index r (communicator_contract.cc).
+    const at::TensorOptions device = at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(c.rank()));
+    const at::Tensor input = Input(c.rank(), n * k).to(device.device());
+    at::Tensor gathered = at::full({n * k}, -1.0f, device), avg = at::full({k}, -1.0f, device);
+    at::Tensor sum = input.clone();
+    ASSERT_TRUE(c.AllGather(input.narrow(0, 0, k).contiguous(), gathered).ok());
+    ASSERT_TRUE(c.ReduceScatter(input, avg, ReduceOp::kAvg).ok());
+    ASSERT_TRUE(c.AllReduce(sum, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c.Drain(std::chrono::seconds(60)).ok());
+    at::Tensor want_gathered = at::empty({n * k}), want_sum = at::zeros({n * k});
+    for (int r = 0; r < n; ++r) {
+      want_gathered.narrow(0, r * k, k).copy_(Input(r, n * k).narrow(0, 0, k));
+      want_sum.add_(Input(r, n * k));
+    }
+    const at::Tensor want_avg = want_sum.narrow(0, c.rank() * k, k).div(n);
+    EXPECT_TRUE(gathered.cpu().equal(want_gathered)) << "rank " << c.rank();
+    EXPECT_TRUE(avg.cpu().equal(want_avg)) << "rank " << c.rank();
+    EXPECT_TRUE(sum.cpu().equal(want_sum)) << "rank " << c.rank();
+    std::printf("rank %d of %d: all-gather, reduce-scatter (avg) and all-reduce of %lld elements on %s\n", c.rank(),
+                n, static_cast<long long>(k), input.device().str().c_str());
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CommunicatorContractTest, ::testing::ValuesIn(AllParams()), ParamName);
+
+// Device memory is NCCL's alone (gloo's collectives run on host memory).
+std::vector<Param> NcclParams() {
+  std::vector<Param> out;
+  for (const Param& p : AllParams()) {
+    if (Backends()[p.backend].name == "nccl") out.push_back(p);
+  }
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Nccl, DeviceMemoryContractTest, ::testing::ValuesIn(NcclParams()), ParamName);
 
 }  // namespace
 }  // namespace baton::comm_contract

@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -41,6 +42,12 @@ DeviceMemory CudaMemory(int device) {
   m.peak_allocated = stats.allocated_bytes[aggregate].peak;
   m.reserved = stats.reserved_bytes[aggregate].current;
   return m;
+}
+
+int64_t CudaFreeBytes(int device) {
+  size_t free = 0, total = 0;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return static_cast<int64_t>(free);
 }
 
 void ResetCudaPeak(int device) {

@@ -27,6 +27,10 @@ struct DeviceMemory {
   int64_t reserved = 0;
 };
 DeviceMemory CudaMemory(int device);
+// What the driver says is free on the device now (cudaMemGetInfo): a GPU
+// worker's memory_bytes, against which a job's per-rank prediction is
+// checked; 0 when it cannot say.
+int64_t CudaFreeBytes(int device);
 void ResetCudaPeak(int device);
 
 // TensorFloat-32 in cuBLAS's and cuDNN's fp32 products, for the job that
