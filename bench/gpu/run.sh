@@ -22,9 +22,10 @@ done
 
 # The Python environment that has torch: its LibTorch, CUDA runtime and NCCL.
 site=""
+python=""
 for py in ${BATON_PYTHON:-} python3 python python3.12 /opt/baton/venv-*/bin/python /opt/*/bin/python3 /usr/local/bin/python3; do
   command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || continue
-  site=$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null) && break
+  site=$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null) && python=$py && break
   site=""
 done
 if [ -z "$site" ]; then
@@ -33,7 +34,10 @@ if [ -z "$site" ]; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-tar -C "$work" -xJf "$here/lib.tar.xz"
+# Python's own tarfile and lzma: the machine need not have xz.
+"$python" -c 'import sys, tarfile
+kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)' "$here/lib.tar.xz" "$work"
 paths="$work/lib:$site/torch/lib"
 for d in "$site"/nvidia/*/lib; do [ -d "$d" ] && paths="$paths:$d"; done
 export LD_LIBRARY_PATH="$paths${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

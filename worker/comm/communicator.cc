@@ -50,6 +50,11 @@ void CommClock::Count(Time issued, Time completed, Time wait_began, Time wait_en
   waited_ns_ += ns(done - wait_began);
 }
 
+void CommClock::AddMs(double in_flight_ms, double waited_ms) {
+  in_flight_ns_ += static_cast<int64_t>(std::max(0.0, in_flight_ms) * 1e6);
+  waited_ns_ += static_cast<int64_t>(std::max(0.0, std::min(waited_ms, in_flight_ms)) * 1e6);
+}
+
 void Communicator::Abort(const std::string& reason) {
   if (abort_->Raise(reason)) WakeWaits();
 }

@@ -92,6 +92,8 @@ class CommClock {
  public:
   using Time = std::chrono::steady_clock::time_point;
   void Count(Time issued, Time completed, Time wait_began, Time wait_ended);
+  // The same, measured elsewhere (a device's events).
+  void AddMs(double in_flight_ms, double waited_ms);
   double in_flight_ms() const { return in_flight_ns_.load() / 1e6; }
   double waited_ms() const { return waited_ns_.load() / 1e6; }
 

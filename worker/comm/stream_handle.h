@@ -6,6 +6,11 @@
 // collective's end on the host until its deadline. A collective past its
 // deadline is found by the communicator's EventWatch, which aborts it; every
 // handle then returns that failure.
+//
+// Its times come from the device's events, once they have run: in flight
+// from the collective's start to its end on the comm stream; exposed (what
+// the computing stream stalled on it) from an event recorded on the compute
+// stream just before its wait to one just after.
 #ifndef BATON_WORKER_COMM_STREAM_HANDLE_H_
 #define BATON_WORKER_COMM_STREAM_HANDLE_H_
 
@@ -20,9 +25,8 @@ namespace baton {
 
 class StreamHandle : public CommHandle {
  public:
-  StreamHandle(std::string op, std::shared_ptr<Stream> compute, std::shared_ptr<StreamEvent> done,
-               std::shared_ptr<EventWatch> watch, std::function<void()> finish, EventWatch::Clock::time_point deadline,
-               std::shared_ptr<CommClock> clock);
+  StreamHandle(std::string op, std::shared_ptr<Stream> compute, Issued issued, std::shared_ptr<EventWatch> watch,
+               std::function<void()> finish, EventWatch::Clock::time_point deadline, std::shared_ptr<CommClock> clock);
 
   absl::Status Wait() override;
   absl::Status WaitAside() override;
@@ -32,7 +36,7 @@ class StreamHandle : public CommHandle {
 
   const std::string op_;
   std::shared_ptr<Stream> compute_;
-  std::shared_ptr<StreamEvent> done_;
+  std::shared_ptr<StreamEvent> begin_, done_;
   std::shared_ptr<EventWatch> watch_;
   std::function<void()> finish_;
   const EventWatch::Clock::time_point deadline_;

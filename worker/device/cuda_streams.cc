@@ -3,7 +3,7 @@
 namespace baton {
 
 CudaEvent::CudaEvent(cudaStream_t recorded_on) {
-  cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
+  cudaEventCreate(&event_);  // timed: a collective's and a wait's times come from them
   cudaEventRecord(event_, recorded_on);
 }
 
@@ -12,6 +12,12 @@ CudaEvent::~CudaEvent() {
 }
 
 bool CudaEvent::Done() const { return cudaEventQuery(event_) != cudaErrorNotReady; }
+
+double CudaEvent::MsSince(const StreamEvent& earlier) const {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, static_cast<const CudaEvent&>(earlier).event(), event_) != cudaSuccess) return -1;
+  return ms;
+}
 
 std::shared_ptr<StreamEvent> CudaStream::Record() {
   cudaSetDevice(device_);

@@ -20,6 +20,8 @@ class CudaEvent : public StreamEvent {
   // cudaEventQuery: true once it ran, and after an error (the communicator's
   // own error check reports it; nothing may wait on it forever).
   bool Done() const override;
+  // cudaEventElapsedTime; `earlier` must be a CudaEvent.
+  double MsSince(const StreamEvent& earlier) const override;
   cudaEvent_t event() const { return event_; }
 
  private:
@@ -27,7 +29,7 @@ class CudaEvent : public StreamEvent {
 };
 
 // A view of a stream someone else owns (LibTorch's current stream, a
-// communicator's own); records events without timing.
+// communicator's own); its events keep time.
 class CudaStream : public Stream {
  public:
   CudaStream(cudaStream_t stream, int device) : stream_(stream), device_(device) {}

@@ -21,9 +21,9 @@ PinnedCopy CopyToPinned(const at::Tensor& device_tensor) {
   out.host = at::empty(device_tensor.sizes(),
                        at::TensorOptions().dtype(device_tensor.scalar_type()).pinned_memory(true));
   out.ready = IssueAfter(current, copier, [&] {
-    const c10::cuda::CUDAStreamGuard on_side(side);
-    out.host.copy_(device_tensor, /*non_blocking=*/true);
-  });
+                const c10::cuda::CUDAStreamGuard on_side(side);
+                out.host.copy_(device_tensor, /*non_blocking=*/true);
+              }).done;
   // The side stream reads the tensor: its block is not reused until then.
   c10::cuda::CUDACachingAllocator::recordStream(device_tensor.storage().data_ptr(), side);
   current.Wait(*out.ready);

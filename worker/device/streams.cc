@@ -5,11 +5,14 @@
 
 namespace baton {
 
-std::shared_ptr<StreamEvent> IssueAfter(Stream& compute, Stream& comm, const std::function<void()>& collective) {
+Issued IssueAfter(Stream& compute, Stream& comm, const std::function<void()>& collective) {
   std::shared_ptr<StreamEvent> ready = compute.Record();
   comm.Wait(*ready);
+  Issued issued;
+  issued.begin = comm.Record();
   collective();
-  return comm.Record();
+  issued.done = comm.Record();
+  return issued;
 }
 
 EventWatch::EventWatch(std::function<void(const std::string& why)> on_timeout, std::chrono::milliseconds poll)
@@ -24,10 +27,11 @@ EventWatch::~EventWatch() {
   thread_.join();
 }
 
-void EventWatch::Add(std::string what, std::shared_ptr<StreamEvent> event, Clock::time_point deadline) {
+void EventWatch::Add(std::string what, std::shared_ptr<StreamEvent> event, Clock::time_point deadline,
+                     std::function<void()> on_done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    watched_.push_back(Watched{std::move(what), std::move(event), deadline});
+    watched_.push_back(Watched{std::move(what), std::move(event), deadline, std::move(on_done)});
   }
   changed_.notify_all();
 }
@@ -70,7 +74,10 @@ void EventWatch::Run() {
     std::string late;
     watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
                                   [&](const Watched& w) {
-                                    if (w.event->Done()) return true;
+                                    if (w.event->Done()) {
+                                      if (w.on_done) w.on_done();
+                                      return true;
+                                    }
                                     if (late.empty() && now > w.deadline) late = w.what;
                                     return false;
                                   }),

@@ -40,6 +40,9 @@ class StreamEvent {
   virtual ~StreamEvent() = default;
   // Whether the work before it has run (never blocks).
   virtual bool Done() const = 0;
+  // Milliseconds between `earlier` and this event, both done (the device's
+  // clock); -1 where the backend keeps no time.
+  virtual double MsSince(const StreamEvent& earlier) const { return -1; }
 };
 
 class Stream {
@@ -53,8 +56,11 @@ class Stream {
 };
 
 // Enqueues `collective` on `comm` after everything `compute` has enqueued so
-// far; returns the event that marks the collective's end.
-std::shared_ptr<StreamEvent> IssueAfter(Stream& compute, Stream& comm, const std::function<void()>& collective);
+// far; returns the events that mark the collective's start and its end.
+struct Issued {
+  std::shared_ptr<StreamEvent> begin, done;
+};
+Issued IssueAfter(Stream& compute, Stream& comm, const std::function<void()>& collective);
 
 // Watches the events of collectives in flight against their deadlines, on a
 // thread of its own. The first one past its deadline calls `on_timeout` with
@@ -70,7 +76,10 @@ class EventWatch {
   EventWatch(const EventWatch&) = delete;
   EventWatch& operator=(const EventWatch&) = delete;
 
-  void Add(std::string what, std::shared_ptr<StreamEvent> event, Clock::time_point deadline);
+  // `on_done`, if any, runs on the watch's thread once `event` is done,
+  // before a Drain can return (to read the events' times).
+  void Add(std::string what, std::shared_ptr<StreamEvent> event, Clock::time_point deadline,
+           std::function<void()> on_done = nullptr);
   // Blocks until every watched event is done (OK), or one timed out or the
   // watch was failed (that status), or `timeout` passed (DEADLINE_EXCEEDED).
   absl::Status Drain(std::chrono::milliseconds timeout);
@@ -85,6 +94,7 @@ class EventWatch {
     std::string what;
     std::shared_ptr<StreamEvent> event;
     Clock::time_point deadline;
+    std::function<void()> on_done;
   };
   void Run();
 

@@ -28,10 +28,10 @@ TEST(StreamOrder, ReduceScatterStartsAfterTheBackwardThatMadeItsInput) {
   FakeStream compute("compute"), comm("comm");
   float grad = 0, sent = -1;
   compute.Enqueue("backward", [&] { grad = 7; });
-  auto done = IssueAfter(compute, comm, [&] { comm.Enqueue("reduce-scatter", [&] { sent = grad; }); });
+  auto done = IssueAfter(compute, comm, [&] { comm.Enqueue("reduce-scatter", [&] { sent = grad; }); }).done;
   // Issuing ran nothing: the host did not wait on either stream.
   EXPECT_EQ(compute.queued(), 2u);  // backward, record
-  EXPECT_EQ(comm.queued(), 3u);     // wait, reduce-scatter, record
+  EXPECT_EQ(comm.queued(), 4u);     // wait, record (start), reduce-scatter, record (end)
   EXPECT_FALSE(done->Done());
   std::vector<std::string> log;
   ASSERT_TRUE(RunUntilIdle({&comm, &compute}, &log));
@@ -59,8 +59,9 @@ TEST(StreamOrder, GatherConsumerRunsAfterTheGather) {
   auto watch = std::make_shared<EventWatch>([](const std::string&) {});
   float shard = 0, full = 0, used = -1;
   compute->Enqueue("copy shard into the send buffer", [&] { shard = 3; });
-  auto done = IssueAfter(*compute, comm, [&] { comm.Enqueue("all-gather", [&] { full = shard * 2; }); });
-  StreamHandle handle("all-gather", compute, done, watch, [&] { compute->Enqueue("avg", [&] { full /= 2; }); },
+  Issued issued = IssueAfter(*compute, comm, [&] { comm.Enqueue("all-gather", [&] { full = shard * 2; }); });
+  auto done = issued.done;
+  StreamHandle handle("all-gather", compute, issued, watch, [&] { compute->Enqueue("avg", [&] { full /= 2; }); },
                       EventWatch::Clock::now() + std::chrono::seconds(10), std::make_shared<CommClock>());
   ASSERT_TRUE(handle.Wait().ok());
   EXPECT_FALSE(done->Done()) << "Wait blocked the host until the gather ran";
@@ -78,13 +79,13 @@ TEST(StreamOrder, WaitOrdersOnce) {
   FakeStream comm("comm");
   auto watch = std::make_shared<EventWatch>([](const std::string&) {});
   int finishes = 0;
-  auto done = IssueAfter(*compute, comm, [&] { comm.Enqueue("all-reduce", [] {}); });
-  StreamHandle handle("all-reduce", compute, done, watch, [&] { ++finishes; },
+  Issued issued = IssueAfter(*compute, comm, [&] { comm.Enqueue("all-reduce", [] {}); });
+  StreamHandle handle("all-reduce", compute, issued, watch, [&] { ++finishes; },
                       EventWatch::Clock::now() + std::chrono::seconds(10), std::make_shared<CommClock>());
   ASSERT_TRUE(handle.Wait().ok());
   ASSERT_TRUE(handle.Wait().ok());
   EXPECT_EQ(finishes, 1);
-  EXPECT_EQ(compute->queued(), 2u);  // record, wait
+  EXPECT_EQ(compute->queued(), 4u);  // record (issue), record, wait, record (the wait's ends)
 }
 
 // A collective that never ends (a dead peer): the watch's thread names it past
@@ -110,7 +111,7 @@ TEST(EventWatchTest, ACollectivePastItsDeadlineAbortsTheCommunicator) {
   EXPECT_EQ(aborts.load(), 1);
   EXPECT_EQ(named, "all-gather of layers.3");
   auto compute = std::make_shared<FakeStream>("compute");
-  StreamHandle handle("all-gather", compute, stuck, watch, nullptr, EventWatch::Clock::now(),
+  StreamHandle handle("all-gather", compute, Issued{stuck, stuck}, watch, nullptr, EventWatch::Clock::now(),
                       std::make_shared<CommClock>());
   EXPECT_EQ(handle.Wait().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(handle.WaitAside().code(), absl::StatusCode::kDeadlineExceeded);
@@ -151,11 +152,11 @@ TEST(StreamOrder, WaitAsideBlocksUntilDoneOrDeadline) {
   auto compute = std::make_shared<FakeStream>("compute");
   auto watch = std::make_shared<EventWatch>([](const std::string&) {});
   auto done = std::make_shared<testing::FakeEvent>();
-  StreamHandle late("send", compute, done, watch, nullptr, EventWatch::Clock::now() + std::chrono::milliseconds(50),
-                    std::make_shared<CommClock>());
+  StreamHandle late("send", compute, Issued{done, done}, watch, nullptr,
+                    EventWatch::Clock::now() + std::chrono::milliseconds(50), std::make_shared<CommClock>());
   EXPECT_EQ(late.WaitAside().code(), absl::StatusCode::kDeadlineExceeded);
-  StreamHandle handle("send", compute, done, watch, nullptr, EventWatch::Clock::now() + std::chrono::seconds(10),
-                      std::make_shared<CommClock>());
+  StreamHandle handle("send", compute, Issued{done, done}, watch, nullptr,
+                      EventWatch::Clock::now() + std::chrono::seconds(10), std::make_shared<CommClock>());
   std::thread gpu([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     done->Complete();  // the send ran
@@ -166,6 +167,34 @@ TEST(StreamOrder, WaitAsideBlocksUntilDoneOrDeadline) {
   std::printf("WaitAside returned %.0f ms after the send was issued (it ran at 30 ms)\n", waited_ms);
   EXPECT_GE(waited_ms, 25);
   gpu.join();
+}
+
+// The step's communication figures from the device's clock: a collective's
+// time in flight (its start to its end on the comm stream) and what the
+// compute stream stalled on it (an event before its wait to one after).
+// Alone, the stall is the whole collective; with 10 ms of other compute
+// issued before the wait, an 8 ms collective is hidden.
+TEST(StreamOrder, CommTimesComeFromTheDevicesEvents) {
+  for (const double overlap_ms : {0.0, 10.0, 6.0}) {
+    auto compute = std::make_shared<FakeStream>("compute");
+    FakeStream comm("comm");
+    auto watch = std::make_shared<EventWatch>([](const std::string&) {});
+    auto clock = std::make_shared<CommClock>();
+    compute->Enqueue("backward", [] {}, 5);
+    Issued issued = IssueAfter(*compute, comm, [&] { comm.Enqueue("reduce-scatter", [] {}, 8); });
+    StreamHandle handle("reduce-scatter", compute, issued, watch, nullptr,
+                        EventWatch::Clock::now() + std::chrono::seconds(10), clock);
+    if (overlap_ms > 0) compute->Enqueue("next unit's backward", [] {}, overlap_ms);
+    ASSERT_TRUE(handle.Wait().ok());
+    compute->Enqueue("optimizer", [] {}, 1);
+    ASSERT_TRUE(RunUntilIdle({compute.get(), &comm}));
+    ASSERT_TRUE(watch->Drain(std::chrono::seconds(10)).ok());
+    const double exposed = std::max(0.0, 8 - overlap_ms);
+    std::printf("8 ms reduce-scatter, %.0f ms of compute beside it: in flight %.1f ms, exposed %.1f ms (expect %.1f)\n",
+                overlap_ms, clock->in_flight_ms(), clock->waited_ms(), exposed);
+    EXPECT_DOUBLE_EQ(clock->in_flight_ms(), 8);
+    EXPECT_DOUBLE_EQ(clock->waited_ms(), exposed);
+  }
 }
 
 }  // namespace

@@ -262,7 +262,7 @@ class NcclCommunicator : public Communicator {
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm_view);
     }
     ncclResult_t r = ncclSuccess;
-    std::shared_ptr<StreamEvent> done = IssueAfter(*compute, comm, [&] { r = call(buffers, *type); });
+    Issued issued = IssueAfter(*compute, comm, [&] { r = call(buffers, *type); });
     absl::Status s = (r == ncclSuccess || r == ncclInProgress)
                          ? AwaitComm(comm_, absl::Now() + absl::FromChrono(timeout), op)
                          : NcclError(r, op);
@@ -271,8 +271,8 @@ class NcclCommunicator : public Communicator {
       return CompletedHandle(s);
     }
     const auto deadline = EventWatch::Clock::now() + timeout;
-    watch_->Add(absl::StrCat("nccl ", op, " (rank ", rank_, " of ", size_, ")"), done, deadline);
-    return std::make_unique<StreamHandle>(absl::StrCat("nccl ", op), std::move(compute), std::move(done), watch_,
+    watch_->Add(absl::StrCat("nccl ", op, " (rank ", rank_, " of ", size_, ")"), issued.done, deadline);
+    return std::make_unique<StreamHandle>(absl::StrCat("nccl ", op), std::move(compute), std::move(issued), watch_,
                                           std::move(finish), deadline, shared_clock());
   }
 
