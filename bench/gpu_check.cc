@@ -12,9 +12,11 @@
 //       with host and device tensors, and two ranks of one group on one GPU
 //       refused;
 //   (d) a decoder sized for the device: tokens/s, model FLOPs utilisation
-//       (6 x parameters x tokens/s over the device's dense peak) and the
+//       (6 x parameters x tokens/s over the device's dense peak), the
 //       dispatch ratio, the controller's step (the client's wall time per
-//       step) over the worker's (its step_ms), at K = 1 and 10 steps per call.
+//       step) over the worker's (its step_ms), at K = 1 and 10 steps per
+//       call, and its tensor peak (on a GPU: the caching allocator's) over
+//       the plan's memory prediction.
 //
 //   gpu_check --device cuda:0|cpu [--bin_dir DIR] [--steps N]
 //
@@ -134,13 +136,6 @@ double MaxDiff(const std::vector<double>& a, const std::vector<double>& b, bool 
   return worst;
 }
 
-// The decoder's parameters: embedding, per block the attention's four
-// projections, the MLP's two and two norms, the final norm and the head.
-double DecoderParameters(const baton::v1::DecoderModel& m) {
-  const double d = m.dim(), v = m.vocab(), f = m.ffn_dim();
-  return v * d + m.layers() * (4 * d * d + 2 * d * f + 2 * d) + d + d * v;
-}
-
 // Dense peak FLOP/s of the device for bf16 products (the datasheets' figures
 // without sparsity); 0 where unknown (the CPU: MFU is then not given).
 double PeakFlops(const std::string& name) {
@@ -253,7 +248,8 @@ seed: 1
       d_json = absl::StrCat(R"({"error":)", Quote(job.status().ToString()), "}");
     } else {
       (void)(*job)->Step(3, 3);  // warm-up: the allocator, cuBLAS's handles
-      const double params = DecoderParameters(d.model().decoder());
+      const double params = static_cast<double>((*job)->created().parameters());
+      const double predicted_memory = static_cast<double>((*job)->created().expected_memory_bytes());
       std::string ks;
       double tokens_per_s = 0, peak_tensor_bytes = 0;
       for (int k : {1, 10}) {
@@ -278,9 +274,10 @@ seed: 1
       }
       const double peak = PeakFlops(std::getenv("BATON_GPU_NAME") ? std::getenv("BATON_GPU_NAME") : "");
       d_json = absl::StrFormat(
-          R"({"parameters":%.0f,"tokens_per_s":%.1f,"model_flops_per_s":%.4g,"peak_flops":%.4g,"mfu":%s,"peak_tensor_bytes":%.0f,"dispatch":[%s]})",
+          R"({"parameters":%.0f,"tokens_per_s":%.1f,"model_flops_per_s":%.4g,"peak_flops":%.4g,"mfu":%s,"peak_tensor_bytes":%.0f,"plan_memory_bytes":%.0f,"peak_over_plan":%.3f,"dispatch":[%s]})",
           params, tokens_per_s, 6 * params * tokens_per_s, peak,
-          peak > 0 ? absl::StrFormat("%.4f", 6 * params * tokens_per_s / peak) : "null", peak_tensor_bytes, ks);
+          peak > 0 ? absl::StrFormat("%.4f", 6 * params * tokens_per_s / peak) : "null", peak_tensor_bytes,
+          predicted_memory, predicted_memory > 0 ? peak_tensor_bytes / predicted_memory : 0.0, ks);
       (void)(*job)->Stop();
     }
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "controller/testing/harness.h"
+#include "strategies/job_spec.h"
 
 namespace baton {
 namespace {
@@ -99,6 +100,21 @@ TEST(DevicePlacementTest, ACudaJobRefusesGlooAndCpuJobsRefuseTf32) {
   std::printf("CUDA on gloo: %s\n", refused.status().ToString().c_str());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "nccl")) << refused.status();
+  // Ring attention posts a send before its receive on every rank: on NCCL's
+  // one stream that is a circle of waits, refused before any worker is
+  // touched (as 1F1B's is).
+  baton::v1::CreateJobRequest cp;
+  auto spec = ParseJobSpec(R"(name: "cp" device: CUDA steps: 5
+      model { decoder { vocab: 256 dim: 64 layers: 2 heads: 8 seq_len: 64 mlp: GELU ffn_dim: 128 } }
+      mesh { name: "cp" size: 2 } plan { mode: FSDP context_parallel { axis: "cp" } }
+      optimizer { lr: 0.003 } data { synthetic {} batch_size: 4 })",
+                           false);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  *cp.mutable_job() = *spec;
+  auto ring = h.jobs().Create(cp, absl::Now() + absl::Seconds(5));
+  std::printf("CUDA job with context parallelism: %s\n", ring.status().ToString().c_str());
+  EXPECT_EQ(ring.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(ring.status().message(), "context parallelism")) << ring.status();
   baton::v1::CreateJobRequest tf32 = MlpJob("cpu-tf32", 5);
   tf32.mutable_job()->set_allow_tf32(true);
   auto no_tf32 = h.jobs().Create(tf32, absl::Now() + absl::Seconds(5));

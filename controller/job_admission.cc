@@ -58,6 +58,17 @@ absl::StatusOr<JobManager::Prepared> JobManager::Prepare(const baton::v1::Create
         " is not supported on NCCL yet (its send and receive would have to be posted as one group); use GPIPE or the "
         "gloo backend"));
   }
+  // Ring attention's exchange is the same circle: every rank sends its keys
+  // and values to the next before it receives from the previous.
+  if (backend == baton::v1::NCCL && spec.plan().has_context_parallel() && MeshSize(spec) > 1) {
+    for (const auto& axis : spec.mesh()) {
+      if (axis.name() == spec.plan().context_parallel().axis() && axis.size() > 1) {
+        return absl::InvalidArgumentError(
+            "context parallelism is not supported on NCCL yet (ring attention's send and receive would have to be "
+            "posted as one group); use the gloo backend");
+      }
+    }
+  }
   absl::Duration lease = absl::ZeroDuration();
   if (!detached) {
     lease = req.lease_ms() == 0 ? options_.default_lease : absl::Milliseconds(req.lease_ms());

@@ -17,6 +17,19 @@
 
 namespace baton {
 
+namespace {
+
+// The newest step a job's record or log holds.
+int LoggedStep(const baton::v1::JobRecord& record, const std::vector<baton::v1::JobLogEntry>& log) {
+  int step = record.status().step();
+  for (const auto& e : log) {
+    if (e.has_step()) step = std::max(step, static_cast<int>(e.step().step()));
+  }
+  return step;
+}
+
+}  // namespace
+
 std::optional<LiveState> JobManager::LeftOnWorkers(const baton::v1::JobRecord& record,
                                                   const std::vector<baton::v1::JobLogEntry>& log,
                                                   std::shared_ptr<const JobPlan> own) {
@@ -40,10 +53,7 @@ std::optional<LiveState> JobManager::LeftOnWorkers(const baton::v1::JobRecord& r
   live.mesh.set_mesh_id(status.mesh_id());
   *live.mesh.mutable_worker_names() = status.workers();
   live.step = status.step();
-  live.logged_step = status.step();
-  for (const auto& e : log) {
-    if (e.has_step()) live.logged_step = std::max(live.logged_step, static_cast<int>(e.step().step()));
-  }
+  live.logged_step = LoggedStep(record, log);
   return live;
 }
 
@@ -101,10 +111,12 @@ void JobManager::Recover() {
           },
           &skipped);
       if (compiled.ok()) {
-        live = LeftOnWorkers(ran, contents.logs.count(id) ? contents.logs.at(id) : std::vector<baton::v1::JobLogEntry>{},
-                             prepared->job->plan());
+        const std::vector<baton::v1::JobLogEntry>& logged =
+            contents.logs.count(id) ? contents.logs.at(id) : std::vector<baton::v1::JobLogEntry>{};
+        live = LeftOnWorkers(ran, logged, prepared->job->plan());
         job = prepared->job;
         restore = std::move(prepared->restore);
+        restore.logged_step = LoggedStep(ran, logged);
         queue = true;
         ++requeued;
       } else {

@@ -75,7 +75,10 @@ absl::Status JobRunner::Place() {
     if (!loaded.ok()) return loaded.status();
     restored = *loaded;
     step = restore_.optimizer ? restore_.metadata.step() : 0;
-    if (live.has_value()) restored.set_steps_redone(std::max(0, live->logged_step - step));
+    // What its log held past the checkpoint is redone (known from the log
+    // even where its workers' state was not found).
+    const int logged = std::max(live.has_value() ? live->logged_step : 0, restore_.logged_step);
+    restored.set_steps_redone(std::max(0, logged - step));
   }
   if (live.has_value()) ReleaseLiveState(*context_.meshes, job_->id(), live->mesh);
   job_->SetStart(step, restore_.data_seed, restored);
