@@ -247,7 +247,8 @@ absl::Status Activations::Recv(const Instruction& ins) {
   if (!comm.ok()) return comm.status();
   auto peer = groups_->PeerInGroup(ins.axes(0), ins.peer());
   if (!peer.ok()) return peer.status();
-  at::Tensor t = at::empty(std::vector<int64_t>(ins.shape().begin(), ins.shape().end()), store_->options(store_->compute_dtype()));
+  at::Tensor t = at::empty(std::vector<int64_t>(ins.shape().begin(), ins.shape().end()),
+                           store_->options(store_->compute_dtype()));
   const auto start = std::chrono::steady_clock::now();
   absl::Status received = (*comm)->Recv(t, *peer, timeout_);
   idle_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
