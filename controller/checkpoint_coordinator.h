@@ -46,10 +46,11 @@ struct RestorePlan {
   // The data stream the job reads: the saved run's seed for resume_from.
   uint64_t data_seed = 0;
   std::vector<std::vector<baton::v1::ShardRead>> reads;  // by rank
-  // A job requeued by a restarted controller: the newest step its log holds
-  // (the controller that died logged up to it). What it restores from
-  // below that is redone (CheckpointInfo.steps_redone), whether or not its
-  // workers' state was found.
+  // The newest step the job logged before this restore (a requeued job's:
+  // what the controller that died logged; a recovering job's: its step when
+  // it failed). What it restores from below that is redone
+  // (CheckpointInfo.steps_redone), whether or not its workers' state was
+  // found.
   int logged_step = 0;
 };
 

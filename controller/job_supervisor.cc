@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -369,7 +370,11 @@ bool JobSupervisor::Requeue(absl::Duration pause) {
       context_.runner.persist(*job_);
       return false;
     }
+    // What it logged past the checkpoint it resumes from is redone, however
+    // many placements that takes (a failed one consumed its live state).
+    const int step = job_->step();
     absl::MutexLock lock(&mu_);
+    restore->logged_step = std::max({restore->logged_step, restore_.logged_step, step});
     restore_ = std::move(*restore);
   }
   absl::MutexLock lock(&mu_);
