@@ -45,17 +45,20 @@ class NcclCommunicator : public Communicator {
       : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {
     // A collective on device memory past its deadline aborts the
     // communicator from the watch's thread: its kernels end, and the step
-    // that waits on it fails instead of hanging.
-    watch_ = std::make_shared<EventWatch>([this](const std::string& why) {
-      abort_signal()->Raise(why + " timed out");
-      if (!broken_->exchange(true)) ncclCommAbort(comm_);
+    // that waits on it fails instead of hanging. The watch may outlive the
+    // communicator (its handles share it): it holds only what they share.
+    watch_ = std::make_shared<EventWatch>([abort = abort_signal(), broken = broken_, comm](const std::string& why) {
+      abort->Raise(why + " timed out");
+      if (!broken->exchange(true)) ncclCommAbort(comm);
     });
   }
 
   ~NcclCommunicator() override {
-    watch_.reset();  // its thread ends before the communicator it aborts
+    // No timeout may abort the communicator once it is gone: the watch is
+    // failed first, and whichever of the two takes the flag first acts.
+    watch_->Fail(absl::CancelledError("the nccl communicator was destroyed"));
     cudaSetDevice(device_);
-    if (!broken_->load()) {
+    if (!broken_->exchange(true)) {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(comm_);
     }
