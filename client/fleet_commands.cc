@@ -146,13 +146,14 @@ int StatusCommand() {
     std::printf("%s\n", ProtoToJson(*status).c_str());
     return 0;
   }
-  std::printf("%-16s %5s  %-22s %-11s %-13s %-8s %s\n", "NAME", "RANK", "ADDRESS", "STATE", "HEARTBEAT_AGE",
-              "RESTARTS", "HELD_BY");
+  std::printf("%-16s %5s  %-22s %-11s %-13s %-8s %-16s %s\n", "NAME", "RANK", "ADDRESS", "STATE", "HEARTBEAT_AGE",
+              "RESTARTS", "HELD_BY", "DEVICE");
   for (const auto& w : status->workers()) {
-    std::printf("%-16s %5d  %-22s %-11s %-13s %-8d %s\n", Printable(w.name()).c_str(), w.rank(),
+    std::printf("%-16s %5d  %-22s %-11s %-13s %-8d %-16s %s\n", Printable(w.name()).c_str(), w.rank(),
                 Printable(w.address()).c_str(), baton::v1::WorkerState_Name(w.state()).c_str(),
                 absl::StrFormat("%.1fs", w.heartbeat_age_s()).c_str(), w.restarts(),
-                w.held_by().empty() ? "-" : Printable(w.held_by()).c_str());
+                w.held_by().empty() ? "-" : Printable(w.held_by()).c_str(),
+                w.compute_device().empty() ? "cpu" : Printable(w.compute_device()).c_str());
   }
   for (const auto& m : status->meshes()) {
     std::printf("mesh: %s %s on [%s] %s\n", m.mesh_id().c_str(), FormatMeshSpec(ToMeshAxes(m.axes())).c_str(),
