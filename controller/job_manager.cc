@@ -96,27 +96,22 @@ void JobManager::Schedule() {
       }
       Job& job = supervisor->job();
       const baton::v1::DeviceKind kind = JobDeviceKind(job.spec());
-      auto wait = [&](std::string why, bool holds_line) {
+      // It stays queued, saying why; holding its kind's line, the jobs of
+      // that kind behind it wait too.
+      auto wait = [&](const std::string& why, bool holds_line) {
         job.SetWaitingFor(why);
         if (holds_line) held_by[kind] = absl::StrCat(id, ", which ", why);
         ++ahead[kind];
         ++i;
       };
       if (auto held = held_by.find(kind); held != held_by.end()) {
-        job.SetWaitingFor(absl::StrCat("queued behind job ", held->second.substr(0, 512)));
-        ++ahead[kind];
-        ++i;
+        wait(absl::StrCat("queued behind job ", held->second.substr(0, 512)), false);
         continue;
       }
       const JobSupervisor::Wants wants = supervisor->wants(now);
-      if (now < wants.not_before) {
-        held_by[kind] = absl::StrCat(id, ", which waits before it restarts");
-        ++ahead[kind];
-        ++i;
-        continue;
-      }
-      if (wants.shrinking) {
-        held_by[kind] = absl::StrCat(id, ", which is being shrunk onto the workers left");
+      if (now < wants.not_before || wants.shrinking) {
+        held_by[kind] = absl::StrCat(id, now < wants.not_before ? ", which waits before it restarts"
+                                                               : ", which is being shrunk onto the workers left");
         ++ahead[kind];
         ++i;
         continue;
