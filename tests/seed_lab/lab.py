@@ -371,7 +371,14 @@ def main():
         return launch(args, argv)
     # A rank's own hard stop, should the launcher itself be gone.
     faulthandler.dump_traceback_later(args.timeout + 5, exit=True)
-    return job_rank(args) if args.fsdp2_job else lab_rank(args)
+    code = job_rank(args) if args.fsdp2_job else lab_rank(args)
+    # A rank's work is done and reported: it leaves without the static
+    # destructors, where torch's own threads once aborted a rank that had
+    # passed every check ("terminate called without an active exception",
+    # exit -6, after destroy_process_group; seen once in a suite).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
