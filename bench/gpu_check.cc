@@ -40,6 +40,7 @@
 #include "client/client.h"
 #include "client/job.h"
 #include "client/local_cluster.h"
+#include "common/json.h"
 #include "common/kv_store.h"
 #include "google/protobuf/text_format.h"
 #include "reference/reference_trainer.h"
@@ -68,47 +69,24 @@ std::string Json(const std::vector<double>& v) {
   return absl::StrCat("[", absl::StrJoin(v, ",", [](std::string* out, double x) { absl::StrAppendFormat(out, "%.9g", x); }), "]");
 }
 
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += (c == '\n' ? ' ' : c);
-  }
-  return out + "\"";
-}
-
+// (a) and (b): a job's losses through the controller, or why it has none.
 struct Run {
   std::vector<double> losses;
-  std::vector<double> worker_ms;
-  double wall_s = 0;
-  int64_t tokens = 0;
-  int64_t peak_tensor_bytes = 0;
   absl::Status status;
 };
 
-// The job through the controller: `n` steps, K per call.
-Run Train(Client* client, const baton::v1::JobSpec& spec, int n, int k, int warmup = 0) {
+Run Train(Client* client, const baton::v1::JobSpec& spec, int n) {
   Run run;
   auto job = Job::Create(client, spec);
   if (!job.ok()) {
     run.status = job.status();
     return run;
   }
-  if (warmup > 0) {
-    if (auto w = (*job)->Step(warmup, warmup); !w.ok()) run.status = w.status();
-  }
-  const absl::Time start = absl::Now();
-  auto steps = run.status.ok() ? (*job)->Step(n, k) : run.status;
-  run.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
+  auto steps = (*job)->Step(n, 1);
   if (!steps.ok()) {
     run.status = steps.status();
   } else {
-    for (const auto& m : *steps) {
-      run.losses.push_back(m.loss());
-      run.worker_ms.push_back(m.step_ms());
-      run.tokens += m.tokens();
-      run.peak_tensor_bytes = std::max<int64_t>(run.peak_tensor_bytes, m.peak_tensor_bytes());
-    }
+    for (const auto& m : *steps) run.losses.push_back(m.loss());
   }
   (void)(*job)->Stop();
   return run;
@@ -158,14 +136,14 @@ std::string ContractSuite() {
   return absl::StrFormat(R"({"passed":%d,"failed":%d,"skipped":%d,"ok":%s%s})", unit->successful_test_count(),
                          unit->failed_test_count(), unit->skipped_test_count(), rc == 0 ? "true" : "false",
                          unit->successful_test_count() == 0
-                             ? absl::StrCat(",\"why_skipped\":", Quote(NcclUnavailableReason(1)))
+                             ? absl::StrCat(",\"why_skipped\":", JsonQuote(NcclUnavailableReason(1)))
                              : "");
 }
 
 // Two ranks of one NCCL group on the same GPU: refused with a clear error.
 std::string TwoRanksOneGpu() {
   if (std::string why = NcclUnavailableReason(1); !why.empty()) {
-    return absl::StrCat(R"({"skipped":)", Quote(why), "}");
+    return absl::StrCat(R"({"skipped":)", JsonQuote(why), "}");
   }
   KeyValueStore kv;
   absl::Status status[2];
@@ -182,7 +160,7 @@ std::string TwoRanksOneGpu() {
   for (auto& t : ranks) t.join();
   const bool refused = status[0].code() == absl::StatusCode::kFailedPrecondition &&
                        status[1].code() == absl::StatusCode::kFailedPrecondition;
-  return absl::StrCat(R"({"refused":)", refused ? "true" : "false", R"(,"error":)", Quote(status[0].ToString()), "}");
+  return absl::StrCat(R"({"refused":)", refused ? "true" : "false", R"(,"error":)", JsonQuote(status[0].ToString()), "}");
 }
 
 int Main(int argc, char** argv) {
@@ -221,13 +199,13 @@ seed: 1
   // (a) fp32, TF32 off, against the CPU reference.
   baton::v1::JobSpec fp32 = Spec(small + kind + "plan { mode: FSDP }\n");
   fp32.set_steps(n);
-  const Run a = Train(client->get(), fp32, n, 1);
+  const Run a = Train(client->get(), fp32, n);
   const std::vector<double> reference = Reference(fp32, n);
   const double a_diff = MaxDiff(a.losses, reference, false);
   // (b) bf16 compute against (a).
   baton::v1::JobSpec bf16 = Spec(small + kind + "plan { mode: FSDP mixed_precision { param_dtype: BF16 } }\n");
   bf16.set_steps(n);
-  const Run b = Train(client->get(), bf16, n, 1);
+  const Run b = Train(client->get(), bf16, n);
   const double b_diff = MaxDiff(b.losses, a.losses, true);
   // (d) sized for the device; bf16 as a GPU trains.
   const std::string big =
@@ -245,7 +223,7 @@ seed: 1
     auto client_d = client->get();
     auto job = Job::Create(client_d, d);
     if (!job.ok()) {
-      d_json = absl::StrCat(R"({"error":)", Quote(job.status().ToString()), "}");
+      d_json = absl::StrCat(R"({"error":)", JsonQuote(job.status().ToString()), "}");
     } else {
       (void)(*job)->Step(3, 3);  // warm-up: the allocator, cuBLAS's handles
       const double params = static_cast<double>((*job)->created().parameters());
@@ -257,7 +235,7 @@ seed: 1
         auto steps = (*job)->Step(d_steps, k);
         const double wall_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
         if (!steps.ok()) {
-          ks += absl::StrCat(ks.empty() ? "" : ",", R"({"k":)", k, R"(,"error":)", Quote(steps.status().ToString()),
+          ks += absl::StrCat(ks.empty() ? "" : ",", R"({"k":)", k, R"(,"error":)", JsonQuote(steps.status().ToString()),
                              "}");
           continue;
         }
@@ -294,10 +272,10 @@ seed: 1
       " \"c_nccl\":{\"ok\":%s,\"contract_world1\":%s,\"two_ranks_one_gpu\":%s},\n"
       " \"d_throughput\":%s,\n"
       " \"ok\":%s}\n",
-      Quote(device), Quote(std::getenv("BATON_GPU_NAME") ? std::getenv("BATON_GPU_NAME") : ""),
+      JsonQuote(device), JsonQuote(std::getenv("BATON_GPU_NAME") ? std::getenv("BATON_GPU_NAME") : ""),
       a_ok ? "true" : "false", a_diff, kFp32Bound, Json(a.losses), Json(reference),
-      a.status.ok() ? std::string() : absl::StrCat(",\"error\":", Quote(a.status.ToString())), b_ok ? "true" : "false", b_diff,
-      kBf16Bound, Json(b.losses), b.status.ok() ? std::string() : absl::StrCat(",\"error\":", Quote(b.status.ToString())),
+      a.status.ok() ? std::string() : absl::StrCat(",\"error\":", JsonQuote(a.status.ToString())), b_ok ? "true" : "false", b_diff,
+      kBf16Bound, Json(b.losses), b.status.ok() ? std::string() : absl::StrCat(",\"error\":", JsonQuote(b.status.ToString())),
       c_ok ? "true" : "false", c_suite, c_refusal, d_json, a_ok && b_ok && c_ok ? "true" : "false").c_str(),
              stdout);
   return a_ok && b_ok && c_ok ? 0 : 1;

@@ -70,10 +70,6 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const baton::v1::Prog
 }
 
 namespace {
-cudaStream_t CurrentStream(at::Device device) {
-  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
-}
-
 // The process's minor page faults so far: a fresh page costs one on first
 // touch (about 10 us on some virtual machines), so a step that maps memory
 // afresh shows here.
@@ -97,11 +93,14 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
   // here, where the compute happens.
   at::set_num_threads(std::max(1, program_.threads()));
   const c10::DeviceGuard on_device(store_->device());
-  std::optional<CudaStepClock> cuda_clock;
+  // On a GPU the step's time is the compute stream's, between two events
+  // (the host clock sees only when kernels were enqueued).
+  std::optional<CudaStream> cuda_stream;
+  std::shared_ptr<StreamEvent> cuda_begin;
   if (store_->device().is_cuda()) {
     ResetCudaPeak(store_->device().index());
-    cuda_clock.emplace();
-    cuda_clock->Begin(CurrentStream(store_->device()));
+    cuda_stream.emplace(c10::cuda::getCurrentCUDAStream(store_->device().index()).stream(), store_->device().index());
+    cuda_begin = cuda_stream->Record();
   }
   const auto start = std::chrono::steady_clock::now();
   const std::array<int64_t, kCommOpCount> sent_by_op_before = groups_.bytes_sent_by_op();
@@ -186,8 +185,12 @@ absl::StatusOr<baton::v1::StepMetrics> Executor::RunStep(int64_t step, Milliseco
     m.set_loss(loss_);
     m.set_grad_norm(grad_norm_);
   }
-  const double seconds = cuda_clock ? cuda_clock->Ms(CurrentStream(store_->device())) / 1e3
-                                    : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (cuda_stream) {
+    const std::shared_ptr<StreamEvent> end = cuda_stream->Record();
+    static_cast<const CudaEvent&>(*end).Synchronize();
+    seconds = end->MsSince(*cuda_begin) / 1e3;
+  }
   m.set_step_ms(seconds * 1e3);
   m.set_tokens(activations_->tokens());
   m.set_tokens_per_s(m.tokens() / seconds);

@@ -11,39 +11,27 @@
 
 namespace baton {
 
-namespace {
-
-// On a device: every part summed there, read once (one host synchronisation
-// per step, not one per parameter).
-double DeviceSquaredGradNorm(const ShardStore& store, const std::vector<int>& axes) {
-  at::Tensor sq = at::zeros({}, store.options(at::kDouble));
-  for (const auto& u : store.units()) {
-    for (const auto& p : u->params) {
-      const at::Tensor& g = p.PieceGrad();
-      if (!g.defined() || g.numel() == 0) continue;
-      at::Tensor part = g.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true).square_().sum();
-      const int64_t copies = store.Copies(p, axes);
-      sq.add_(copies == 1 ? part : part.div_(static_cast<double>(copies)));
-    }
-  }
-  return sq.item<double>();
-}
-
-}  // namespace
-
 double SquaredGradNorm(const ShardStore& store, const std::vector<int>& axes) {
-  if (!store.device().is_cpu()) return DeviceSquaredGradNorm(store, axes);
+  // On a device every part is summed there and read once (one host
+  // synchronisation per step, not one per parameter).
+  const bool on_device = !store.device().is_cpu();
+  at::Tensor device_sq = on_device ? at::zeros({}, store.options(at::kDouble)) : at::Tensor();
   double sq = 0;
   for (const auto& u : store.units()) {
     for (const auto& p : u->params) {
       const at::Tensor& g = p.PieceGrad();
       if (!g.defined() || g.numel() == 0) continue;
-      const double part = SumOfSquares(g);
-      const int64_t copies = store.Copies(p, axes);
-      sq += copies == 1 ? part : part / static_cast<double>(copies);
+      const double copies = static_cast<double>(store.Copies(p, axes));
+      if (on_device) {
+        at::Tensor part = g.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true).square_().sum();
+        device_sq.add_(copies == 1 ? part : part.div_(copies));
+      } else {
+        const double part = SumOfSquares(g);
+        sq += copies == 1 ? part : part / copies;
+      }
     }
   }
-  return sq;
+  return on_device ? device_sq.item<double>() : sq;
 }
 
 absl::StatusOr<double> ClipGradNorm(ShardStore& store, Communicator* group, const std::vector<int>& axes,

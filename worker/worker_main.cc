@@ -229,15 +229,16 @@ int Main(int argc, char** argv) {
     return 2;
   }
   info.set_compute_device(*device);
+  const int computing_gpu = CudaIndexOf(*device);  // -1 on the CPU
   // A GPU worker's jobs hold their tensors on the GPU: what it has free is
   // what a job's per-rank prediction must fit (controller/job_fit.h).
-  if (CudaIndexOf(*device) >= 0) info.set_memory_bytes(CudaFreeBytes(CudaIndexOf(*device)));
+  if (computing_gpu >= 0) info.set_memory_bytes(CudaFreeBytes(computing_gpu));
   for (int d = 0; d < cuda_devices; ++d) {
     auto* gpu = info.add_devices();
     gpu->set_kind("cuda");
     gpu->set_index(d);
-    if (d == (CudaIndexOf(*device) >= 0 ? CudaIndexOf(*device) : cuda_device % cuda_devices)) {
-      gpu->set_description(CudaIndexOf(*device) >= 0 ? "computes here (--device)" : "NCCL's (--cuda_device)");
+    if (d == (computing_gpu >= 0 ? computing_gpu : cuda_device % cuda_devices)) {
+      gpu->set_description(computing_gpu >= 0 ? "computes here (--device)" : "NCCL's (--cuda_device)");
     }
   }
 
@@ -266,7 +267,7 @@ int Main(int argc, char** argv) {
   }
   options.gloo_shared_memory = absl::GetFlag(FLAGS_gloo_shared_memory);
   // A GPU worker's collectives run on the device it computes on.
-  options.cuda_device = CudaIndexOf(*device) >= 0 ? CudaIndexOf(*device) : cuda_device;
+  options.cuda_device = computing_gpu >= 0 ? computing_gpu : cuda_device;
   options.device = *device;
   options.step_channel = absl::GetFlag(FLAGS_step_channel);
   options.auth = Authenticator("", credentials->token);

@@ -13,6 +13,8 @@ CudaEvent::~CudaEvent() {
 
 bool CudaEvent::Done() const { return cudaEventQuery(event_) != cudaErrorNotReady; }
 
+void CudaEvent::Synchronize() const { cudaEventSynchronize(event_); }
+
 double CudaEvent::MsSince(const StreamEvent& earlier) const {
   float ms = 0;
   if (cudaEventElapsedTime(&ms, static_cast<const CudaEvent&>(earlier).event(), event_) != cudaSuccess) return -1;
@@ -27,26 +29,6 @@ std::shared_ptr<StreamEvent> CudaStream::Record() {
 void CudaStream::Wait(const StreamEvent& event) {
   cudaSetDevice(device_);
   cudaStreamWaitEvent(stream_, static_cast<const CudaEvent&>(event).event(), 0);
-}
-
-CudaStepClock::CudaStepClock() {
-  cudaEventCreate(&begin_);
-  cudaEventCreate(&end_);
-}
-
-CudaStepClock::~CudaStepClock() {
-  cudaEventDestroy(begin_);
-  cudaEventDestroy(end_);
-}
-
-void CudaStepClock::Begin(cudaStream_t stream) { cudaEventRecord(begin_, stream); }
-
-double CudaStepClock::Ms(cudaStream_t stream) {
-  cudaEventRecord(end_, stream);
-  cudaEventSynchronize(end_);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, begin_, end_);
-  return ms;
 }
 
 }  // namespace baton

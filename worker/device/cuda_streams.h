@@ -22,6 +22,9 @@ class CudaEvent : public StreamEvent {
   bool Done() const override;
   // cudaEventElapsedTime; `earlier` must be a CudaEvent.
   double MsSince(const StreamEvent& earlier) const override;
+  // Blocks the host until the event has run (a step's end, where its time
+  // is read).
+  void Synchronize() const;
   cudaEvent_t event() const { return event_; }
 
  private:
@@ -42,22 +45,6 @@ class CudaStream : public Stream {
  private:
   const cudaStream_t stream_;
   const int device_;
-};
-
-// A step's time on a stream, from CUDA events (the host clock sees only
-// when kernels were enqueued): Begin before the step's first kernel, Ms after
-// its last (it waits for the stream to reach the end event).
-class CudaStepClock {
- public:
-  CudaStepClock();
-  ~CudaStepClock();
-  CudaStepClock(const CudaStepClock&) = delete;
-  CudaStepClock& operator=(const CudaStepClock&) = delete;
-  void Begin(cudaStream_t stream);
-  double Ms(cudaStream_t stream);
-
- private:
-  cudaEvent_t begin_ = nullptr, end_ = nullptr;
 };
 
 }  // namespace baton

@@ -202,7 +202,7 @@ class NcclCommunicator : public Communicator {
     }
     cudaSetDevice(device_);
     if (std::all_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.device().is_cuda(); })) {
-      return RunOnDevice(op, tensors, timeout, std::move(finish), call);
+      return RunOnDevice(op, tensors, *type, timeout, std::move(finish), call);
     }
     auto operation = std::make_unique<Operation>();
     operation->finish = std::move(finish);
@@ -248,9 +248,9 @@ class NcclCommunicator : public Communicator {
   // neither (worker/device/streams.h). The caching allocator is told the
   // comm stream uses the tensors, so their blocks are not reused under it.
   std::unique_ptr<CommHandle> RunOnDevice(
-      const char* op, const std::vector<at::Tensor>& tensors, Milliseconds timeout, std::function<void()> finish,
+      const char* op, const std::vector<at::Tensor>& tensors, ncclDataType_t type, Milliseconds timeout,
+      std::function<void()> finish,
       const std::function<ncclResult_t(const std::vector<DeviceBuffer>&, ncclDataType_t)>& call) {
-    auto type = NcclType(tensors[0].scalar_type());
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
     auto compute = std::make_shared<CudaStream>(current.stream(), device_);
     CudaStream comm(stream_, device_);
@@ -265,7 +265,7 @@ class NcclCommunicator : public Communicator {
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm_view);
     }
     ncclResult_t r = ncclSuccess;
-    Issued issued = IssueAfter(*compute, comm, [&] { r = call(buffers, *type); });
+    Issued issued = IssueAfter(*compute, comm, [&] { r = call(buffers, type); });
     absl::Status s = (r == ncclSuccess || r == ncclInProgress)
                          ? AwaitComm(comm_, absl::Now() + absl::FromChrono(timeout), op)
                          : NcclError(r, op);
